@@ -1,0 +1,4 @@
+//! rbench's library: statistics and report formatting shared by the engine and serving
+//! benchmarks.
+
+pub mod stats;

@@ -1,0 +1,364 @@
+//! ggml/GGUF block formats.
+//!
+//! One module per block format holds its `#[repr(C)]` layout (with a compile-time size
+//! assert), the scalar reference dequantizer and, where ggml defines one, the scalar
+//! reference quantizer and dot product. These scalar functions reproduce ggml's generic C
+//! code operation for operation (bit-exact for (de)quantization) and are the ground truth
+//! every SIMD kernel is tested against.
+//!
+//! The checked, type-dispatched entry points are [`dequantize_row`], [`quantize_row`],
+//! [`vec_dot`] and [`vec_dot_type`]; the per-format functions (`q4_k::dequantize`,
+//! `q4_k::vec_dot_q8k`, ...) panic on inconsistent lengths instead of returning errors.
+
+pub mod common;
+pub mod f16;
+pub mod float;
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
+pub mod q8_1;
+pub mod q8_k;
+mod search;
+pub mod types;
+
+pub use common::{Block, QK_K};
+pub use search::get_scale_min_k4;
+pub use types::GgmlType;
+
+/// Errors from the checked entry points.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// The type has no implementation of the requested operation here.
+    #[error("{op} is not supported for ggml type {ty}")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    /// The element count is not a whole number of blocks.
+    #[error("{n} elements is not a multiple of the {ty} block size {block}")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
+    /// A buffer has the wrong size for the element count.
+    #[error("{what} for {ty}: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        ty: GgmlType,
+        what: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+}
+
+type DequantFn = fn(&[u8], &mut [f32]);
+type QuantFn = fn(&[f32], &mut [u8]);
+type DotFn = fn(&[u8], &[u8]) -> f32;
+
+/// What this crate implements for one type.
+struct Kernels {
+    dequantize: DequantFn,
+    quantize: Option<QuantFn>,
+    /// Dot of a row of this type with a row of `vec_dot_type`.
+    vec_dot: Option<DotFn>,
+    vec_dot_type: GgmlType,
+}
+
+/// The dispatch table: the one place mapping a `GgmlType` to its kernels.
+fn kernels(ty: GgmlType) -> Option<Kernels> {
+    use GgmlType as T;
+    let k =
+        |dequantize: DequantFn, quantize: QuantFn, vec_dot: Option<DotFn>, vec_dot_type| Kernels {
+            dequantize,
+            quantize: Some(quantize),
+            vec_dot,
+            vec_dot_type,
+        };
+    Some(match ty {
+        T::F32 => k(
+            float::dequantize_f32,
+            float::quantize_f32,
+            Some(float::vec_dot_f32),
+            T::F32,
+        ),
+        T::F16 => k(
+            float::dequantize_f16,
+            float::quantize_f16,
+            Some(float::vec_dot_f16),
+            T::F32,
+        ),
+        T::BF16 => k(
+            float::dequantize_bf16,
+            float::quantize_bf16,
+            Some(float::vec_dot_bf16),
+            T::F32,
+        ),
+        T::Q4_0 => k(
+            q4_0::dequantize,
+            q4_0::quantize,
+            Some(q4_0::vec_dot_q8_0),
+            T::Q8_0,
+        ),
+        T::Q4_1 => k(
+            q4_1::dequantize,
+            q4_1::quantize,
+            Some(q4_1::vec_dot_q8_1),
+            T::Q8_1,
+        ),
+        T::Q5_0 => k(
+            q5_0::dequantize,
+            q5_0::quantize,
+            Some(q5_0::vec_dot_q8_0),
+            T::Q8_0,
+        ),
+        T::Q5_1 => k(
+            q5_1::dequantize,
+            q5_1::quantize,
+            Some(q5_1::vec_dot_q8_1),
+            T::Q8_1,
+        ),
+        T::Q8_0 => k(
+            q8_0::dequantize,
+            q8_0::quantize,
+            Some(q8_0::vec_dot_q8_0),
+            T::Q8_0,
+        ),
+        T::Q8_1 => k(q8_1::dequantize, q8_1::quantize, None, T::Q8_1),
+        T::Q2_K => k(
+            q2_k::dequantize,
+            q2_k::quantize,
+            Some(q2_k::vec_dot_q8k),
+            T::Q8_K,
+        ),
+        T::Q3_K => k(
+            q3_k::dequantize,
+            q3_k::quantize,
+            Some(q3_k::vec_dot_q8k),
+            T::Q8_K,
+        ),
+        T::Q4_K => k(
+            q4_k::dequantize,
+            q4_k::quantize,
+            Some(q4_k::vec_dot_q8k),
+            T::Q8_K,
+        ),
+        T::Q5_K => k(
+            q5_k::dequantize,
+            q5_k::quantize,
+            Some(q5_k::vec_dot_q8k),
+            T::Q8_K,
+        ),
+        T::Q6_K => k(
+            q6_k::dequantize,
+            q6_k::quantize,
+            Some(q6_k::vec_dot_q8k),
+            T::Q8_K,
+        ),
+        T::Q8_K => k(q8_k::dequantize, q8_k::quantize, None, T::Q8_K),
+        _ => return None,
+    })
+}
+
+/// True when [`dequantize_row`] and [`quantize_row`] accept `ty`.
+pub fn is_supported(ty: GgmlType) -> bool {
+    kernels(ty).is_some()
+}
+
+/// True when [`vec_dot`] accepts `ty` as the weight type.
+pub fn has_vec_dot(ty: GgmlType) -> bool {
+    kernels(ty).is_some_and(|k| k.vec_dot.is_some())
+}
+
+fn blocks_of(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    let block = ty.block_size();
+    if n % block != 0 {
+        return Err(QuantError::NotBlockMultiple { ty, n, block });
+    }
+    Ok(n / block * ty.type_size())
+}
+
+fn expect_len(
+    ty: GgmlType,
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), QuantError> {
+    if expected != actual {
+        return Err(QuantError::SizeMismatch {
+            ty,
+            what,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Dequantizes `dst.len()` elements of type `ty` from `src`, which must be exactly
+/// `ty.row_bytes(dst.len())` bytes.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    let k = kernels(ty).ok_or(QuantError::Unsupported {
+        ty,
+        op: "dequantize",
+    })?;
+    expect_len(ty, "quantized source", blocks_of(ty, dst.len())?, src.len())?;
+    (k.dequantize)(src, dst);
+    Ok(())
+}
+
+/// Quantizes `src` into `dst` (exactly `ty.row_bytes(src.len())` bytes) with ggml's
+/// reference algorithm for `ty` (no importance matrix).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    let k = kernels(ty).ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
+    let quantize = k
+        .quantize
+        .ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
+    expect_len(
+        ty,
+        "quantized destination",
+        blocks_of(ty, src.len())?,
+        dst.len(),
+    )?;
+    quantize(src, dst);
+    Ok(())
+}
+
+/// The format activations must be quantized to before [`vec_dot`] with weights of `ty`:
+/// Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F32 for float types.
+/// For types without kernels here this is ggml's CPU mapping (informational only).
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    use GgmlType as T;
+    match kernels(ty) {
+        Some(k) => k.vec_dot_type,
+        None => match ty {
+            T::IQ4_NL | T::MXFP4 => T::Q8_0,
+            T::IQ2_XXS
+            | T::IQ2_XS
+            | T::IQ3_XXS
+            | T::IQ1_S
+            | T::IQ3_S
+            | T::IQ2_S
+            | T::IQ4_XS
+            | T::IQ1_M
+            | T::TQ1_0
+            | T::TQ2_0 => T::Q8_K,
+            other => other,
+        },
+    }
+}
+
+/// Dot product of one weight row `w` (`n` elements of type `ty`) with activations `a`
+/// (`n` elements already quantized to [`vec_dot_type`]`(ty)`; little-endian f32 bytes for
+/// float weights), computed like ggml's generic `ggml_vec_dot_*` kernels.
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> Result<f32, QuantError> {
+    let k = kernels(ty).ok_or(QuantError::Unsupported { ty, op: "vec_dot" })?;
+    let dot = k
+        .vec_dot
+        .ok_or(QuantError::Unsupported { ty, op: "vec_dot" })?;
+    expect_len(ty, "weight row", blocks_of(ty, n)?, w.len())?;
+    let aty = k.vec_dot_type;
+    expect_len(aty, "activation row", blocks_of(aty, n)?, a.len())?;
+    Ok(dot(w, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_match_type_table() {
+        fn check<B: Block>() {
+            assert_eq!(B::BLOCK_ELEMS, B::TYPE.block_size(), "{}", B::TYPE);
+            assert_eq!(B::BYTES, B::TYPE.type_size(), "{}", B::TYPE);
+            assert_eq!(B::BYTES, std::mem::size_of::<B>(), "{}", B::TYPE);
+        }
+        check::<q4_0::BlockQ4_0>();
+        check::<q4_1::BlockQ4_1>();
+        check::<q5_0::BlockQ5_0>();
+        check::<q5_1::BlockQ5_1>();
+        check::<q8_0::BlockQ8_0>();
+        check::<q8_1::BlockQ8_1>();
+        check::<q2_k::BlockQ2K>();
+        check::<q3_k::BlockQ3K>();
+        check::<q4_k::BlockQ4K>();
+        check::<q5_k::BlockQ5K>();
+        check::<q6_k::BlockQ6K>();
+        check::<q8_k::BlockQ8K>();
+    }
+
+    #[test]
+    fn dispatch_reports_errors() {
+        let mut out = [0.0f32; 32];
+        assert_eq!(
+            dequantize_row(GgmlType::IQ2_XS, &[0; 74], &mut [0.0; 256]),
+            Err(QuantError::Unsupported {
+                ty: GgmlType::IQ2_XS,
+                op: "dequantize"
+            })
+        );
+        assert_eq!(
+            dequantize_row(GgmlType::Q4_0, &[0; 18], &mut out[..31]),
+            Err(QuantError::NotBlockMultiple {
+                ty: GgmlType::Q4_0,
+                n: 31,
+                block: 32
+            })
+        );
+        assert_eq!(
+            dequantize_row(GgmlType::Q4_0, &[0; 17], &mut out),
+            Err(QuantError::SizeMismatch {
+                ty: GgmlType::Q4_0,
+                what: "quantized source",
+                expected: 18,
+                actual: 17
+            })
+        );
+        assert!(dequantize_row(GgmlType::Q4_0, &[0; 18], &mut out).is_ok());
+        assert!(matches!(
+            quantize_row(GgmlType::Q8_0, &out, &mut [0; 35]),
+            Err(QuantError::SizeMismatch { .. })
+        ));
+        assert!(matches!(
+            vec_dot(GgmlType::Q8_1, 32, &[0; 36], &[0; 36]),
+            Err(QuantError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            vec_dot(GgmlType::Q4_K, 256, &[0; 144], &[0; 291]),
+            Err(QuantError::SizeMismatch { .. })
+        ));
+        assert_eq!(vec_dot(GgmlType::Q4_K, 256, &[0; 144], &[0; 292]), Ok(0.0));
+        let msg = QuantError::Unsupported {
+            ty: GgmlType::IQ1_M,
+            op: "vec_dot",
+        }
+        .to_string();
+        assert!(msg.contains("IQ1_M"), "{msg}");
+    }
+
+    #[test]
+    fn vec_dot_types_follow_ggml() {
+        use GgmlType as T;
+        for (w, a) in [
+            (T::F32, T::F32),
+            (T::F16, T::F32),
+            (T::BF16, T::F32),
+            (T::Q4_0, T::Q8_0),
+            (T::Q5_0, T::Q8_0),
+            (T::Q8_0, T::Q8_0),
+            (T::Q4_1, T::Q8_1),
+            (T::Q5_1, T::Q8_1),
+            (T::Q2_K, T::Q8_K),
+            (T::Q3_K, T::Q8_K),
+            (T::Q4_K, T::Q8_K),
+            (T::Q5_K, T::Q8_K),
+            (T::Q6_K, T::Q8_K),
+            (T::IQ4_NL, T::Q8_0),
+        ] {
+            assert_eq!(vec_dot_type(w), a, "{w}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Q4_K: 256 values in 8 sub-blocks of 32, each `d*sc*q - dmin*m` with 4-bit `q` and
+//! 6-bit `sc`/`m` packed into 12 bytes (4.5 bits/weight).
+//!
+//! Quants of sub-blocks `2k` and `2k+1` share the 32 bytes `qs[32k..32k+32]`: low nibbles
+//! hold the first sub-block, high nibbles the second.
+
+use crate::common::{
+    check_dot, dequantize_with, nearest_int, quantize_with, rd_arr, rd_u16, Block, QK_K,
+};
+use crate::f16::{f16_to_f32, f32_to_f16};
+use crate::q8_k::BlockQ8K;
+use crate::search::{get_scale_min_k4, make_qkx2_quants, pack_scale_min_k4};
+use crate::GgmlType;
+
+/// `block_q4_K`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ4K {
+    /// f16 bits of the super-block scale for the 6-bit sub-block scales.
+    pub d: u16,
+    /// f16 bits of the super-block scale for the 6-bit sub-block mins.
+    pub dmin: u16,
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
+
+impl Block for BlockQ4K {
+    const TYPE: GgmlType = GgmlType::Q4_K;
+    const BLOCK_ELEMS: usize = QK_K;
+    const BYTES: usize = 144;
+    fn read(b: &[u8]) -> Self {
+        Self {
+            d: rd_u16(b, 0),
+            dmin: rd_u16(b, 2),
+            scales: rd_arr(b, 4),
+            qs: rd_arr(b, 16),
+        }
+    }
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..4].copy_from_slice(&self.dmin.to_le_bytes());
+        out[4..16].copy_from_slice(&self.scales);
+        out[16..144].copy_from_slice(&self.qs);
+    }
+}
+
+impl BlockQ4K {
+    /// `quantize_row_q4_K_ref`: per-sub-block `make_qkx2_quants` fit, 6-bit quantization
+    /// of the scales and mins, then requantization of `x` against the rounded scales.
+    pub fn quantize(x: &[f32]) -> Self {
+        let mut l = [0u8; QK_K];
+        let mut mins = [0.0f32; 8];
+        let mut scales = [0.0f32; 8];
+        let mut weights = [0.0f32; 32];
+        let mut max_scale = 0.0f32;
+        let mut max_min = 0.0f32;
+        for j in 0..8 {
+            let xs = &x[32 * j..32 * j + 32];
+            let mut sum_x2 = 0.0f32;
+            for &v in xs {
+                sum_x2 += v * v;
+            }
+            let av_x = (sum_x2 / 32.0).sqrt();
+            for (w, &v) in weights.iter_mut().zip(xs) {
+                *w = av_x + v.abs();
+            }
+            let (s, m) = make_qkx2_quants(
+                15,
+                xs,
+                &weights,
+                &mut l[32 * j..32 * j + 32],
+                -1.0,
+                0.1,
+                20,
+                false,
+            );
+            scales[j] = s;
+            mins[j] = m;
+            if s > max_scale {
+                max_scale = s;
+            }
+            if m > max_min {
+                max_min = m;
+            }
+        }
+        let inv_scale = if max_scale > 0.0 {
+            63.0 / max_scale
+        } else {
+            0.0
+        };
+        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+        let mut ls = [0u8; 8];
+        let mut lm = [0u8; 8];
+        for j in 0..8 {
+            // `uint8_t ls = nearest_int(..)` wraps before the clamp, as in ggml.
+            ls[j] = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+            lm[j] = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        }
+        let mut b = BlockQ4K {
+            d: f32_to_f16(max_scale / 63.0),
+            dmin: f32_to_f16(max_min / 63.0),
+            scales: pack_scale_min_k4(&ls, &lm),
+            qs: [0; QK_K / 2],
+        };
+        for j in 0..8 {
+            let (sc, m) = get_scale_min_k4(j, &b.scales);
+            let d = f16_to_f32(b.d) * sc as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = f16_to_f32(b.dmin) * m as f32;
+            for ii in 0..32 {
+                l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / d).clamp(0, 15) as u8;
+            }
+        }
+        for (k, q) in b.qs.chunks_exact_mut(32).enumerate() {
+            for (i, q) in q.iter_mut().enumerate() {
+                *q = l[64 * k + i] | (l[64 * k + 32 + i] << 4);
+            }
+        }
+        b
+    }
+
+    /// `dequantize_row_q4_K` for one block.
+    pub fn dequantize(&self, y: &mut [f32]) {
+        let d = f16_to_f32(self.d);
+        let min = f16_to_f32(self.dmin);
+        for k in 0..4 {
+            let (sc1, m1) = get_scale_min_k4(2 * k, &self.scales);
+            let (sc2, m2) = get_scale_min_k4(2 * k + 1, &self.scales);
+            let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
+            let (d2, m2) = (d * sc2 as f32, min * m2 as f32);
+            let q = &self.qs[32 * k..32 * k + 32];
+            let y = &mut y[64 * k..64 * k + 64];
+            for l in 0..32 {
+                y[l] = d1 * (q[l] & 0x0f) as f32 - m1;
+                y[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+            }
+        }
+    }
+}
+
+/// Dequantizes a row (`src.len() == dst.len() / 256 * 144`).
+pub fn dequantize(src: &[u8], dst: &mut [f32]) {
+    dequantize_with::<BlockQ4K>(src, dst, |b, y| b.dequantize(y));
+}
+
+/// Quantizes a row with ggml's reference algorithm (no importance matrix).
+pub fn quantize(src: &[f32], dst: &mut [u8]) {
+    quantize_with::<BlockQ4K>(src, dst, BlockQ4K::quantize);
+}
+
+/// `ggml_vec_dot_q4_K_q8_K_generic`: integer products accumulated in 8 lanes per block,
+/// scaled into 8 float lanes across blocks, mins subtracted through Q8_K's `bsums`.
+pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ4K, BlockQ8K>(w, a);
+    let mut sums = [0.0f32; 8];
+    let mut sumf = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let mut aux8 = [0i8; QK_K];
+        for k in 0..4 {
+            for l in 0..32 {
+                aux8[64 * k + l] = (x.qs[32 * k + l] & 0x0f) as i8;
+                aux8[64 * k + 32 + l] = (x.qs[32 * k + l] >> 4) as i8;
+            }
+        }
+        let mut scales = [0u8; 8];
+        let mut mins = [0u8; 8];
+        for j in 0..8 {
+            (scales[j], mins[j]) = get_scale_min_k4(j, &x.scales);
+        }
+        let mut sumi = 0i32;
+        for j in 0..QK_K / 16 {
+            sumi += y.bsums[j] as i32 * mins[j / 2] as i32;
+        }
+        let mut aux32 = [0i32; 8];
+        for (j, &scale) in scales.iter().enumerate() {
+            let scale = scale as i32;
+            for g in 0..4 {
+                let base = 32 * j + 8 * g;
+                for l in 0..8 {
+                    // ggml stages the product in an int16; |q8 * q4| <= 1920 always fits.
+                    aux32[l] += scale * (y.qs[base + l] as i32 * aux8[base + l] as i32);
+                }
+            }
+        }
+        let d = f16_to_f32(x.d) * y.d;
+        for l in 0..8 {
+            sums[l] += d * aux32[l] as f32;
+        }
+        let dmin = f16_to_f32(x.dmin) * y.d;
+        sumf -= dmin * sumi as f32;
+    }
+    for s in sums {
+        sumf += s;
+    }
+    sumf
+}

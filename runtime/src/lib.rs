@@ -1,0 +1,14 @@
+//! The inference runtime: GGUF loading, model registry, tokenizers, architectures,
+//! sampling, KV cache and the batched forward pass.
+
+pub mod gguf;
+pub mod kv;
+pub mod matmul;
+pub mod model;
+pub mod ops;
+pub mod pool;
+pub mod reference;
+pub mod registry;
+pub mod tokenizer;
+
+pub use gguf::{GgufError, GgufFile};

@@ -1,0 +1,79 @@
+//! Quantized matrix multiplication: `y[t][o] = dot(W[o], x[t])` with W kept in its GGUF
+//! block format and the activations quantized once per row into W's `vec_dot_type`
+//! (Q8_0, Q8_1 or Q8_K), exactly the scheme llama.cpp's CPU backend uses.
+
+use quant::GgmlType;
+
+use crate::pool::{SharedMut, ThreadPool};
+
+/// A 2-D weight matrix borrowed from the model file: `n_out` rows of `n_in` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub data: &'a [u8],
+}
+
+impl MatRef<'_> {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.n_in as u64).expect("validated at load") as usize
+    }
+
+    pub fn row(&self, o: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data[o * rb..(o + 1) * rb]
+    }
+}
+
+/// Quantizes `n_rows` rows of `x` (each `n_in` long) into `ty` blocks in `out`.
+pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, out: &mut Vec<u8>) {
+    let n_rows = x.len() / n_in;
+    let rb = ty.row_bytes(n_in as u64).expect("whole blocks") as usize;
+    out.resize(n_rows * rb, 0);
+    if ty == GgmlType::F32 {
+        for (d, s) in out.chunks_exact_mut(4).zip(x) {
+            d.copy_from_slice(&s.to_le_bytes());
+        }
+        return;
+    }
+    let dst = SharedMut::new(out);
+    pool.run(n_rows, &|r| {
+        // SAFETY: each task writes only its own row.
+        let d = unsafe { dst.slice(r * rb, rb) };
+        quant::quantize_row(ty, &x[r * n_in..(r + 1) * n_in], d).expect("sizes match");
+    });
+}
+
+/// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
+const ROWS_PER_TASK: usize = 16;
+
+/// `y = x · Wᵀ` for `n_tok` activation rows. `xq` is scratch for the quantized activations.
+pub fn matmul(pool: &ThreadPool, w: &MatRef<'_>, x: &[f32], n_tok: usize, xq: &mut Vec<u8>, y: &mut [f32]) {
+    debug_assert_eq!(x.len(), n_tok * w.n_in);
+    debug_assert_eq!(y.len(), n_tok * w.n_out);
+    let vt = quant::vec_dot_type(w.ty);
+    quantize_rows(pool, vt, x, w.n_in, xq);
+    let xrb = vt.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
+    let xq: &[u8] = xq;
+    let n_out = w.n_out;
+    let out = SharedMut::new(y);
+    let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
+    pool.run(n_tasks, &|task| {
+        let o0 = task * ROWS_PER_TASK;
+        let o1 = (o0 + ROWS_PER_TASK).min(n_out);
+        for t in 0..n_tok {
+            let a = &xq[t * xrb..(t + 1) * xrb];
+            // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
+            let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
+            for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
+                *yv = quant::vec_dot(w.ty, w.n_in, w.row(o), a).expect("sizes match");
+            }
+        }
+    });
+}
+
+/// Dequantizes row `r` of `w` into `out` (embedding lookup).
+pub fn dequant_row(w: &MatRef<'_>, r: usize, out: &mut [f32]) {
+    quant::dequantize_row(w.ty, w.row(r), out).expect("sizes match");
+}

@@ -1,0 +1,520 @@
+//! Decoder-only transformer for the llama, qwen2 and gemma3 architectures, evaluated in
+//! batches: one `forward` call takes prompt chunks and single decode tokens from several
+//! sequences together against the paged KV cache. The single-sequence path is this path
+//! with one sequence.
+
+pub mod config;
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::Arc;
+
+use half::f16;
+use quant::GgmlType;
+
+use crate::gguf::{GgufError, GgufFile, TensorInfo};
+use crate::kv::{KvCache, KvError, KvLayout, SeqId};
+use crate::matmul::{dequant_row, matmul, MatRef};
+use crate::ops::{rms_norm, silu, softmax, Gelu, Rope};
+use crate::pool::{SharedMut, ThreadPool};
+
+pub use config::{Arch, Config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unknown model architecture {0:?} (supported: llama, qwen2, gemma3)")]
+    UnknownArch(String),
+    #[error("model metadata is missing required key {0:?}")]
+    MissingKey(String),
+    #[error("model is missing tensor {0:?}")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {found:?} and type {ty}, expected shape {expected:?}")]
+    BadShape {
+        name: String,
+        found: Vec<u64>,
+        expected: Vec<u64>,
+        ty: GgmlType,
+    },
+    #[error("tensor {name:?} has type {ty}, which has no matrix kernel")]
+    UnsupportedType { name: String, ty: GgmlType },
+    #[error("unsupported model feature: {0}")]
+    Unsupported(String),
+    #[error("invalid model: {0}")]
+    Invalid(String),
+    #[error("token id {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    #[error("context full: sequence {seq} would reach {needed} positions, the context holds {n_ctx}")]
+    ContextFull { seq: SeqId, needed: usize, n_ctx: usize },
+}
+
+/// A matrix in the mapped file, by location.
+#[derive(Clone, Copy, Debug)]
+struct Mat {
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+    start: usize,
+    len: usize,
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Mat,
+    wk: Mat,
+    wv: Mat,
+    wo: Mat,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+    post_ffn_norm: Option<Vec<f32>>,
+    rope: Rope,
+}
+
+/// A loaded model: hyperparameters, small f32 tensors copied out, matrices borrowed from
+/// the mapped file.
+pub struct Model {
+    pub config: Config,
+    file: Arc<GgufFile>,
+    tok_embd: Mat,
+    output: Mat,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    gelu: Gelu,
+}
+
+/// Which logits a sequence in a batch wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's share of a batch: its next tokens (a prompt chunk or one decode token).
+#[derive(Clone, Debug)]
+pub struct SeqBatch<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub logits: Logits,
+}
+
+/// Reusable buffers for `forward`, grown on demand and never shrunk, so steady-state
+/// decoding allocates nothing per token.
+#[derive(Default)]
+pub struct Workspace {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    xq: Vec<u8>,
+    rope_cache: Vec<f32>,
+    tok_pos: Vec<usize>,
+    tok_seq: Vec<usize>,
+    seq_slots: Vec<Vec<usize>>,
+    out_rows: Vec<usize>,
+    /// Logits of the rows asked for, `n_out x n_vocab`, in batch order.
+    pub logits: Vec<f32>,
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
+    let mut out = vec![0f32; t.n_elements() as usize];
+    quant::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| ModelError::UnsupportedType {
+        name: t.name.clone(),
+        ty: t.ty,
+    })?;
+    Ok(out)
+}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Model::from_gguf(Arc::new(GgufFile::open(path)?))
+    }
+
+    pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
+        let config = Config::from_gguf(&file)?;
+        let c = &config;
+        let tensor = |name: &str| file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()));
+        let mat = |name: &str, n_in: usize, n_out: usize| -> Result<Mat, ModelError> {
+            let t = tensor(name)?;
+            if t.shape != [n_in as u64, n_out as u64] {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    found: t.shape.clone(),
+                    expected: vec![n_in as u64, n_out as u64],
+                    ty: t.ty,
+                });
+            }
+            if !quant::has_vec_dot(t.ty) {
+                return Err(ModelError::UnsupportedType {
+                    name: name.into(),
+                    ty: t.ty,
+                });
+            }
+            Ok(Mat {
+                ty: t.ty,
+                n_in,
+                n_out,
+                start: (file.data_offset + t.offset) as usize,
+                len: t.size as usize,
+            })
+        };
+        let vec = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
+            let t = tensor(name)?;
+            if t.n_elements() != n as u64 {
+                return Err(ModelError::BadShape {
+                    name: name.into(),
+                    found: t.shape.clone(),
+                    expected: vec![n as u64],
+                    ty: t.ty,
+                });
+            }
+            f32_vec(&file, t)
+        };
+        let opt_vec = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            if file.tensor(name).is_some() {
+                vec(name, n).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+
+        let tok_embd = mat("token_embd.weight", c.n_embd, c.n_vocab)?;
+        let output = if file.tensor("output.weight").is_some() {
+            mat("output.weight", c.n_embd, c.n_vocab)?
+        } else {
+            tok_embd
+        };
+        let output_norm = vec("output_norm.weight", c.n_embd)?;
+        let freq_factors = opt_vec("rope_freqs.weight", c.n_rot / 2)?;
+        let gemma = c.arch == Arch::Gemma3;
+        let q_dim = c.n_head * c.head_dim_k;
+        let k_dim = c.n_head_kv * c.head_dim_k;
+        let v_dim = c.n_head_kv * c.head_dim_v;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let swa = c.swa_layers[il];
+            layers.push(Layer {
+                attn_norm: vec(&n("attn_norm.weight"), c.n_embd)?,
+                wq: mat(&n("attn_q.weight"), c.n_embd, q_dim)?,
+                wk: mat(&n("attn_k.weight"), c.n_embd, k_dim)?,
+                wv: mat(&n("attn_v.weight"), c.n_embd, v_dim)?,
+                wo: mat(&n("attn_output.weight"), c.n_head * c.head_dim_v, c.n_embd)?,
+                bq: opt_vec(&n("attn_q.bias"), q_dim)?,
+                bk: opt_vec(&n("attn_k.bias"), k_dim)?,
+                bv: opt_vec(&n("attn_v.bias"), v_dim)?,
+                q_norm: if gemma { Some(vec(&n("attn_q_norm.weight"), c.head_dim_k)?) } else { None },
+                k_norm: if gemma { Some(vec(&n("attn_k_norm.weight"), c.head_dim_k)?) } else { None },
+                post_attn_norm: if gemma { Some(vec(&n("post_attention_norm.weight"), c.n_embd)?) } else { None },
+                ffn_norm: vec(&n("ffn_norm.weight"), c.n_embd)?,
+                gate: mat(&n("ffn_gate.weight"), c.n_embd, c.n_ff)?,
+                up: mat(&n("ffn_up.weight"), c.n_embd, c.n_ff)?,
+                down: mat(&n("ffn_down.weight"), c.n_ff, c.n_embd)?,
+                post_ffn_norm: if gemma { Some(vec(&n("post_ffw_norm.weight"), c.n_embd)?) } else { None },
+                rope: Rope {
+                    style: c.arch.rope_style(),
+                    n_dims: c.n_rot,
+                    freq_base: if swa { c.rope_freq_base_swa } else { c.rope_freq_base },
+                    freq_scale: c.rope_freq_scale,
+                    freq_factors: freq_factors.clone(),
+                },
+            });
+        }
+        Ok(Model {
+            config,
+            file,
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+            gelu: Gelu::new(),
+        })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    fn m(&self, m: &Mat) -> MatRef<'_> {
+        let data = &self.file_bytes()[m.start..m.start + m.len];
+        MatRef {
+            ty: m.ty,
+            n_in: m.n_in,
+            n_out: m.n_out,
+            data,
+        }
+    }
+
+    fn file_bytes(&self) -> &[u8] {
+        // The whole map; tensors were bounds-checked at open.
+        let t0 = &self.file.tensors[0];
+        let d = self.file.tensor_data(t0);
+        let base = d.as_ptr() as usize - (self.file.data_offset + t0.offset) as usize;
+        // SAFETY: `base` is the start of the map and the map is file_size() bytes long.
+        unsafe { std::slice::from_raw_parts(base as *const u8, self.file.file_size() as usize) }
+    }
+
+    /// Bytes of all weight tensors (what a forward pass streams).
+    pub fn weight_bytes(&self) -> u64 {
+        self.file.tensor_bytes()
+    }
+
+    /// A KV cache layout for `n_ctx_tokens` positions in blocks of `block_size`.
+    pub fn kv_layout(&self, n_ctx_tokens: usize, block_size: usize) -> KvLayout {
+        let c = &self.config;
+        KvLayout {
+            n_layers: c.n_layer,
+            n_kv_heads: c.n_head_kv,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            block_size,
+            n_blocks: n_ctx_tokens.div_ceil(block_size),
+        }
+    }
+
+    /// Evaluates one batch. Positions continue each sequence's current length in `kv`
+    /// (sequences are created on first use). Returns the logits rows asked for, in batch
+    /// order, in `ws.logits`. On error nothing is left reserved in the cache.
+    pub fn forward(
+        &self,
+        batch: &[SeqBatch<'_>],
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+        n_ctx: usize,
+    ) -> Result<usize, ModelError> {
+        let c = &self.config;
+        for sb in batch {
+            if let Some(&id) = sb.tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
+                return Err(ModelError::BadToken { id, n_vocab: c.n_vocab });
+            }
+            let needed = kv.seq_len(sb.seq) + sb.tokens.len();
+            if needed > n_ctx {
+                return Err(ModelError::ContextFull {
+                    seq: sb.seq,
+                    needed,
+                    n_ctx,
+                });
+            }
+        }
+        // Reserve positions for every sequence, all or nothing.
+        let mut starts = Vec::with_capacity(batch.len());
+        for sb in batch {
+            let existed = kv.has_seq(sb.seq);
+            let before = kv.seq_len(sb.seq);
+            match kv.reserve(sb.seq, sb.tokens.len()) {
+                Ok(s) => starts.push((s, before, existed)),
+                Err(e) => {
+                    for (sb, &(_, before, existed)) in batch.iter().zip(&starts) {
+                        if existed {
+                            kv.truncate(sb.seq, before)?;
+                        } else {
+                            kv.remove_seq(sb.seq);
+                        }
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+
+        let n_tok: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        ws.tok_pos.clear();
+        ws.tok_seq.clear();
+        ws.out_rows.clear();
+        ws.seq_slots.resize_with(batch.len(), Vec::new);
+        let mut row = 0;
+        for (i, (sb, &(start, _, _))) in batch.iter().zip(&starts).enumerate() {
+            for j in 0..sb.tokens.len() {
+                ws.tok_pos.push(start + j);
+                ws.tok_seq.push(i);
+                let want = match sb.logits {
+                    Logits::None => false,
+                    Logits::Last => j + 1 == sb.tokens.len(),
+                    Logits::All => true,
+                };
+                if want {
+                    ws.out_rows.push(row);
+                }
+                row += 1;
+            }
+            kv.slots(sb.seq, start + sb.tokens.len(), &mut ws.seq_slots[i])?;
+        }
+
+        let d = c.n_embd;
+        // Embeddings.
+        ws.x.resize(n_tok * d, 0.0);
+        for (t, &tok) in batch.iter().flat_map(|s| s.tokens.iter()).enumerate() {
+            let xr = &mut ws.x[t * d..(t + 1) * d];
+            dequant_row(&self.m(&self.tok_embd), tok as usize, xr);
+            if c.embd_scale != 1.0 {
+                xr.iter_mut().for_each(|v| *v *= c.embd_scale);
+            }
+        }
+
+        for (il, layer) in self.layers.iter().enumerate() {
+            self.layer_forward(il, layer, n_tok, kv, ws, pool);
+        }
+
+        // Final norm and logits for the requested rows only.
+        let n_out = ws.out_rows.len();
+        ws.xn.resize(n_out * d, 0.0);
+        for (i, &r) in ws.out_rows.iter().enumerate() {
+            let xn = &mut ws.xn[i * d..(i + 1) * d];
+            xn.copy_from_slice(&ws.x[r * d..(r + 1) * d]);
+            rms_norm(xn, &self.output_norm, c.rms_eps);
+        }
+        ws.logits.resize(n_out * c.n_vocab, 0.0);
+        matmul(pool, &self.m(&self.output), &ws.xn, n_out, &mut ws.xq, &mut ws.logits);
+        if let Some(cap) = c.final_logit_softcap {
+            ws.logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        }
+        Ok(n_out)
+    }
+
+    fn layer_forward(&self, il: usize, l: &Layer, n_tok: usize, kv: &mut KvCache, ws: &mut Workspace, pool: &ThreadPool) {
+        let c = &self.config;
+        let d = c.n_embd;
+        let (hk, hv) = (c.head_dim_k, c.head_dim_v);
+        let q_dim = c.n_head * hk;
+        let k_dim = c.n_head_kv * hk;
+        let v_dim = c.n_head_kv * hv;
+
+        ws.xn.resize(n_tok * d, 0.0);
+        for t in 0..n_tok {
+            let xn = &mut ws.xn[t * d..(t + 1) * d];
+            xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
+            rms_norm(xn, &l.attn_norm, c.rms_eps);
+        }
+        ws.q.resize(n_tok * q_dim, 0.0);
+        ws.k.resize(n_tok * k_dim, 0.0);
+        ws.v.resize(n_tok * v_dim, 0.0);
+        matmul(pool, &self.m(&l.wq), &ws.xn, n_tok, &mut ws.xq, &mut ws.q);
+        matmul(pool, &self.m(&l.wk), &ws.xn, n_tok, &mut ws.xq, &mut ws.k);
+        matmul(pool, &self.m(&l.wv), &ws.xn, n_tok, &mut ws.xq, &mut ws.v);
+        add_bias(&mut ws.q, l.bq.as_deref());
+        add_bias(&mut ws.k, l.bk.as_deref());
+        add_bias(&mut ws.v, l.bv.as_deref());
+
+        ws.rope_cache.resize(c.n_rot.max(2), 0.0);
+        for t in 0..n_tok {
+            let pos = ws.tok_pos[t];
+            l.rope.cache(pos, &mut ws.rope_cache);
+            for h in 0..c.n_head {
+                let qh = &mut ws.q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
+                if let Some(w) = &l.q_norm {
+                    rms_norm(qh, w, c.rms_eps);
+                }
+                l.rope.apply(qh, &ws.rope_cache);
+                if c.arch == Arch::Gemma3 {
+                    qh.iter_mut().for_each(|v| *v *= c.attn_scale);
+                }
+            }
+            for h in 0..c.n_head_kv {
+                let kh = &mut ws.k[t * k_dim + h * hk..t * k_dim + (h + 1) * hk];
+                if let Some(w) = &l.k_norm {
+                    rms_norm(kh, w, c.rms_eps);
+                }
+                l.rope.apply(kh, &ws.rope_cache);
+            }
+            let slot = ws.seq_slots[ws.tok_seq[t]][pos];
+            kv.write(il, slot, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
+        }
+
+        // Attention: one task per (token, head).
+        let kq_scale = if c.arch == Arch::Gemma3 { 1.0 } else { c.attn_scale };
+        let window = if c.swa_layers[il] { c.n_swa } else { 0 };
+        let (kc, vc) = kv.layer(il);
+        let group = c.n_head / c.n_head_kv;
+        ws.attn.resize(n_tok * c.n_head * hv, 0.0);
+        let out = SharedMut::new(&mut ws.attn);
+        let (q, tok_pos, tok_seq, seq_slots) = (&ws.q, &ws.tok_pos, &ws.tok_seq, &ws.seq_slots);
+        pool.run(n_tok * c.n_head, &|task| {
+            let (t, h) = (task / c.n_head, task % c.n_head);
+            let g = h / group;
+            let pos = tok_pos[t];
+            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+            let slots = &seq_slots[tok_seq[t]][first..=pos];
+            let qh = &q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
+            // SAFETY: each task writes its own (token, head) output row.
+            let o = unsafe { out.slice((t * c.n_head + h) * hv, hv) };
+            SCORES.with(|s| {
+                let mut scores = s.borrow_mut();
+                scores.clear();
+                for &slot in slots {
+                    let kr = &kc[slot * k_dim + g * hk..slot * k_dim + (g + 1) * hk];
+                    scores.push(dot_f16(qh, kr) * kq_scale);
+                }
+                softmax(&mut scores);
+                o.iter_mut().for_each(|v| *v = 0.0);
+                for (&p, &slot) in scores.iter().zip(slots) {
+                    let vr = &vc[slot * v_dim + g * hv..slot * v_dim + (g + 1) * hv];
+                    for (ov, &vv) in o.iter_mut().zip(vr) {
+                        *ov += p * vv.to_f32();
+                    }
+                }
+            });
+        });
+
+        ws.proj.resize(n_tok * d, 0.0);
+        matmul(pool, &self.m(&l.wo), &ws.attn, n_tok, &mut ws.xq, &mut ws.proj);
+        if let Some(w) = &l.post_attn_norm {
+            ws.proj.chunks_exact_mut(d).for_each(|r| rms_norm(r, w, c.rms_eps));
+        }
+        ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
+
+        // Feed-forward.
+        for t in 0..n_tok {
+            let xn = &mut ws.xn[t * d..(t + 1) * d];
+            xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
+            rms_norm(xn, &l.ffn_norm, c.rms_eps);
+        }
+        ws.gate.resize(n_tok * c.n_ff, 0.0);
+        ws.up.resize(n_tok * c.n_ff, 0.0);
+        matmul(pool, &self.m(&l.gate), &ws.xn, n_tok, &mut ws.xq, &mut ws.gate);
+        matmul(pool, &self.m(&l.up), &ws.xn, n_tok, &mut ws.xq, &mut ws.up);
+        if c.arch == Arch::Gemma3 {
+            let gelu = &self.gelu;
+            ws.gate.iter_mut().zip(&ws.up).for_each(|(g, u)| *g = gelu.apply(*g) * u);
+        } else {
+            ws.gate.iter_mut().zip(&ws.up).for_each(|(g, u)| *g = silu(*g) * u);
+        }
+        matmul(pool, &self.m(&l.down), &ws.gate, n_tok, &mut ws.xq, &mut ws.proj);
+        if let Some(w) = &l.post_ffn_norm {
+            ws.proj.chunks_exact_mut(d).for_each(|r| rms_norm(r, w, c.rms_eps));
+        }
+        ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
+    }
+}
+
+fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
+    if let Some(b) = b {
+        for row in x.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
+        }
+    }
+}
+
+#[inline]
+fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+}
