@@ -59,7 +59,7 @@ pub(crate) fn wr_i8_arr(out: &mut [u8], off: usize, a: &[i8]) {
 #[inline]
 pub(crate) fn check_row<B: Block>(bytes: usize, elems: usize) -> usize {
     assert!(
-        elems % B::BLOCK_ELEMS == 0 && bytes == elems / B::BLOCK_ELEMS * B::BYTES,
+        elems.is_multiple_of(B::BLOCK_ELEMS) && bytes == elems / B::BLOCK_ELEMS * B::BYTES,
         "{}: {} elements do not match {} bytes",
         B::TYPE,
         elems,
@@ -98,8 +98,8 @@ pub(crate) fn quantize_with<B: Block>(src: &[f32], dst: &mut [u8], f: impl Fn(&[
 pub(crate) fn check_dot<W: Block, A: Block>(w: &[u8], a: &[u8]) -> usize {
     assert_eq!(W::BLOCK_ELEMS, A::BLOCK_ELEMS);
     assert!(
-        w.len() % W::BYTES == 0
-            && a.len() % A::BYTES == 0
+        w.len().is_multiple_of(W::BYTES)
+            && a.len().is_multiple_of(A::BYTES)
             && w.len() / W::BYTES == a.len() / A::BYTES,
         "vec_dot {}x{}: {} and {} bytes hold different element counts",
         W::TYPE,

@@ -10,6 +10,9 @@
 //! [`vec_dot`] and [`vec_dot_type`]; the per-format functions (`q4_k::dequantize`,
 //! `q4_k::vec_dot_q8k`, ...) panic on inconsistent lengths instead of returning errors.
 
+// Index loops deliberately mirror ggml's C so each line can be audited against it.
+#![allow(clippy::needless_range_loop)]
+
 pub mod common;
 pub mod f16;
 pub mod float;
@@ -62,103 +65,34 @@ type DotFn = fn(&[u8], &[u8]) -> f32;
 /// What this crate implements for one type.
 struct Kernels {
     dequantize: DequantFn,
-    quantize: Option<QuantFn>,
-    /// Dot of a row of this type with a row of `vec_dot_type`.
+    quantize: QuantFn,
+    /// Dot of a row of this type with a row of `vec_dot_type` (activation-only formats
+    /// Q8_1/Q8_K have none).
     vec_dot: Option<DotFn>,
     vec_dot_type: GgmlType,
 }
 
 /// The dispatch table: the one place mapping a `GgmlType` to its kernels.
+#[rustfmt::skip]
 fn kernels(ty: GgmlType) -> Option<Kernels> {
     use GgmlType as T;
-    let k =
-        |dequantize: DequantFn, quantize: QuantFn, vec_dot: Option<DotFn>, vec_dot_type| Kernels {
-            dequantize,
-            quantize: Some(quantize),
-            vec_dot,
-            vec_dot_type,
-        };
+    let k = |dequantize, quantize, vec_dot, vec_dot_type| Kernels { dequantize, quantize, vec_dot, vec_dot_type };
     Some(match ty {
-        T::F32 => k(
-            float::dequantize_f32,
-            float::quantize_f32,
-            Some(float::vec_dot_f32),
-            T::F32,
-        ),
-        T::F16 => k(
-            float::dequantize_f16,
-            float::quantize_f16,
-            Some(float::vec_dot_f16),
-            T::F32,
-        ),
-        T::BF16 => k(
-            float::dequantize_bf16,
-            float::quantize_bf16,
-            Some(float::vec_dot_bf16),
-            T::F32,
-        ),
-        T::Q4_0 => k(
-            q4_0::dequantize,
-            q4_0::quantize,
-            Some(q4_0::vec_dot_q8_0),
-            T::Q8_0,
-        ),
-        T::Q4_1 => k(
-            q4_1::dequantize,
-            q4_1::quantize,
-            Some(q4_1::vec_dot_q8_1),
-            T::Q8_1,
-        ),
-        T::Q5_0 => k(
-            q5_0::dequantize,
-            q5_0::quantize,
-            Some(q5_0::vec_dot_q8_0),
-            T::Q8_0,
-        ),
-        T::Q5_1 => k(
-            q5_1::dequantize,
-            q5_1::quantize,
-            Some(q5_1::vec_dot_q8_1),
-            T::Q8_1,
-        ),
-        T::Q8_0 => k(
-            q8_0::dequantize,
-            q8_0::quantize,
-            Some(q8_0::vec_dot_q8_0),
-            T::Q8_0,
-        ),
-        T::Q8_1 => k(q8_1::dequantize, q8_1::quantize, None, T::Q8_1),
-        T::Q2_K => k(
-            q2_k::dequantize,
-            q2_k::quantize,
-            Some(q2_k::vec_dot_q8k),
-            T::Q8_K,
-        ),
-        T::Q3_K => k(
-            q3_k::dequantize,
-            q3_k::quantize,
-            Some(q3_k::vec_dot_q8k),
-            T::Q8_K,
-        ),
-        T::Q4_K => k(
-            q4_k::dequantize,
-            q4_k::quantize,
-            Some(q4_k::vec_dot_q8k),
-            T::Q8_K,
-        ),
-        T::Q5_K => k(
-            q5_k::dequantize,
-            q5_k::quantize,
-            Some(q5_k::vec_dot_q8k),
-            T::Q8_K,
-        ),
-        T::Q6_K => k(
-            q6_k::dequantize,
-            q6_k::quantize,
-            Some(q6_k::vec_dot_q8k),
-            T::Q8_K,
-        ),
-        T::Q8_K => k(q8_k::dequantize, q8_k::quantize, None, T::Q8_K),
+        T::F32  => k(float::dequantize_f32,  float::quantize_f32,  Some(float::vec_dot_f32 as DotFn),  T::F32),
+        T::F16  => k(float::dequantize_f16,  float::quantize_f16,  Some(float::vec_dot_f16 as DotFn),  T::F32),
+        T::BF16 => k(float::dequantize_bf16, float::quantize_bf16, Some(float::vec_dot_bf16 as DotFn), T::F32),
+        T::Q4_0 => k(q4_0::dequantize, q4_0::quantize, Some(q4_0::vec_dot_q8_0 as DotFn), T::Q8_0),
+        T::Q4_1 => k(q4_1::dequantize, q4_1::quantize, Some(q4_1::vec_dot_q8_1 as DotFn), T::Q8_1),
+        T::Q5_0 => k(q5_0::dequantize, q5_0::quantize, Some(q5_0::vec_dot_q8_0 as DotFn), T::Q8_0),
+        T::Q5_1 => k(q5_1::dequantize, q5_1::quantize, Some(q5_1::vec_dot_q8_1 as DotFn), T::Q8_1),
+        T::Q8_0 => k(q8_0::dequantize, q8_0::quantize, Some(q8_0::vec_dot_q8_0 as DotFn), T::Q8_0),
+        T::Q8_1 => k(q8_1::dequantize, q8_1::quantize, None,                              T::Q8_1),
+        T::Q2_K => k(q2_k::dequantize, q2_k::quantize, Some(q2_k::vec_dot_q8k as DotFn),  T::Q8_K),
+        T::Q3_K => k(q3_k::dequantize, q3_k::quantize, Some(q3_k::vec_dot_q8k as DotFn),  T::Q8_K),
+        T::Q4_K => k(q4_k::dequantize, q4_k::quantize, Some(q4_k::vec_dot_q8k as DotFn),  T::Q8_K),
+        T::Q5_K => k(q5_k::dequantize, q5_k::quantize, Some(q5_k::vec_dot_q8k as DotFn),  T::Q8_K),
+        T::Q6_K => k(q6_k::dequantize, q6_k::quantize, Some(q6_k::vec_dot_q8k as DotFn),  T::Q8_K),
+        T::Q8_K => k(q8_k::dequantize, q8_k::quantize, None,                              T::Q8_K),
         _ => return None,
     })
 }
@@ -175,7 +109,7 @@ pub fn has_vec_dot(ty: GgmlType) -> bool {
 
 fn blocks_of(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::NotBlockMultiple { ty, n, block });
     }
     Ok(n / block * ty.type_size())
@@ -214,17 +148,37 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// reference algorithm for `ty` (no importance matrix).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let k = kernels(ty).ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
-    let quantize = k
-        .quantize
-        .ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
     expect_len(
         ty,
         "quantized destination",
         blocks_of(ty, src.len())?,
         dst.len(),
     )?;
-    quantize(src, dst);
+    (k.quantize)(src, dst);
     Ok(())
+}
+
+/// Quantizes activations for [`vec_dot`] the way llama.cpp's x86 CPU backend does: Q8_0
+/// and Q8_1 with its SIMD rounding (`127/amax`, ties to even), everything else with the
+/// reference quantizer. Weights should use [`quantize_row`].
+pub fn quantize_activations(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            expect_len(
+                ty,
+                "quantized destination",
+                blocks_of(ty, src.len())?,
+                dst.len(),
+            )?;
+            if ty == GgmlType::Q8_0 {
+                q8_0::quantize_activations(src, dst);
+            } else {
+                q8_1::quantize_activations(src, dst);
+            }
+            Ok(())
+        }
+        _ => quantize_row(ty, src, dst),
+    }
 }
 
 /// The format activations must be quantized to before [`vec_dot`] with weights of `ty`:

@@ -56,6 +56,26 @@ impl BlockQ8_0 {
         }
     }
 
+    /// The activation quantizer of ggml's x86 SIMD path: `id = 127/amax` and
+    /// round-half-to-even. It differs from the reference in rare last-unit roundings; we use
+    /// it for activations so that our dot products see the same inputs as llama.cpp's.
+    pub fn quantize_simd_rounding(x: &[f32]) -> Self {
+        let mut amax = 0.0f32;
+        for &v in &x[..QK] {
+            amax = c_max(amax, v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; QK];
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+        Self {
+            d: f32_to_f16(d),
+            qs,
+        }
+    }
+
     /// `dequantize_row_q8_0` for one block.
     pub fn dequantize(&self, y: &mut [f32]) {
         let d = f16_to_f32(self.d);
@@ -73,6 +93,12 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// Quantizes a row with ggml's reference algorithm.
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ8_0>(src, dst, BlockQ8_0::quantize);
+}
+
+/// Quantizes activations the way ggml's x86 SIMD path does (see
+/// [`BlockQ8_0::quantize_simd_rounding`]).
+pub fn quantize_activations(src: &[f32], dst: &mut [u8]) {
+    quantize_with::<BlockQ8_0>(src, dst, BlockQ8_0::quantize_simd_rounding);
 }
 
 /// `ggml_vec_dot_q8_0_q8_0_generic`: integer dot per block, scaled by `dx*dy`.

@@ -59,6 +59,28 @@ impl BlockQ8_1 {
         }
     }
 
+    /// ggml's x86 SIMD activation quantizer: `id = 127/amax`, round-half-to-even, and
+    /// `s = d * sum(q)` (see `BlockQ8_0::quantize_simd_rounding`).
+    pub fn quantize_simd_rounding(x: &[f32]) -> Self {
+        let mut amax = 0.0f32;
+        for &v in &x[..QK] {
+            amax = c_max(amax, v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; QK];
+        let mut sum = 0i32;
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round_ties_even() as i8;
+            sum += *q as i32;
+        }
+        Self {
+            d: f32_to_f16(d),
+            s: f32_to_f16(d * sum as f32),
+            qs,
+        }
+    }
+
     /// Dequantizes one block (`q * d`; ggml has no row function for Q8_1, this is the
     /// obvious one and ignores `s`).
     pub fn dequantize(&self, y: &mut [f32]) {
@@ -77,4 +99,9 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// Quantizes a row with ggml's reference algorithm.
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ8_1>(src, dst, BlockQ8_1::quantize);
+}
+
+/// Quantizes activations the way ggml's x86 SIMD path does.
+pub fn quantize_activations(src: &[f32], dst: &mut [u8]) {
+    quantize_with::<BlockQ8_1>(src, dst, BlockQ8_1::quantize_simd_rounding);
 }

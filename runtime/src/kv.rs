@@ -16,11 +16,19 @@ pub type SeqId = u64;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvError {
     #[error("KV cache full: {needed} more blocks needed, {free} free (of {total})")]
-    OutOfBlocks { needed: usize, free: usize, total: usize },
+    OutOfBlocks {
+        needed: usize,
+        free: usize,
+        total: usize,
+    },
     #[error("sequence {0} is not in the KV cache")]
     UnknownSeq(SeqId),
     #[error("sequence {seq}: position {pos} is not the next position {expected}")]
-    NonContiguous { seq: SeqId, pos: usize, expected: usize },
+    NonContiguous {
+        seq: SeqId,
+        pos: usize,
+        expected: usize,
+    },
 }
 
 /// Geometry of the cache.
@@ -137,7 +145,9 @@ impl KvCache {
     pub fn blocks_needed(&self, seq: SeqId, n: usize) -> usize {
         let s = self.seqs.get(&seq).map_or(0, |s| s.len);
         let have = self.seqs.get(&seq).map_or(0, |s| s.blocks.len());
-        (s + n).div_ceil(self.layout.block_size).saturating_sub(have)
+        (s + n)
+            .div_ceil(self.layout.block_size)
+            .saturating_sub(have)
     }
 
     /// Reserves room for `n` more positions of `seq` (all or nothing) and returns the
@@ -243,7 +253,14 @@ mod tests {
         assert_eq!(c.slot(2, 0).unwrap(), 8);
         assert!(c.slot(2, 3).is_err());
         let e = c.reserve(2, 10).unwrap_err();
-        assert_eq!(e, KvError::OutOfBlocks { needed: 3, free: 1, total: 4 });
+        assert_eq!(
+            e,
+            KvError::OutOfBlocks {
+                needed: 3,
+                free: 1,
+                total: 4
+            }
+        );
         assert_eq!(c.seq_len(2), 3, "a failed reservation changes nothing");
         c.truncate(1, 4).unwrap();
         assert_eq!(c.used_blocks(), 2);

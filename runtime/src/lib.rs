@@ -1,6 +1,7 @@
 //! The inference runtime: GGUF loading, model registry, tokenizers, architectures,
 //! sampling, KV cache and the batched forward pass.
 
+pub mod chat;
 pub mod gguf;
 pub mod kv;
 pub mod matmul;
@@ -9,6 +10,8 @@ pub mod ops;
 pub mod pool;
 pub mod reference;
 pub mod registry;
+pub mod runner;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use gguf::{GgufError, GgufFile};

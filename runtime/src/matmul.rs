@@ -17,7 +17,9 @@ pub struct MatRef<'a> {
 
 impl MatRef<'_> {
     pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.n_in as u64).expect("validated at load") as usize
+        self.ty
+            .row_bytes(self.n_in as u64)
+            .expect("validated at load") as usize
     }
 
     pub fn row(&self, o: usize) -> &[u8] {
@@ -41,7 +43,7 @@ pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, ou
     pool.run(n_rows, &|r| {
         // SAFETY: each task writes only its own row.
         let d = unsafe { dst.slice(r * rb, rb) };
-        quant::quantize_row(ty, &x[r * n_in..(r + 1) * n_in], d).expect("sizes match");
+        quant::quantize_activations(ty, &x[r * n_in..(r + 1) * n_in], d).expect("sizes match");
     });
 }
 
@@ -49,7 +51,14 @@ pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, ou
 const ROWS_PER_TASK: usize = 16;
 
 /// `y = x · Wᵀ` for `n_tok` activation rows. `xq` is scratch for the quantized activations.
-pub fn matmul(pool: &ThreadPool, w: &MatRef<'_>, x: &[f32], n_tok: usize, xq: &mut Vec<u8>, y: &mut [f32]) {
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &MatRef<'_>,
+    x: &[f32],
+    n_tok: usize,
+    xq: &mut Vec<u8>,
+    y: &mut [f32],
+) {
     debug_assert_eq!(x.len(), n_tok * w.n_in);
     debug_assert_eq!(y.len(), n_tok * w.n_out);
     let vt = quant::vec_dot_type(w.ty);

@@ -165,7 +165,9 @@ fn worker(shared: Arc<Shared>) {
                 std::hint::spin_loop();
             } else {
                 let guard = shared.job.lock().unwrap();
-                if shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+                if shared.generation.load(Ordering::Acquire) == seen
+                    && !shared.shutdown.load(Ordering::Acquire)
+                {
                     let _guard = shared.wake.wait(guard).unwrap();
                 }
             }

@@ -31,7 +31,9 @@ fn opts() -> RefOptions {
         n_ctx: 512,
         n_batch: 64,
         n_ubatch: 64,
-        n_threads: 2,
+        // One thread each: the tests run in parallel, and ggml's spinning thread pool
+        // degrades badly when the cores are oversubscribed.
+        n_threads: 1,
         ..RefOptions::default()
     }
 }
@@ -75,6 +77,10 @@ fn smollm2_smoke() {
         m.add_bos()
     );
     assert_eq!(m.n_ctx(), 512);
+    assert_eq!(m.threads(), (1, 1));
+    m.set_threads(2, 2);
+    assert_eq!(m.threads(), (2, 2));
+    m.set_threads(1, 1);
     assert!(m.n_vocab() > 1000);
     assert_eq!(m.meta("general.architecture").as_deref(), Some("llama"));
     assert!(m.meta("no.such.key").is_none());

@@ -73,23 +73,34 @@ impl Config {
         let a = arch.name();
         let key = |k: &str| format!("{a}.{k}");
         let req = |k: &str| -> Result<usize, ModelError> {
-            f.get_usize(&key(k))?.ok_or_else(|| ModelError::MissingKey(key(k)))
+            f.get_usize(&key(k))?
+                .ok_or_else(|| ModelError::MissingKey(key(k)))
         };
         let n_embd = req("embedding_length")?;
         let n_layer = req("block_count")?;
         let n_ff = req("feed_forward_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = f.get_usize(&key("attention.head_count_kv"))?.unwrap_or(n_head);
+        let n_head_kv = f
+            .get_usize(&key("attention.head_count_kv"))?
+            .unwrap_or(n_head);
         if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || n_layer == 0 || n_embd == 0 {
             return Err(ModelError::Invalid(format!(
                 "head_count {n_head} / head_count_kv {n_head_kv} / block_count {n_layer} / embedding_length {n_embd} are inconsistent"
             )));
         }
-        let head_dim_k = f.get_usize(&key("attention.key_length"))?.unwrap_or(n_embd / n_head);
-        let head_dim_v = f.get_usize(&key("attention.value_length"))?.unwrap_or(n_embd / n_head);
-        let n_rot = f.get_usize(&key("rope.dimension_count"))?.unwrap_or(head_dim_k);
+        let head_dim_k = f
+            .get_usize(&key("attention.key_length"))?
+            .unwrap_or(n_embd / n_head);
+        let head_dim_v = f
+            .get_usize(&key("attention.value_length"))?
+            .unwrap_or(n_embd / n_head);
+        let n_rot = f
+            .get_usize(&key("rope.dimension_count"))?
+            .unwrap_or(head_dim_k);
         if n_rot > head_dim_k || n_rot % 2 != 0 {
-            return Err(ModelError::Invalid(format!("rope.dimension_count {n_rot} vs head dim {head_dim_k}")));
+            return Err(ModelError::Invalid(format!(
+                "rope.dimension_count {n_rot} vs head dim {head_dim_k}"
+            )));
         }
         let n_vocab = match f.get_usize(&key("vocab_size"))? {
             Some(v) => v,
@@ -98,7 +109,9 @@ impl Config {
                 .map(|a| a.len())
                 .ok_or_else(|| ModelError::MissingKey("tokenizer.ggml.tokens".into()))?,
         };
-        let rms_eps = f.get_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32;
+        let rms_eps = f
+            .get_f64(&key("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5) as f32;
         let rope_freq_base = f.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
         let rope_freq_scale = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => 1.0,
@@ -113,7 +126,9 @@ impl Config {
             Some(other) => {
                 // YaRN and friends change the rotation itself; refuse rather than be wrong.
                 if f.get_f64(&key("rope.scaling.factor"))?.unwrap_or(1.0) != 1.0 {
-                    return Err(ModelError::Unsupported(format!("rope scaling type {other:?}")));
+                    return Err(ModelError::Unsupported(format!(
+                        "rope scaling type {other:?}"
+                    )));
                 }
                 1.0
             }
@@ -129,11 +144,14 @@ impl Config {
         if arch == Arch::Gemma3 {
             n_swa = f.get_usize(&key("attention.sliding_window"))?.unwrap_or(0);
             if n_swa > 0 {
-                let pattern = f.get_usize(&key("attention.sliding_window_pattern"))?.unwrap_or(6);
+                let pattern = f
+                    .get_usize(&key("attention.sliding_window_pattern"))?
+                    .unwrap_or(6);
                 for (il, s) in swa_layers.iter_mut().enumerate() {
                     *s = pattern == 0 || il % pattern < pattern - 1;
                 }
-                rope_freq_base_swa = f.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f32;
+                rope_freq_base_swa =
+                    f.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f32;
             }
             // Gemma 3 27B scales by n_embd / n_head; every other size by the head dim.
             attn_scale = if n_layer == 62 {

@@ -47,8 +47,14 @@ pub enum ModelError {
     BadToken { id: u32, n_vocab: usize },
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("context full: sequence {seq} would reach {needed} positions, the context holds {n_ctx}")]
-    ContextFull { seq: SeqId, needed: usize, n_ctx: usize },
+    #[error(
+        "context full: sequence {seq} would reach {needed} positions, the context holds {n_ctx}"
+    )]
+    ContextFull {
+        seq: SeqId,
+        needed: usize,
+        n_ctx: usize,
+    },
 }
 
 /// A matrix in the mapped file, by location.
@@ -133,14 +139,16 @@ pub struct Workspace {
 }
 
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCORES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
     let mut out = vec![0f32; t.n_elements() as usize];
-    quant::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| ModelError::UnsupportedType {
-        name: t.name.clone(),
-        ty: t.ty,
+    quant::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| {
+        ModelError::UnsupportedType {
+            name: t.name.clone(),
+            ty: t.ty,
+        }
     })?;
     Ok(out)
 }
@@ -153,7 +161,10 @@ impl Model {
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = Config::from_gguf(&file)?;
         let c = &config;
-        let tensor = |name: &str| file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.to_string()));
+        let tensor = |name: &str| {
+            file.tensor(name)
+                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        };
         let mat = |name: &str, n_in: usize, n_out: usize| -> Result<Mat, ModelError> {
             let t = tensor(name)?;
             if t.shape != [n_in as u64, n_out as u64] {
@@ -223,18 +234,38 @@ impl Model {
                 bq: opt_vec(&n("attn_q.bias"), q_dim)?,
                 bk: opt_vec(&n("attn_k.bias"), k_dim)?,
                 bv: opt_vec(&n("attn_v.bias"), v_dim)?,
-                q_norm: if gemma { Some(vec(&n("attn_q_norm.weight"), c.head_dim_k)?) } else { None },
-                k_norm: if gemma { Some(vec(&n("attn_k_norm.weight"), c.head_dim_k)?) } else { None },
-                post_attn_norm: if gemma { Some(vec(&n("post_attention_norm.weight"), c.n_embd)?) } else { None },
+                q_norm: if gemma {
+                    Some(vec(&n("attn_q_norm.weight"), c.head_dim_k)?)
+                } else {
+                    None
+                },
+                k_norm: if gemma {
+                    Some(vec(&n("attn_k_norm.weight"), c.head_dim_k)?)
+                } else {
+                    None
+                },
+                post_attn_norm: if gemma {
+                    Some(vec(&n("post_attention_norm.weight"), c.n_embd)?)
+                } else {
+                    None
+                },
                 ffn_norm: vec(&n("ffn_norm.weight"), c.n_embd)?,
                 gate: mat(&n("ffn_gate.weight"), c.n_embd, c.n_ff)?,
                 up: mat(&n("ffn_up.weight"), c.n_embd, c.n_ff)?,
                 down: mat(&n("ffn_down.weight"), c.n_ff, c.n_embd)?,
-                post_ffn_norm: if gemma { Some(vec(&n("post_ffw_norm.weight"), c.n_embd)?) } else { None },
+                post_ffn_norm: if gemma {
+                    Some(vec(&n("post_ffw_norm.weight"), c.n_embd)?)
+                } else {
+                    None
+                },
                 rope: Rope {
                     style: c.arch.rope_style(),
                     n_dims: c.n_rot,
-                    freq_base: if swa { c.rope_freq_base_swa } else { c.rope_freq_base },
+                    freq_base: if swa {
+                        c.rope_freq_base_swa
+                    } else {
+                        c.rope_freq_base
+                    },
                     freq_scale: c.rope_freq_scale,
                     freq_factors: freq_factors.clone(),
                 },
@@ -306,7 +337,10 @@ impl Model {
         let c = &self.config;
         for sb in batch {
             if let Some(&id) = sb.tokens.iter().find(|&&t| t as usize >= c.n_vocab) {
-                return Err(ModelError::BadToken { id, n_vocab: c.n_vocab });
+                return Err(ModelError::BadToken {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
             }
             let needed = kv.seq_len(sb.seq) + sb.tokens.len();
             if needed > n_ctx {
@@ -384,14 +418,31 @@ impl Model {
             rms_norm(xn, &self.output_norm, c.rms_eps);
         }
         ws.logits.resize(n_out * c.n_vocab, 0.0);
-        matmul(pool, &self.m(&self.output), &ws.xn, n_out, &mut ws.xq, &mut ws.logits);
+        matmul(
+            pool,
+            &self.m(&self.output),
+            &ws.xn,
+            n_out,
+            &mut ws.xq,
+            &mut ws.logits,
+        );
         if let Some(cap) = c.final_logit_softcap {
-            ws.logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+            ws.logits
+                .iter_mut()
+                .for_each(|v| *v = (*v / cap).tanh() * cap);
         }
         Ok(n_out)
     }
 
-    fn layer_forward(&self, il: usize, l: &Layer, n_tok: usize, kv: &mut KvCache, ws: &mut Workspace, pool: &ThreadPool) {
+    fn layer_forward(
+        &self,
+        il: usize,
+        l: &Layer,
+        n_tok: usize,
+        kv: &mut KvCache,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+    ) {
         let c = &self.config;
         let d = c.n_embd;
         let (hk, hv) = (c.head_dim_k, c.head_dim_v);
@@ -437,11 +488,20 @@ impl Model {
                 l.rope.apply(kh, &ws.rope_cache);
             }
             let slot = ws.seq_slots[ws.tok_seq[t]][pos];
-            kv.write(il, slot, &ws.k[t * k_dim..(t + 1) * k_dim], &ws.v[t * v_dim..(t + 1) * v_dim]);
+            kv.write(
+                il,
+                slot,
+                &ws.k[t * k_dim..(t + 1) * k_dim],
+                &ws.v[t * v_dim..(t + 1) * v_dim],
+            );
         }
 
         // Attention: one task per (token, head).
-        let kq_scale = if c.arch == Arch::Gemma3 { 1.0 } else { c.attn_scale };
+        let kq_scale = if c.arch == Arch::Gemma3 {
+            1.0
+        } else {
+            c.attn_scale
+        };
         let window = if c.swa_layers[il] { c.n_swa } else { 0 };
         let (kc, vc) = kv.layer(il);
         let group = c.n_head / c.n_head_kv;
@@ -452,21 +512,31 @@ impl Model {
             let (t, h) = (task / c.n_head, task % c.n_head);
             let g = h / group;
             let pos = tok_pos[t];
-            let first = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+            let first = if window > 0 {
+                (pos + 1).saturating_sub(window)
+            } else {
+                0
+            };
             let slots = &seq_slots[tok_seq[t]][first..=pos];
             let qh = &q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
             // SAFETY: each task writes its own (token, head) output row.
             let o = unsafe { out.slice((t * c.n_head + h) * hv, hv) };
+            // Like ggml's f16 KV path, the query and the attention probabilities are
+            // rounded to f16 before their dot products with the f16 cache.
             SCORES.with(|s| {
-                let mut scores = s.borrow_mut();
+                let mut s = s.borrow_mut();
+                let (scores, q16) = &mut *s;
+                q16.clear();
+                q16.extend(qh.iter().map(|&v| f16::from_f32(v).to_f32()));
                 scores.clear();
                 for &slot in slots {
                     let kr = &kc[slot * k_dim + g * hk..slot * k_dim + (g + 1) * hk];
-                    scores.push(dot_f16(qh, kr) * kq_scale);
+                    scores.push(dot_f16(q16, kr) * kq_scale);
                 }
-                softmax(&mut scores);
+                softmax(scores);
                 o.iter_mut().for_each(|v| *v = 0.0);
                 for (&p, &slot) in scores.iter().zip(slots) {
+                    let p = f16::from_f32(p).to_f32();
                     let vr = &vc[slot * v_dim + g * hv..slot * v_dim + (g + 1) * hv];
                     for (ov, &vv) in o.iter_mut().zip(vr) {
                         *ov += p * vv.to_f32();
@@ -476,9 +546,18 @@ impl Model {
         });
 
         ws.proj.resize(n_tok * d, 0.0);
-        matmul(pool, &self.m(&l.wo), &ws.attn, n_tok, &mut ws.xq, &mut ws.proj);
+        matmul(
+            pool,
+            &self.m(&l.wo),
+            &ws.attn,
+            n_tok,
+            &mut ws.xq,
+            &mut ws.proj,
+        );
         if let Some(w) = &l.post_attn_norm {
-            ws.proj.chunks_exact_mut(d).for_each(|r| rms_norm(r, w, c.rms_eps));
+            ws.proj
+                .chunks_exact_mut(d)
+                .for_each(|r| rms_norm(r, w, c.rms_eps));
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
 
@@ -490,17 +569,39 @@ impl Model {
         }
         ws.gate.resize(n_tok * c.n_ff, 0.0);
         ws.up.resize(n_tok * c.n_ff, 0.0);
-        matmul(pool, &self.m(&l.gate), &ws.xn, n_tok, &mut ws.xq, &mut ws.gate);
+        matmul(
+            pool,
+            &self.m(&l.gate),
+            &ws.xn,
+            n_tok,
+            &mut ws.xq,
+            &mut ws.gate,
+        );
         matmul(pool, &self.m(&l.up), &ws.xn, n_tok, &mut ws.xq, &mut ws.up);
         if c.arch == Arch::Gemma3 {
             let gelu = &self.gelu;
-            ws.gate.iter_mut().zip(&ws.up).for_each(|(g, u)| *g = gelu.apply(*g) * u);
+            ws.gate
+                .iter_mut()
+                .zip(&ws.up)
+                .for_each(|(g, u)| *g = gelu.apply(*g) * u);
         } else {
-            ws.gate.iter_mut().zip(&ws.up).for_each(|(g, u)| *g = silu(*g) * u);
+            ws.gate
+                .iter_mut()
+                .zip(&ws.up)
+                .for_each(|(g, u)| *g = silu(*g) * u);
         }
-        matmul(pool, &self.m(&l.down), &ws.gate, n_tok, &mut ws.xq, &mut ws.proj);
+        matmul(
+            pool,
+            &self.m(&l.down),
+            &ws.gate,
+            n_tok,
+            &mut ws.xq,
+            &mut ws.proj,
+        );
         if let Some(w) = &l.post_ffn_norm {
-            ws.proj.chunks_exact_mut(d).for_each(|r| rms_norm(r, w, c.rms_eps));
+            ws.proj
+                .chunks_exact_mut(d)
+                .for_each(|r| rms_norm(r, w, c.rms_eps));
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
     }

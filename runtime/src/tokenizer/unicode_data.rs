@@ -2,11 +2,11 @@
 // Do not edit by hand.
 
 /// Unicode version the table was generated from.
-pub(super) const UNICODE_VERSION: &str = "15.1.0";
+pub const UNICODE_VERSION: &str = "15.1.0";
 
 /// `(first code point, class)`: each range runs up to the next entry's start.
 #[rustfmt::skip]
-pub(super) static CLASS_RANGES: [(u32, u8); 2272] = [
+pub(super) const CLASS_RANGES: &[(u32, u8)] = &[
     (0x000000, 7), (0x000020, 3), (0x000021, 5), (0x000024, 6), (0x000025, 5), (0x00002B, 6),
     (0x00002C, 5), (0x000030, 1), (0x00003A, 5), (0x00003C, 6), (0x00003F, 5), (0x000041, 2),
     (0x00005B, 5), (0x00005E, 6), (0x00005F, 5), (0x000060, 6), (0x000061, 2), (0x00007B, 5),

@@ -1,0 +1,177 @@
+//! A single-sequence driver over the batched forward pass: prompt processing in chunks,
+//! generation with a sampler, teacher-forced logits and llama-perplexity-style scoring.
+
+use std::sync::Arc;
+
+use crate::kv::{KvCache, SeqId};
+use crate::model::{Logits, Model, ModelError, SeqBatch, Workspace};
+use crate::pool::ThreadPool;
+use crate::sampling::Sampler;
+
+const SEQ: SeqId = 0;
+
+pub struct Runner {
+    pub model: Arc<Model>,
+    pub pool: ThreadPool,
+    pub kv: KvCache,
+    pub ws: Workspace,
+    pub n_ctx: usize,
+    /// Tokens per forward call when processing a prompt (llama.cpp's n_batch).
+    pub n_batch: usize,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token was sampled (not included in the output).
+    Stop,
+    /// The requested number of tokens was produced.
+    Length,
+    /// The context is full.
+    Context,
+}
+
+impl Runner {
+    pub fn new(model: Arc<Model>, n_threads: usize, n_ctx: usize) -> Runner {
+        let kv = KvCache::new(model.kv_layout(n_ctx, 16));
+        Runner {
+            model,
+            pool: ThreadPool::new(n_threads),
+            kv,
+            ws: Workspace::default(),
+            n_ctx,
+            n_batch: 512,
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.kv.clear();
+    }
+
+    pub fn pos(&self) -> usize {
+        self.kv.seq_len(SEQ)
+    }
+
+    /// Feeds `tokens` at the current position. Returns the logits of the last token
+    /// (`want_all` = every token's, row-major) — borrowed from the workspace.
+    pub fn feed(&mut self, tokens: &[u32], want_all: bool) -> Result<&[f32], ModelError> {
+        let nv = self.model.config.n_vocab;
+        let mut all = Vec::new();
+        let chunks: Vec<&[u32]> = tokens.chunks(self.n_batch.max(1)).collect();
+        let n_chunks = chunks.len();
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let last = i + 1 == n_chunks;
+            let logits = if want_all {
+                Logits::All
+            } else if last {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            let sb = [SeqBatch {
+                seq: SEQ,
+                tokens: chunk,
+                logits,
+            }];
+            let n = self
+                .model
+                .forward(&sb, &mut self.kv, &mut self.ws, &self.pool, self.n_ctx)?;
+            if want_all && n_chunks > 1 {
+                all.extend_from_slice(&self.ws.logits[..n * nv]);
+            }
+        }
+        if want_all && n_chunks > 1 {
+            self.ws.logits = all;
+        }
+        Ok(&self.ws.logits)
+    }
+
+    /// Teacher forcing from an empty cache: logits for every position.
+    pub fn logits_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.clear();
+        Ok(self.feed(tokens, true)?.to_vec())
+    }
+
+    /// Processes `prompt` from an empty cache, then samples up to `n` tokens, calling
+    /// `on_token` for each (return false to stop). End-of-generation tokens stop and are
+    /// not returned.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        sampler: &mut Sampler,
+        is_eog: &dyn Fn(u32) -> bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, FinishReason), ModelError> {
+        self.clear();
+        if prompt.is_empty() {
+            return Err(ModelError::Invalid("empty prompt".into()));
+        }
+        for &t in prompt {
+            sampler.accept(t);
+        }
+        let mut logits = self.feed(prompt, false)?.to_vec();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let tok = sampler.sample(&mut logits);
+            if is_eog(tok) {
+                return Ok((out, FinishReason::Stop));
+            }
+            sampler.accept(tok);
+            out.push(tok);
+            if !on_token(tok) || out.len() == n {
+                break;
+            }
+            if self.pos() >= self.n_ctx {
+                return Ok((out, FinishReason::Context));
+            }
+            logits.copy_from_slice(self.feed(&[tok], false)?);
+        }
+        Ok((out, FinishReason::Length))
+    }
+
+    /// Perplexity as llama-perplexity computes it: non-overlapping chunks of `n_ctx`
+    /// tokens, the first token of each replaced by BOS when the model adds one, scoring
+    /// only the second half of each chunk. Returns (ppl, per-chunk running ppl).
+    pub fn perplexity(
+        &mut self,
+        tokens: &[u32],
+        n_ctx: usize,
+        bos: Option<u32>,
+    ) -> Result<(f64, Vec<f64>), ModelError> {
+        let n_chunk = tokens.len() / n_ctx;
+        if n_chunk == 0 {
+            return Err(ModelError::Invalid(format!(
+                "need at least {} tokens for context {n_ctx}, have {}",
+                2 * n_ctx,
+                tokens.len()
+            )));
+        }
+        let nv = self.model.config.n_vocab;
+        let first = n_ctx / 2;
+        let (mut nll, mut count) = (0.0f64, 0usize);
+        let mut running = Vec::with_capacity(n_chunk);
+        for i in 0..n_chunk {
+            let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
+            if let Some(b) = bos {
+                chunk[0] = b;
+            }
+            let logits = self.logits_all(&chunk)?;
+            for j in first..n_ctx - 1 {
+                let row = &logits[j * nv..(j + 1) * nv];
+                let target = tokens[i * n_ctx + j + 1] as usize;
+                nll -= log_softmax_at(row, target);
+                count += 1;
+            }
+            running.push((nll / count as f64).exp());
+        }
+        Ok(((nll / count as f64).exp(), running))
+    }
+}
+
+/// log(softmax(row)[i]) in f64.
+pub fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    row[i] as f64 - max - sum.ln()
+}
