@@ -42,6 +42,43 @@ fn reference(path: &std::path::Path) -> RefModel {
     .expect("llama.cpp loads the model")
 }
 
+/// Perplexity over the Apache-2.0 text with context 256, ours vs llama.cpp's logits
+/// through the same llama-perplexity chunking; must agree within 1%.
+fn compare_perplexity(name: &str, ours: &mut Runner, theirs: &mut RefModel) {
+    let text = include_str!("../../testdata/apache-2.0.txt");
+    let tokens = theirs.tokenize(text, true, false).unwrap();
+    let bos = theirs.bos().filter(|_| theirs.add_bos());
+    let n_ctx = 256;
+    let (our_ppl, _) = ours.perplexity(&tokens, n_ctx, bos).unwrap();
+    let nv = theirs.n_vocab();
+    let (mut nll, mut count) = (0.0f64, 0usize);
+    for i in 0..tokens.len() / n_ctx {
+        let mut chunk = tokens[i * n_ctx..(i + 1) * n_ctx].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        let logits = theirs.logits_all(&chunk).unwrap();
+        for j in n_ctx / 2..n_ctx - 1 {
+            nll -= runtime::runner::log_softmax_at(
+                &logits[j * nv..(j + 1) * nv],
+                tokens[i * n_ctx + j + 1] as usize,
+            );
+            count += 1;
+        }
+    }
+    let ref_ppl = (nll / count as f64).exp();
+    let rel = (our_ppl - ref_ppl).abs() / ref_ppl;
+    eprintln!(
+        "{name}: perplexity ours {our_ppl:.4} llama.cpp {ref_ppl:.4} (diff {:.3}%)",
+        rel * 100.0
+    );
+    assert!(
+        rel < 0.01,
+        "{name}: perplexity differs by {:.3}%",
+        rel * 100.0
+    );
+}
+
 fn compare_model(name: &str) {
     let Some(path) = common::model(name) else {
         return;
@@ -51,6 +88,19 @@ fn compare_model(name: &str) {
     let mut ours = Runner::new(model, threads(), 1024);
     let mut theirs = reference(&path);
     assert_eq!(theirs.n_vocab(), nv);
+    // llama.cpp against itself with flash attention on: the noise floor of the comparison.
+    let mut theirs_fa = RefModel::load(
+        &path,
+        &RefOptions {
+            n_ctx: 1024,
+            n_threads: threads() as i32,
+            flash_attn: Some(true),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    compare_perplexity(name, &mut ours, &mut theirs);
+    let (mut self_agree, mut self_max_diff) = (0usize, 0f32);
 
     let limit: usize = std::env::var("RLLAMA_TEST_PROMPTS")
         .ok()
@@ -67,7 +117,20 @@ fn compare_model(name: &str) {
         let mut seq = ptoks.clone();
         seq.extend(&cont);
         let ref_logits = theirs.logits_all(&seq).unwrap();
+        let fa_logits = theirs_fa.logits_all(&seq).unwrap();
         let our_logits = ours.logits_all(&seq).unwrap();
+        for p in 0..seq.len() {
+            let (a, b) = (
+                &fa_logits[p * nv..(p + 1) * nv],
+                &ref_logits[p * nv..(p + 1) * nv],
+            );
+            self_agree += (argmax(a) == argmax(b)) as usize;
+            self_max_diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(self_max_diff, f32::max);
+        }
         assert_eq!(ref_logits.len(), our_logits.len());
         for p in 0..seq.len() {
             let (a, b) = (
@@ -103,6 +166,10 @@ fn compare_model(name: &str) {
         }
     }
     let rate = agree as f64 / total as f64;
+    eprintln!(
+        "{name}: llama.cpp flash-attn on vs off (its own noise floor): top-1 agreement {self_agree}/{total} = {:.2}%, max |logit diff| {self_max_diff:.4}",
+        self_agree as f64 * 100.0 / total as f64
+    );
     eprintln!(
         "{name}: teacher-forced top-1 agreement {agree}/{total} = {:.2}%, max |logit diff| {max_diff:.4}, greedy-{GREEDY} identical {greedy_same}/{n_prompts}",
         rate * 100.0

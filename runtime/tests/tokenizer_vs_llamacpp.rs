@@ -243,8 +243,11 @@ fn compare_file(name: &str, path: &std::path::Path, n_random: usize) -> (usize, 
     (t.checks, t.mismatches)
 }
 
-/// A copy of the model at `path` with metadata keys changed (`None` removes the key).
-fn variant(path: &std::path::Path, edits: &[(&str, Option<Value>)]) -> tempfile::TempPath {
+/// A metadata key and its new value (`None` removes the key).
+type Edit<'a> = (&'a str, Option<Value>);
+
+/// A copy of the model at `path` with metadata keys changed.
+fn variant(path: &std::path::Path, edits: &[Edit]) -> tempfile::TempPath {
     let f = GgufFile::open(path).expect("open");
     let mut meta: Vec<(String, Value)> = f
         .metadata
@@ -296,7 +299,7 @@ fn bpe_variants_match_llamacpp() {
         }
         Value::Array(Array::String(tokens))
     };
-    let variants: Vec<(&str, Vec<(&str, Option<Value>)>)> = vec![
+    let variants: Vec<(&str, Vec<Edit>)> = vec![
         ("pre absent", vec![(pre, None)]),
         ("default", vec![(pre, s("default"))]),
         ("llama-bpe", vec![(pre, s("llama-bpe"))]),

@@ -435,7 +435,7 @@ fn type_counts(f: &GgufFile) -> serde_json::Map<String, serde_json::Value> {
             None => counts.push((t.ty.name().to_string(), 1)),
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     counts.into_iter().map(|(k, v)| (k, v.into())).collect()
 }
 

@@ -422,10 +422,8 @@ fn split_llama3(seg: &[CharInfo], single_digits: bool, out: &mut Vec<usize>) {
         }
         // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
         let p2 = pos + usize::from(c.c == ' ');
-        let other_or_end = |p: usize| {
-            cur.at(p)
-                .map_or(true, |x| !x.ws && !x.is_letter() && !x.is_number())
-        };
+        let other_or_end =
+            |p: usize| !matches!(cur.at(p), Some(x) if x.ws || x.is_letter() || x.is_number());
         if other_or_end(p2) {
             pos = p2;
             while cur.is_other(pos) {

@@ -1,0 +1,101 @@
+//! Run-time selection of SIMD kernels.
+//!
+//! Every SIMD kernel here has a scalar twin elsewhere in the crate and returns exactly the
+//! same bits: integer sums are computed exactly (their order does not matter), and all
+//! float arithmetic is done in the twin's order with the twin's operations (no FMA where
+//! the twin multiplies then adds). A model's output therefore does not depend on which
+//! kernel ran, and `RLLAMA_FORCE_SCALAR=1` is purely a speed switch.
+//!
+//! The kernels are compiled with `#[target_feature]` and only handed out after
+//! `is_x86_feature_detected!` succeeded, so a binary built for a baseline CPU stays
+//! correct (it falls back to the scalar code) and one built with `target-cpu=native`
+//! still runs on a CPU without AVX2.
+
+use std::sync::OnceLock;
+
+use crate::{DotFn, GgmlType};
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+/// The instruction-set level the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// The portable scalar reference code.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C kernels.
+    Avx2,
+}
+
+impl SimdLevel {
+    /// `"scalar"` or `"avx2"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+        }
+    }
+}
+
+/// The best level this CPU supports, ignoring `RLLAMA_FORCE_SCALAR` (cached).
+pub fn detected() -> SimdLevel {
+    static DETECTED: OnceLock<SimdLevel> = OnceLock::new();
+    *DETECTED.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                return SimdLevel::Avx2;
+            }
+        }
+        SimdLevel::Scalar
+    })
+}
+
+/// True when the environment variable asks for the scalar kernels (`1`, `true`, `yes`).
+fn force_scalar_from_env() -> bool {
+    std::env::var("RLLAMA_FORCE_SCALAR").is_ok_and(|v| {
+        let v = v.trim();
+        v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")
+    })
+}
+
+/// The level [`crate::vec_dot`] and [`crate::attn`] use: [`detected`] unless
+/// `RLLAMA_FORCE_SCALAR=1` was set when this was first called (read once, then cached).
+#[inline]
+pub fn active() -> SimdLevel {
+    static ACTIVE: OnceLock<SimdLevel> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        if force_scalar_from_env() {
+            SimdLevel::Scalar
+        } else {
+            detected()
+        }
+    })
+}
+
+/// The AVX2 dot-product kernel for weights of type `ty`, if there is one and this CPU can
+/// run it (regardless of `RLLAMA_FORCE_SCALAR`). Same contract as the scalar kernel
+/// (weight bytes, activation bytes in `vec_dot_type(ty)`; panics on inconsistent lengths)
+/// and bit-identical results. Meant for tests and benchmarks; use [`crate::vec_dot`].
+pub fn avx2_vec_dot(ty: GgmlType) -> Option<DotFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if detected() == SimdLevel::Avx2 {
+            return avx2::vec_dot_kernel(ty);
+        }
+    }
+    let _ = ty;
+    None
+}
+
+/// The SIMD kernel [`crate::vec_dot`] should use for `ty` at the [`active`] level.
+#[inline]
+pub(crate) fn active_vec_dot(ty: GgmlType) -> Option<DotFn> {
+    match active() {
+        SimdLevel::Scalar => None,
+        SimdLevel::Avx2 => avx2_vec_dot(ty),
+    }
+}
