@@ -531,16 +531,17 @@ impl Model {
                 scores.clear();
                 for &slot in slots {
                     let kr = &kc[slot * k_dim + g * hk..slot * k_dim + (g + 1) * hk];
-                    scores.push(dot_f16(q16, kr) * kq_scale);
+                    scores.push(quant::attn::dot_f32_f16(q16, kr) * kq_scale);
                 }
                 softmax(scores);
                 o.iter_mut().for_each(|v| *v = 0.0);
                 for (&p, &slot) in scores.iter().zip(slots) {
                     let p = f16::from_f32(p).to_f32();
-                    let vr = &vc[slot * v_dim + g * hv..slot * v_dim + (g + 1) * hv];
-                    for (ov, &vv) in o.iter_mut().zip(vr) {
-                        *ov += p * vv.to_f32();
-                    }
+                    quant::attn::axpy_f16(
+                        o,
+                        p,
+                        &vc[slot * v_dim + g * hv..slot * v_dim + (g + 1) * hv],
+                    );
                 }
             });
         });
@@ -613,9 +614,4 @@ fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
             row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
         }
     }
-}
-
-#[inline]
-fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
