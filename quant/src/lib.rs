@@ -6,6 +6,10 @@
 //! code operation for operation (bit-exact for (de)quantization) and are the ground truth
 //! every SIMD kernel is tested against.
 //!
+//! [`arch`] holds the SIMD dot-product kernels (AVX2/FMA/F16C on x86-64), picked at run
+//! time and bit-identical to the scalar twins; [`attn`] the f32×f16 helpers for attention.
+//! [`simd_level`] reports which one runs; `RLLAMA_FORCE_SCALAR=1` forces the scalar code.
+//!
 //! The checked, type-dispatched entry points are [`dequantize_row`], [`quantize_row`],
 //! [`vec_dot`] and [`vec_dot_type`]; the per-format functions (`q4_k::dequantize`,
 //! `q4_k::vec_dot_q8k`, ...) panic on inconsistent lengths instead of returning errors.
@@ -13,6 +17,8 @@
 // Index loops deliberately mirror ggml's C so each line can be audited against it.
 #![allow(clippy::needless_range_loop)]
 
+pub mod arch;
+pub mod attn;
 pub mod common;
 pub mod f16;
 pub mod float;
@@ -31,6 +37,7 @@ pub mod q8_k;
 mod search;
 pub mod types;
 
+pub use arch::SimdLevel;
 pub use common::{Block, QK_K};
 pub use search::get_scale_min_k4;
 pub use types::GgmlType;
@@ -60,7 +67,9 @@ pub enum QuantError {
 
 type DequantFn = fn(&[u8], &mut [f32]);
 type QuantFn = fn(&[f32], &mut [u8]);
-type DotFn = fn(&[u8], &[u8]) -> f32;
+/// A dot-product kernel: weight row bytes, activation row bytes (in the weight type's
+/// [`vec_dot_type`]) to f32. Panics when the two rows hold different element counts.
+pub type DotFn = fn(&[u8], &[u8]) -> f32;
 
 /// What this crate implements for one type.
 struct Kernels {
@@ -207,7 +216,8 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 
 /// Dot product of one weight row `w` (`n` elements of type `ty`) with activations `a`
 /// (`n` elements already quantized to [`vec_dot_type`]`(ty)`; little-endian f32 bytes for
-/// float weights), computed like ggml's generic `ggml_vec_dot_*` kernels.
+/// float weights), computed like ggml's generic `ggml_vec_dot_*` kernels. Uses the SIMD
+/// kernel for `ty` when the CPU has one (see [`simd_level`]); the result is the same bits.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> Result<f32, QuantError> {
     let k = kernels(ty).ok_or(QuantError::Unsupported { ty, op: "vec_dot" })?;
     let dot = k
@@ -216,7 +226,28 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> Result<f32, QuantE
     expect_len(ty, "weight row", blocks_of(ty, n)?, w.len())?;
     let aty = k.vec_dot_type;
     expect_len(aty, "activation row", blocks_of(aty, n)?, a.len())?;
+    let dot = arch::active_vec_dot(ty).unwrap_or(dot);
     Ok(dot(w, a))
+}
+
+/// The kernel [`vec_dot`] uses for weights of type `ty` (SIMD at the [`simd_level`] when
+/// there is one, else the scalar reference), for callers that hoist the dispatch out of a
+/// loop. It skips `vec_dot`'s error checks: rows of different element counts panic.
+pub fn vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
+    let scalar = kernels(ty)?.vec_dot?;
+    Some(arch::active_vec_dot(ty).unwrap_or(scalar))
+}
+
+/// The scalar reference kernel for weights of type `ty` (what [`vec_dot`] computes, bit
+/// for bit, whatever kernel it picks).
+pub fn scalar_vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
+    kernels(ty)?.vec_dot
+}
+
+/// The instruction set [`vec_dot`] and [`attn`] use: `"avx2"` or `"scalar"` (forced by
+/// `RLLAMA_FORCE_SCALAR=1`, read once).
+pub fn simd_level() -> &'static str {
+    arch::active().name()
 }
 
 #[cfg(test)]

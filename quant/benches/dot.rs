@@ -1,0 +1,101 @@
+//! Scalar vs AVX2 dot products over one 4096-element row (plus the attention helpers).
+//!
+//! `cargo bench -p quant --bench dot` (add `-- Q4_K` etc. to filter).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use half::f16;
+use quant::{quantize_activations, quantize_row, vec_dot_type, GgmlType};
+
+const N: usize = 4096;
+
+/// Deterministic pseudo-random floats in [-1, 1).
+fn floats(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn row(ty: GgmlType, x: &[f32], activations: bool) -> Vec<u8> {
+    let mut out = vec![0u8; ty.row_bytes(x.len() as u64).unwrap() as usize];
+    if activations {
+        quantize_activations(ty, x, &mut out).unwrap();
+    } else {
+        quantize_row(ty, x, &mut out).unwrap();
+    }
+    out
+}
+
+fn dots(c: &mut Criterion) {
+    use GgmlType as T;
+    for ty in [
+        T::Q4_K,
+        T::Q6_K,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q8_0,
+        T::Q4_0,
+        T::Q5_1,
+        T::Q5_K,
+        T::Q3_K,
+        T::Q2_K,
+    ] {
+        let w = row(ty, &floats(1, N), false);
+        let a = row(vec_dot_type(ty), &floats(2, N), true);
+        let mut g = c.benchmark_group(format!("{ty}x{}_{N}", vec_dot_type(ty)));
+        let scalar = quant::scalar_vec_dot_fn(ty).unwrap();
+        g.bench_function("scalar", |b| {
+            b.iter(|| scalar(black_box(&w), black_box(&a)))
+        });
+        if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
+            g.bench_function("avx2", |b| b.iter(|| simd(black_box(&w), black_box(&a))));
+        }
+        g.finish();
+    }
+}
+
+fn attention(c: &mut Criterion) {
+    for n in [128usize, 4096] {
+        let a = floats(3, n);
+        let b: Vec<f16> = floats(4, n).into_iter().map(f16::from_f32).collect();
+        let mut g = c.benchmark_group(format!("dot_f32_f16_{n}"));
+        g.bench_function("scalar", |bn| {
+            bn.iter(|| quant::attn::dot_f32_f16_scalar(black_box(&a), black_box(&b)))
+        });
+        g.bench_function("avx2", |bn| {
+            bn.iter(|| quant::attn::avx2_dot_f32_f16(black_box(&a), black_box(&b)))
+        });
+        g.finish();
+        let mut y = floats(5, n);
+        let mut g = c.benchmark_group(format!("axpy_f16_{n}"));
+        g.bench_function("scalar", |bn| {
+            bn.iter(|| quant::attn::axpy_f16_scalar(black_box(&mut y), 1e-3, black_box(&b)))
+        });
+        g.bench_function("avx2", |bn| {
+            bn.iter(|| quant::attn::avx2_axpy_f16(black_box(&mut y), 1e-3, black_box(&b)))
+        });
+        g.finish();
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1000))
+        .sample_size(20)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = dots, attention
+}
+criterion_main!(benches);

@@ -1,0 +1,830 @@
+//! AVX2 (+FMA, F16C) kernels, bit-exact with their scalar twins.
+//!
+//! How exactness is kept:
+//!
+//! * Integer parts are exact. `_mm256_maddubs_epi16` multiplies an *unsigned* byte by a
+//!   signed one and adds adjacent pairs into a saturating i16; every call here has an
+//!   unsigned weight operand of at most 63 and an activation byte in `-128..=127`, so a
+//!   pair is at most 2·63·128 = 16128 and never saturates, even for arbitrary (untrusted)
+//!   bytes. Signed weights are written as `u - c` with `u` unsigned and the `c·y` part
+//!   subtracted through a second `maddubs` with a constant (no `sign`/`abs` trick, which
+//!   breaks for an activation of -128). Q8_0·Q8_0 widens to i16 instead.
+//! * Float parts follow the twin operation for operation: legacy formats reduce each
+//!   block's integer sum to one i32, then run the twin's scalar expression per block in
+//!   block order; K-quants keep the twin's eight lanes (element `e` of a super-block
+//!   feeds lane `e % 8`), so the integer sums are formed per lane — bytes are shuffled so
+//!   that `maddubs` pairs elements `e` and `e + 8`, which share a lane — and the float
+//!   update `sums[l] += d * aux32[l]` is a lane-wise multiply then add, never an FMA.
+
+use core::arch::x86_64::*;
+
+use crate::attn::{combine_lanes, LANES};
+use crate::common::check_dot;
+use crate::q2_k::BlockQ2K;
+use crate::q3_k::BlockQ3K;
+use crate::q4_0::BlockQ4_0;
+use crate::q4_1::BlockQ4_1;
+use crate::q4_k::BlockQ4K;
+use crate::q5_0::BlockQ5_0;
+use crate::q5_1::BlockQ5_1;
+use crate::q5_k::BlockQ5K;
+use crate::q6_k::BlockQ6K;
+use crate::q8_0::BlockQ8_0;
+use crate::q8_1::BlockQ8_1;
+use crate::q8_k::BlockQ8K;
+use crate::{Block, DotFn, GgmlType};
+use half::f16;
+
+/// The AVX2 kernel for weights of type `ty`. Only call after AVX2, FMA and F16C were
+/// detected (`super::detected()`); the returned functions rely on it.
+pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => q4_0_q8_0 as DotFn,
+        T::Q4_1 => q4_1_q8_1 as DotFn,
+        T::Q5_0 => q5_0_q8_0 as DotFn,
+        T::Q5_1 => q5_1_q8_1 as DotFn,
+        T::Q8_0 => q8_0_q8_0 as DotFn,
+        T::Q2_K => q2_k_q8_k as DotFn,
+        T::Q3_K => q3_k_q8_k as DotFn,
+        T::Q4_K => q4_k_q8_k as DotFn,
+        T::Q5_K => q5_k_q8_k as DotFn,
+        T::Q6_K => q6_k_q8_k as DotFn,
+        _ => return None,
+    })
+}
+
+#[inline(always)]
+fn assert_cpu() {
+    debug_assert_eq!(super::detected(), super::SimdLevel::Avx2);
+}
+
+macro_rules! safe_entry {
+    ($name:ident, $w:ty, $a:ty, $imp:expr) => {
+        fn $name(w: &[u8], a: &[u8]) -> f32 {
+            assert_cpu();
+            let nb = check_dot::<$w, $a>(w, a);
+            // SAFETY: these functions are only handed out (by `vec_dot_kernel`) once AVX2,
+            // FMA and F16C were detected, and `check_dot` validated both lengths for `nb`
+            // blocks, which is all the raw loads in the kernel read.
+            unsafe { $imp(w, a, nb) }
+        }
+    };
+}
+
+safe_entry!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, legacy::<Q4_0>);
+safe_entry!(q4_1_q8_1, BlockQ4_1, BlockQ8_1, legacy::<Q4_1>);
+safe_entry!(q5_0_q8_0, BlockQ5_0, BlockQ8_0, legacy::<Q5_0>);
+safe_entry!(q5_1_q8_1, BlockQ5_1, BlockQ8_1, legacy::<Q5_1>);
+safe_entry!(q8_0_q8_0, BlockQ8_0, BlockQ8_0, legacy::<Q8_0>);
+safe_entry!(q2_k_q8_k, BlockQ2K, BlockQ8K, q2_k_impl);
+safe_entry!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_impl);
+safe_entry!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_impl);
+safe_entry!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_impl);
+safe_entry!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_impl);
+
+// ---------------------------------------------------------------------------------------
+// Small helpers.
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ld256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn ld128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// The two f16s at `b[off..off + 4]`, widened (exact, as `f16_to_f32`). Loaded through a
+/// general register so the conversion does not merge into (and wait for) a live vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x2_at(b: &[u8], off: usize) -> (f32, f32) {
+    let bits = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The f16 at `b[off..off + 2]`, widened (see [`f16x2_at`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+fn f32_at(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// 16 packed bytes to 32 nibbles: low nibbles (elements 0..16) then high (16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = ld128(p);
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `j` is 0xff where bit `j` of `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let t = _mm256_set1_epi32(bits as i32);
+    let sel = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bytes = _mm256_shuffle_epi8(t, sel);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
+}
+
+/// Sum of the eight i32 lanes (wrapping, so exact whatever the order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The eight lane sums of eight vectors: element `k` of the result is the sum of `v[k]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum8_i32(v: &[__m256i; 8]) -> __m256i {
+    // Per 128-bit half: [a0+a1, a2+a3, b0+b1, b2+b3].
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // Low half: the low-half sums of v0..v3, high half: their high-half sums.
+    let a = _mm256_hadd_epi32(h01, h23);
+    let b = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256::<0x20>(a, b);
+    let hi = _mm256_permute2x128_si256::<0x31>(a, b);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Per 128-bit half, reorders bytes `0..16` as `0, 8, 1, 9, ..., 7, 15`, so that
+/// `maddubs` adds elements `e` and `e + 8`, which belong to the same K-quant lane `e % 8`.
+/// After it, i16 `p` of each half of a `maddubs` result belongs to lane `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lane_pairs() -> __m256i {
+    _mm256_setr_epi8(
+        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, //
+        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+    )
+}
+
+/// Folds the two accumulators of [`scale_pairs`] into the eight per-lane sums.
+/// `lo` holds lanes 0..4 in both halves, `hi` lanes 4..8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold_lanes(lo: __m256i, hi: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
+/// Adds `s0 * p0 + s1 * p1` into the per-lane accumulators, where `p0`, `p1` are
+/// lane-ordered `maddubs` results (see [`lane_pairs`]) and `s` holds the i16 scale pairs
+/// `(s0, s1)` for each half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs(
+    acc: (__m256i, __m256i),
+    p0: __m256i,
+    p1: __m256i,
+    s: __m256i,
+) -> (__m256i, __m256i) {
+    (
+        _mm256_add_epi32(acc.0, _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), s)),
+        _mm256_add_epi32(acc.1, _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), s)),
+    )
+}
+
+/// `sums[l] += d * aux32[l] as f32` for the eight lanes (multiply, then add).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_update(sums: __m256, d: f32, aux32: __m256i) -> __m256 {
+    _mm256_add_ps(
+        sums,
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(aux32)),
+    )
+}
+
+/// The eight float lanes as an array, for the twin's sequential final sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_array(v: __m256) -> [f32; 8] {
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), v);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Legacy 32-element formats: exact block sums, then the twin's float expression.
+
+/// One legacy weight format dotted with its 32-element activation format.
+trait Legacy {
+    /// Weight block bytes.
+    const WB: usize;
+    /// Activation block bytes.
+    const AB: usize;
+    /// i32 lanes whose (wrapping) sum is the block's integer dot product.
+    ///
+    /// # Safety
+    /// AVX2 available; `w`/`a` point to a whole weight/activation block.
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i;
+    /// The per-block terms the scalar twin adds to its running sum, for up to eight
+    /// consecutive blocks at once (lane `k`: block `k`), with the twin's operations in the
+    /// twin's order, lane by lane. `sumi` holds `sumi as f32`; `w` and `a` the two f16
+    /// fields at the start of each weight/activation block (`d` and `m` or `s`).
+    ///
+    /// # Safety
+    /// AVX2 available.
+    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256;
+}
+
+/// The u32 at byte `off` of each of `cnt <= 8` blocks `stride` bytes apart (lanes past
+/// `cnt` are 0).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gather_u32(p: *const u8, stride: usize, off: usize, cnt: usize) -> __m256i {
+    let at = |k: usize| p.add(k * stride + off).cast::<u32>().read_unaligned() as i32;
+    if cnt == 8 {
+        let q = |k: usize| {
+            let lo = _mm_unpacklo_epi32(_mm_cvtsi32_si128(at(k)), _mm_cvtsi32_si128(at(k + 1)));
+            let hi = _mm_unpacklo_epi32(_mm_cvtsi32_si128(at(k + 2)), _mm_cvtsi32_si128(at(k + 3)));
+            _mm_unpacklo_epi64(lo, hi)
+        };
+        _mm256_set_m128i(q(4), q(0))
+    } else {
+        let mut v = [0i32; 8];
+        for (k, v) in v.iter_mut().enumerate().take(cnt) {
+            *v = at(k);
+        }
+        _mm256_loadu_si256(v.as_ptr().cast())
+    }
+}
+
+/// Splits eight u32 lanes holding two f16s each into the widened low halves and high
+/// halves (exact).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn split_f16_pairs(g: __m256i) -> (__m256, __m256) {
+    // Per 128-bit half: [lo0..lo3, hi0..hi3] as u16; then gather the halves' lows/highs.
+    let p = _mm256_packus_epi32(
+        _mm256_and_si256(g, _mm256_set1_epi32(0xffff)),
+        _mm256_srli_epi32::<16>(g),
+    );
+    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(p);
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p)),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy<T: Legacy>(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut sumf = 0.0f32;
+    let mut t = [0.0f32; 8];
+    let mut i = 0;
+    while i < nb {
+        let cnt = (nb - i).min(8);
+        let (wi, ai) = (wp.add(i * T::WB), ap.add(i * T::AB));
+        let mut v = [_mm256_setzero_si256(); 8];
+        if cnt == 8 {
+            for (k, v) in v.iter_mut().enumerate() {
+                *v = T::isum(wi.add(k * T::WB), ai.add(k * T::AB));
+            }
+        } else {
+            for (k, v) in v.iter_mut().enumerate().take(cnt) {
+                *v = T::isum(wi.add(k * T::WB), ai.add(k * T::AB));
+            }
+        }
+        let sumi = _mm256_cvtepi32_ps(hsum8_i32(&v));
+        let wh = split_f16_pairs(gather_u32(wi, T::WB, 0, cnt));
+        let ah = split_f16_pairs(gather_u32(ai, T::AB, 0, cnt));
+        _mm256_storeu_ps(t.as_mut_ptr(), T::terms(sumi, wh, ah));
+        // The twin's running sum, one block at a time.
+        if cnt == 8 {
+            for &t in &t {
+                sumf += t;
+            }
+        } else {
+            for &t in &t[..cnt] {
+                sumf += t;
+            }
+        }
+        i += cnt;
+    }
+    sumf
+}
+
+struct Q4_0;
+impl Legacy for Q4_0 {
+    const WB: usize = BlockQ4_0::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+        // sum((q - 8) * y) = sum(q * y) - sum(8 * y).
+        let x = nibbles32(w.add(2));
+        let y = ld256(a.add(2));
+        let p = _mm256_maddubs_epi16(x, y);
+        let c = _mm256_maddubs_epi16(_mm256_set1_epi8(8), y);
+        _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
+        // Twin: `sumf += sumi as f32 * d(x) * d(y)`.
+        _mm256_mul_ps(_mm256_mul_ps(sumi, dx), dy)
+    }
+}
+
+/// Twin of Q4_1 and Q5_1: `sumf += (d(x) * d(y)) * sumi as f32 + m(x) * s(y)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn terms_with_min(
+    sumi: __m256,
+    (dx, mx): (__m256, __m256),
+    (dy, sy): (__m256, __m256),
+) -> __m256 {
+    _mm256_add_ps(
+        _mm256_mul_ps(_mm256_mul_ps(dx, dy), sumi),
+        _mm256_mul_ps(mx, sy),
+    )
+}
+
+struct Q4_1;
+impl Legacy for Q4_1 {
+    const WB: usize = BlockQ4_1::BYTES;
+    const AB: usize = BlockQ8_1::BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+        let x = nibbles32(w.add(4));
+        let y = ld256(a.add(4));
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256 {
+        terms_with_min(sumi, w, a)
+    }
+}
+
+struct Q5_0;
+impl Legacy for Q5_0 {
+    const WB: usize = BlockQ5_0::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+        // Fifth bit of element j is bit j of qh; sum((q - 16) * y) = sum(q*y) - sum(16*y).
+        let qh = w.add(2).cast::<u32>().read_unaligned().to_le();
+        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        let x = _mm256_or_si256(nibbles32(w.add(6)), hb);
+        let y = ld256(a.add(2));
+        let p = _mm256_maddubs_epi16(x, y);
+        let c = _mm256_maddubs_epi16(_mm256_set1_epi8(16), y);
+        _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
+        // Twin: `sumf += (d(x) * d(y)) * sumi as f32`.
+        _mm256_mul_ps(_mm256_mul_ps(dx, dy), sumi)
+    }
+}
+
+struct Q5_1;
+impl Legacy for Q5_1 {
+    const WB: usize = BlockQ5_1::BYTES;
+    const AB: usize = BlockQ8_1::BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+        let qh = w.add(4).cast::<u32>().read_unaligned().to_le();
+        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        let x = _mm256_or_si256(nibbles32(w.add(8)), hb);
+        let y = ld256(a.add(4));
+        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256 {
+        terms_with_min(sumi, w, a)
+    }
+}
+
+struct Q8_0;
+impl Legacy for Q8_0 {
+    const WB: usize = BlockQ8_0::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+        // Both operands are signed and may be -128: widen to i16 (exact for all bytes).
+        let x0 = _mm256_cvtepi8_epi16(ld128(w.add(2)));
+        let x1 = _mm256_cvtepi8_epi16(ld128(w.add(18)));
+        let y0 = _mm256_cvtepi8_epi16(ld128(a.add(2)));
+        let y1 = _mm256_cvtepi8_epi16(ld128(a.add(18)));
+        _mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
+        // Twin: `sumf += sumi as f32 * (d(x) * d(y))`.
+        _mm256_mul_ps(sumi, _mm256_mul_ps(dx, dy))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
+
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block as little-endian byte lanes
+/// (byte `j` = `get_scale_min_k4(j)`).
+#[inline(always)]
+fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let sc_lo = a0 & 0x3f3f_3f3f;
+    let mn_lo = a1 & 0x3f3f_3f3f;
+    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
+    let mn_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
+/// `sum_j bsums[j] * mins[j / 2]` for Q4_K/Q5_K (`mins` as 8 byte lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bsums_times_mins8(y: *const u8, mins: u64) -> i32 {
+    let m = _mm_cvtsi64_si128(mins as i64);
+    let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+    hsum_i32(_mm256_madd_epi16(ld256(y.add(Q8K_BSUMS)), m16))
+}
+
+/// The four i16 scale-pair vectors for sub-blocks `(2k, 2k+1)`, `k = 0..4`, from eight
+/// byte scales (Q4_K/Q5_K: one scale per 32-element sub-block, both halves alike).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs_32(scales: u64) -> [__m256i; 4] {
+    // i16 lanes [s0..s8]; as i32 lanes, element k is the pair (s_2k, s_2k+1).
+    let s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales as i64));
+    let b = _mm256_broadcastsi128_si256(s16);
+    [
+        _mm256_shuffle_epi32::<0x00>(b),
+        _mm256_shuffle_epi32::<0x55>(b),
+        _mm256_shuffle_epi32::<0xaa>(b),
+        _mm256_shuffle_epi32::<0xff>(b),
+    ]
+}
+
+/// The four i16 scale-pair vectors for 16-element sub-blocks (Q3_K, Q6_K): for half `h`
+/// of the super-block and vector pair `c` (vectors `2c`, `2c+1`, each covering two
+/// sub-blocks), the low 128 bits hold `(s[8h+4c], s[8h+4c+2])`, the high bits
+/// `(s[8h+4c+1], s[8h+4c+3])`. `sc16` holds the 16 scales as i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs_16(sc16: __m256i) -> [__m256i; 4] {
+    let b0 = _mm256_permute2x128_si256::<0x00>(sc16, sc16);
+    let b1 = _mm256_permute2x128_si256::<0x11>(sc16, sc16);
+    let m01 = _mm256_setr_epi8(
+        0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, //
+        2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7,
+    );
+    let m23 = _mm256_setr_epi8(
+        8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, //
+        10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15,
+    );
+    [
+        _mm256_shuffle_epi8(b0, m01),
+        _mm256_shuffle_epi8(b0, m23),
+        _mm256_shuffle_epi8(b1, m01),
+        _mm256_shuffle_epi8(b1, m23),
+    ]
+}
+
+/// Q4_K and Q5_K share everything but the high bit; `qh` is `Some(offset)` for Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q45_k_impl<const WB: usize, const QS: usize, const QH: usize, const HAS_QH: bool>(
+    w: &[u8],
+    a: &[u8],
+    nb: usize,
+) -> f32 {
+    let perm = lane_pairs();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut sums = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * WB..(i + 1) * WB];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let (sc, mn) = scales_mins_k4(&x[4..16]);
+        let sumi = bsums_times_mins8(yp, mn);
+        let s = scale_pairs_32(sc);
+        let mut hv = if HAS_QH {
+            _mm256_shuffle_epi8(ld256(xp.add(QH)), perm)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for (k, &s) in s.iter().enumerate() {
+            let q = _mm256_shuffle_epi8(ld256(xp.add(QS + 32 * k)), perm);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            if HAS_QH {
+                // Bit 2k of qh[l] is the fifth bit of sub-block 2k, bit 2k+1 of 2k+1.
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
+                hv = _mm256_srli_epi16::<1>(hv);
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
+                hv = _mm256_srli_epi16::<1>(hv);
+            }
+            let y0 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k)), perm);
+            let y1 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k + 32)), perm);
+            let p0 = _mm256_maddubs_epi16(lo, y0);
+            let p1 = _mm256_maddubs_epi16(hi, y1);
+            acc = scale_pairs(acc, p0, p1, s);
+        }
+        let yd = f32_at(y, 0);
+        let (xd, xdmin) = f16x2_at(x, 0);
+        let d = xd * yd;
+        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
+        let dmin = xdmin * yd;
+        sumf -= dmin * sumi as f32;
+    }
+    for s in lanes_array(sums) {
+        sumf += s;
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    q45_k_impl::<{ BlockQ4K::BYTES }, 16, 0, false>(w, a, nb)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    q45_k_impl::<{ BlockQ5K::BYTES }, 48, 16, true>(w, a, nb)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let perm = lane_pairs();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let c32 = _mm256_set1_epi8(32);
+    let mut sums = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = &w[i * BlockQ6K::BYTES..(i + 1) * BlockQ6K::BYTES];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // ql at 0..128, qh at 128..192, i8 scales at 192..208, d at 208.
+        let s = scale_pairs_16(_mm256_cvtepi8_epi16(ld128(xp.add(192))));
+        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for h in 0..2 {
+            let l0 = _mm256_shuffle_epi8(ld256(xp.add(64 * h)), perm);
+            let l1 = _mm256_shuffle_epi8(ld256(xp.add(64 * h + 32)), perm);
+            let qh = _mm256_shuffle_epi8(ld256(xp.add(128 + 32 * h)), perm);
+            let v = [
+                _mm256_or_si256(
+                    _mm256_and_si256(l0, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03))),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c))),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30)),
+                ),
+            ];
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (c, p) in p.iter_mut().enumerate() {
+                let yv = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 128 * h + 32 * c)), perm);
+                // sum((q - 32) * y) = sum(q * y) - sum(32 * y), per lane pair.
+                *p = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(v[c], yv),
+                    _mm256_maddubs_epi16(c32, yv),
+                );
+            }
+            acc = scale_pairs(acc, p[0], p[1], s[2 * h]);
+            acc = scale_pairs(acc, p[2], p[3], s[2 * h + 1]);
+        }
+        let d = f16_at(x, 208) * f32_at(y, 0);
+        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
+    }
+    let mut sumf = 0.0f32;
+    for s in lanes_array(sums) {
+        sumf += s;
+    }
+    sumf
+}
+
+/// Q3_K's 16 six-bit scales (`q3_k::unpack_scales`) as 16 bytes, little-endian.
+#[inline(always)]
+fn q3_k_scales(s: &[u8]) -> (u64, u64) {
+    let lo = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let m2 = 0x0303_0303u32;
+    let m4 = 0x0f0f_0f0f_0f0f_0f0fu64;
+    // Scale j: low nibble from byte j (j < 8) or the high nibble of byte j - 8, top two
+    // bits from bits 2*(j/4).. of byte 8 + j%4.
+    let top_a = (a2 & m2) as u64 | (((a2 >> 2) & m2) as u64) << 32;
+    let top_b = ((a2 >> 4) & m2) as u64 | (((a2 >> 6) & m2) as u64) << 32;
+    ((lo & m4) | top_a << 4, ((lo >> 4) & m4) | top_b << 4)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let perm = lane_pairs();
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut sums = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = &w[i * BlockQ3K::BYTES..(i + 1) * BlockQ3K::BYTES];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
+        let (s_lo, s_hi) = q3_k_scales(&x[96..108]);
+        let sc8 = _mm_set_epi64x(s_hi as i64, s_lo as i64);
+        let sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc8), _mm256_set1_epi16(32));
+        let s = scale_pairs_16(sc16);
+        let mut hm = _mm256_shuffle_epi8(ld256(xp), perm);
+        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for h in 0..2 {
+            let mut q = _mm256_shuffle_epi8(ld256(xp.add(32 + 32 * h)), perm);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (c, p) in p.iter_mut().enumerate() {
+                // Element 128h + 32c + l: bits 2c.. of qs[32h + l], minus 4 unless bit
+                // 4h + c of hmask[l] is set.
+                let v = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16::<2>(q);
+                let sub4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(_mm256_and_si256(hm, one), one));
+                hm = _mm256_srli_epi16::<1>(hm);
+                let yv = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 128 * h + 32 * c)), perm);
+                *p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv), _mm256_maddubs_epi16(sub4, yv));
+            }
+            acc = scale_pairs(acc, p[0], p[1], s[2 * h]);
+            acc = scale_pairs(acc, p[2], p[3], s[2 * h + 1]);
+        }
+        let d = f16_at(x, 108) * f32_at(y, 0);
+        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
+    }
+    let mut sumf = 0.0f32;
+    for s in lanes_array(sums) {
+        sumf += s;
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0f);
+    let mut sumf = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * BlockQ2K::BYTES..(i + 1) * BlockQ2K::BYTES];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // scales at 0..16 (low nibble scale, high nibble min), qs at 16..80, d, dmin.
+        let sc = ld128(xp);
+        let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
+        let summs = hsum_i32(_mm256_madd_epi16(ld256(yp.add(Q8K_BSUMS)), mins16));
+        let scl = _mm256_broadcastsi128_si256(_mm_and_si128(sc, m4));
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q = ld256(xp.add(16 + 32 * h));
+            for j in 0..4 {
+                let v = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16::<2>(q);
+                let yv = ld256(yp.add(Q8K_QS + 128 * h + 32 * j));
+                // Sub-block 8h+2j covers the low 16 elements, 8h+2j+1 the high 16.
+                let is = (8 * h + 2 * j) as i16;
+                let pick = _mm256_set_m128i(
+                    _mm_set1_epi16((is + 1) | (0x80u16 << 8) as i16),
+                    _mm_set1_epi16(is | (0x80u16 << 8) as i16),
+                );
+                let scale = _mm256_shuffle_epi8(scl, pick);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, yv), scale));
+            }
+        }
+        let isum = hsum_i32(acc);
+        let yd = f32_at(y, 0);
+        let (xd, xdmin) = f16x2_at(x, 80);
+        let dall = yd * xd;
+        let dmin = yd * xdmin;
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}
+
+// ---------------------------------------------------------------------------------------
+// f32 x f16 helpers for attention (see `crate::attn` for the summation order).
+
+/// `a[i..i+8] * b[i..i+8]` with `b` as raw f16 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul8(a: *const f32, b: *const u8, i: usize) -> __m256 {
+    let x = _mm256_loadu_ps(a.add(i));
+    let y = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i).cast()));
+    _mm256_mul_ps(x, y)
+}
+
+/// `attn::dot_f32_f16_scalar`, vectorised. Same `LANES` partial sums, same combine.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f32_f16(a: &[f32], b: &[f16]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let (ap, bp) = (a.as_ptr(), b.as_ptr().cast::<u8>());
+    let mut acc = [_mm256_setzero_ps(); LANES / 8];
+    let mut i = 0;
+    while i + LANES <= n {
+        for (c, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_add_ps(*acc, mul8(ap, bp, i + 8 * c));
+        }
+        i += LANES;
+    }
+    // Remaining whole groups of 8 go to the accumulators in order.
+    let mut c = 0;
+    while i + 8 <= n {
+        acc[c] = _mm256_add_ps(acc[c], mul8(ap, bp, i));
+        c += 1;
+        i += 8;
+    }
+    if i == n {
+        // combine_lanes: v[k] = (l[k] + l[k+8]) + (l[k+16] + l[k+24]), then
+        // ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7)).
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let r = _mm_add_ss(t, _mm_shuffle_ps::<0b01>(t, t));
+        return _mm_cvtss_f32(r);
+    }
+    let mut lanes = [0.0f32; LANES];
+    for (c, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * c), *acc);
+    }
+    for j in i..n {
+        lanes[j % LANES] += a[j] * b[j].to_f32();
+    }
+    combine_lanes(&lanes)
+}
+
+/// `attn::axpy_f16_scalar`, vectorised: `y[i] += alpha * x[i]` (multiply, then add).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
+    debug_assert_eq!(y.len(), x.len());
+    let n = y.len();
+    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr().cast::<u8>());
+    let va = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 16 <= n {
+        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(2 * i).cast()));
+        let x1 = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(2 * i + 16).cast()));
+        let y0 = _mm256_add_ps(_mm256_loadu_ps(yp.add(i)), _mm256_mul_ps(va, x0));
+        let y1 = _mm256_add_ps(_mm256_loadu_ps(yp.add(i + 8)), _mm256_mul_ps(va, x1));
+        _mm256_storeu_ps(yp.add(i), y0);
+        _mm256_storeu_ps(yp.add(i + 8), y1);
+        i += 16;
+    }
+    while i + 8 <= n {
+        let x0 = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(2 * i).cast()));
+        _mm256_storeu_ps(
+            yp.add(i),
+            _mm256_add_ps(_mm256_loadu_ps(yp.add(i)), _mm256_mul_ps(va, x0)),
+        );
+        i += 8;
+    }
+    for j in i..n {
+        y[j] += alpha * x[j].to_f32();
+    }
+}

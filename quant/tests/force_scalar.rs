@@ -1,0 +1,54 @@
+//! `RLLAMA_FORCE_SCALAR=1` switches every dispatcher to the scalar code. The variable is
+//! read once per process, so this binary holds a single test that sets it first.
+
+use half::f16;
+use quant::{quantize_activations, quantize_row, vec_dot, vec_dot_type, GgmlType};
+
+#[test]
+fn force_scalar_env_selects_scalar_kernels() {
+    std::env::set_var("RLLAMA_FORCE_SCALAR", "1");
+    assert_eq!(quant::simd_level(), "scalar");
+    assert_eq!(quant::arch::active(), quant::SimdLevel::Scalar);
+    let n = 512;
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+        .collect();
+    let y: Vec<f32> = (0..n)
+        .map(|i| ((i * 53 % 89) as f32 - 44.0) / 13.0)
+        .collect();
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let mut w = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+        quantize_row(ty, &x, &mut w).unwrap();
+        let aty = vec_dot_type(ty);
+        let mut a = vec![0u8; aty.row_bytes(n as u64).unwrap() as usize];
+        quantize_activations(aty, &y, &mut a).unwrap();
+        let scalar = quant::scalar_vec_dot_fn(ty).unwrap()(&w, &a);
+        assert_eq!(
+            vec_dot(ty, n, &w, &a).unwrap().to_bits(),
+            scalar.to_bits(),
+            "{ty}"
+        );
+        // The hoisted kernel is the scalar function itself.
+        assert_eq!(
+            quant::vec_dot_fn(ty).unwrap() as usize,
+            quant::scalar_vec_dot_fn(ty).unwrap() as usize,
+            "{ty}"
+        );
+        if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
+            // Still reachable explicitly, and still the same bits.
+            assert_eq!(simd(&w, &a).to_bits(), scalar.to_bits(), "{ty}");
+        }
+    }
+    let b: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();
+    let d = quant::attn::dot_f32_f16(&x, &b);
+    assert_eq!(
+        d.to_bits(),
+        quant::attn::dot_f32_f16_scalar(&x, &b).to_bits()
+    );
+}

@@ -1,0 +1,421 @@
+//! Every SIMD kernel against its scalar twin, bit for bit (`to_bits()` equality).
+//!
+//! Weights come both from the reference quantizer (realistic blocks) and from raw random
+//! bytes with sane f16 scales (every bit pattern of the quants, including -128 in the
+//! Q8 formats); activations from `quantize_activations` and from raw bytes. Row lengths
+//! cover one block, odd block counts and the kernels' grouping boundaries (legacy
+//! kernels reduce eight blocks at a time).
+//!
+//! On a CPU without AVX2/FMA/F16C the SIMD kernels are unavailable and these tests only
+//! check the dispatcher against the scalar code.
+
+use half::f16;
+use quant::attn;
+use quant::{quantize_activations, quantize_row, vec_dot, vec_dot_type, GgmlType};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_0,
+    GgmlType::Q5_1,
+    GgmlType::Q5_K,
+    GgmlType::Q3_K,
+    GgmlType::Q2_K,
+];
+
+/// Byte offsets of the f16 scale fields inside one block, per format.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType as T;
+    match ty {
+        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
+        T::Q4_1 | T::Q5_1 | T::Q8_1 => &[0, 2],
+        T::Q4_K | T::Q5_K => &[0, 2],
+        T::Q2_K => &[80, 82],
+        T::Q3_K => &[108],
+        T::Q6_K => &[208],
+        T::Q8_K => &[],
+        other => panic!("no layout for {other}"),
+    }
+}
+
+/// Block counts to test: one block, odd counts, and around multiples of eight.
+fn block_counts(ty: GgmlType) -> &'static [usize] {
+    if ty.block_size() == 32 {
+        &[1, 2, 3, 7, 8, 9, 13, 16, 17, 31, 128]
+    } else {
+        &[1, 2, 3, 5, 8, 16]
+    }
+}
+
+/// Random floats of one of several shapes (centred, shifted, spiky, tiny, constant).
+fn random_f32s(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    match rng.gen_range(0..6) {
+        0 => (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect(),
+        1 => (0..n).map(|_| rng.gen_range(-0.5f32..2.0)).collect(),
+        2 => (0..n)
+            .map(|_| {
+                let x: f32 = rng.gen_range(-1.0..1.0);
+                if rng.gen_bool(0.02) {
+                    x * 50.0
+                } else {
+                    x
+                }
+            })
+            .collect(),
+        3 => (0..n).map(|_| rng.gen_range(-1e-3f32..1e-3)).collect(),
+        4 => {
+            // Sum of uniforms, roughly Gaussian.
+            (0..n)
+                .map(|_| (0..4).map(|_| rng.gen_range(-1.0f32..1.0)).sum())
+                .collect()
+        }
+        _ => {
+            let c = rng.gen_range(-3.0f32..3.0);
+            (0..n).map(|i| if i % 97 == 5 { -c } else { c }).collect()
+        }
+    }
+}
+
+/// A sane f16 scale: finite, moderate magnitude, either sign, occasionally zero.
+fn sane_f16(rng: &mut StdRng) -> [u8; 2] {
+    let v = if rng.gen_bool(0.05) {
+        0.0
+    } else {
+        rng.gen_range(-2.0f32..2.0) * 10f32.powi(rng.gen_range(-4..1))
+    };
+    f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// Raw random blocks of `ty` with every f16 scale field replaced by a sane value.
+fn raw_blocks(rng: &mut StdRng, ty: GgmlType, blocks: usize) -> Vec<u8> {
+    let bs = ty.type_size();
+    let mut raw: Vec<u8> = (0..blocks * bs).map(|_| rng.gen()).collect();
+    for b in raw.chunks_exact_mut(bs) {
+        for &off in f16_fields(ty) {
+            b[off..off + 2].copy_from_slice(&sane_f16(rng));
+        }
+        if ty == GgmlType::Q8_K {
+            let d = rng.gen_range(-0.1f32..0.1);
+            b[..4].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    raw
+}
+
+fn quantized(ty: GgmlType, x: &[f32], activations: bool) -> Vec<u8> {
+    let mut out = vec![0u8; ty.row_bytes(x.len() as u64).unwrap() as usize];
+    if activations {
+        quantize_activations(ty, x, &mut out).unwrap();
+    } else {
+        quantize_row(ty, x, &mut out).unwrap();
+    }
+    out
+}
+
+/// Checks SIMD kernel, dispatcher and `vec_dot_fn` against the scalar twin on one pair.
+fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
+    let scalar = quant::scalar_vec_dot_fn(ty).unwrap()(w, a);
+    if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
+        let got = simd(w, a);
+        assert_eq!(
+            got.to_bits(),
+            scalar.to_bits(),
+            "{ty} {what} n={n}: avx2 {got:e} vs scalar {scalar:e}"
+        );
+    }
+    let dispatched = vec_dot(ty, n, w, a).unwrap();
+    assert_eq!(
+        dispatched.to_bits(),
+        scalar.to_bits(),
+        "{ty} {what} n={n}: vec_dot"
+    );
+    let hoisted = quant::vec_dot_fn(ty).unwrap()(w, a);
+    assert_eq!(
+        hoisted.to_bits(),
+        scalar.to_bits(),
+        "{ty} {what} n={n}: vec_dot_fn"
+    );
+    scalar
+}
+
+fn check_type(ty: GgmlType, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let aty = vec_dot_type(ty);
+    let mut nonzero = 0;
+    let mut total = 0;
+    for &blocks in block_counts(ty) {
+        let n = blocks * ty.block_size();
+        let trials = if blocks > 32 { 3 } else { 12 };
+        for trial in 0..trials {
+            let wx = random_f32s(&mut rng, n);
+            let ax = random_f32s(&mut rng, n);
+            let (w, a, what) = match trial % 4 {
+                0 | 1 => (
+                    quantized(ty, &wx, false),
+                    quantized(aty, &ax, true),
+                    "quantized",
+                ),
+                2 => (
+                    raw_blocks(&mut rng, ty, blocks),
+                    quantized(aty, &ax, true),
+                    "raw weights",
+                ),
+                _ => (
+                    raw_blocks(&mut rng, ty, blocks),
+                    raw_blocks(&mut rng, aty, blocks),
+                    "raw weights+activations",
+                ),
+            };
+            let r = check_pair(ty, n, &w, &a, what);
+            total += 1;
+            if r != 0.0 && r.is_finite() {
+                nonzero += 1;
+            }
+        }
+    }
+    // The data must actually exercise the kernels.
+    assert!(
+        nonzero * 10 >= total * 8,
+        "{ty}: only {nonzero}/{total} nontrivial dots"
+    );
+}
+
+#[test]
+fn q4_1_matches_scalar() {
+    check_type(GgmlType::Q4_1, 41);
+}
+
+#[test]
+fn q5_0_matches_scalar() {
+    check_type(GgmlType::Q5_0, 50);
+}
+
+#[test]
+fn q8_0_matches_scalar() {
+    check_type(GgmlType::Q8_0, 80);
+}
+
+#[test]
+fn q4_k_matches_scalar() {
+    check_type(GgmlType::Q4_K, 4);
+}
+
+#[test]
+fn q6_k_matches_scalar() {
+    check_type(GgmlType::Q6_K, 6);
+}
+
+#[test]
+fn q4_0_matches_scalar() {
+    check_type(GgmlType::Q4_0, 40);
+}
+
+#[test]
+fn q5_1_matches_scalar() {
+    check_type(GgmlType::Q5_1, 51);
+}
+
+#[test]
+fn q5_k_matches_scalar() {
+    check_type(GgmlType::Q5_K, 5);
+}
+
+#[test]
+fn q3_k_matches_scalar() {
+    check_type(GgmlType::Q3_K, 3);
+}
+
+#[test]
+fn q2_k_matches_scalar() {
+    check_type(GgmlType::Q2_K, 2);
+}
+
+/// Extreme but legal inputs: all quant bits set or clear, activations of -128 / 127,
+/// maximal scales and mins.
+#[test]
+fn extreme_bytes_match_scalar() {
+    for ty in TYPES {
+        let aty = vec_dot_type(ty);
+        for blocks in [1usize, 3, 9] {
+            let n = blocks * ty.block_size();
+            for (wb, ab) in [
+                (0xffu8, 0x80u8),
+                (0xff, 0x7f),
+                (0x00, 0x80),
+                (0xaa, 0x81),
+                (0x55, 0x80),
+            ] {
+                let mut w = vec![wb; ty.row_bytes(n as u64).unwrap() as usize];
+                let mut a = vec![ab; aty.row_bytes(n as u64).unwrap() as usize];
+                for b in w.chunks_exact_mut(ty.type_size()) {
+                    for &off in f16_fields(ty) {
+                        b[off..off + 2]
+                            .copy_from_slice(&f16::from_f32(0.01).to_bits().to_le_bytes());
+                    }
+                }
+                for b in a.chunks_exact_mut(aty.type_size()) {
+                    for &off in f16_fields(aty) {
+                        b[off..off + 2]
+                            .copy_from_slice(&f16::from_f32(0.5).to_bits().to_le_bytes());
+                    }
+                    if aty == GgmlType::Q8_K {
+                        b[..4].copy_from_slice(&0.25f32.to_le_bytes());
+                    }
+                }
+                check_pair(ty, n, &w, &a, &format!("extreme {wb:#x}/{ab:#x}"));
+            }
+        }
+    }
+}
+
+/// The random data is sensitive to the in-block element order: swapping the two nibble
+/// planes of Q4 weights changes the scalar result, so a kernel that paired nibbles with
+/// the wrong activations could not pass the tests above.
+#[test]
+fn data_detects_wrong_nibble_order() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for (ty, qs) in [(GgmlType::Q4_1, 4..20usize), (GgmlType::Q4_0, 2..18)] {
+        let aty = vec_dot_type(ty);
+        let n = 4 * 32;
+        let mut differ = 0;
+        for _ in 0..20 {
+            let w = quantized(ty, &random_f32s(&mut rng, n), false);
+            let a = quantized(aty, &random_f32s(&mut rng, n), true);
+            let mut swapped = w.clone();
+            for b in swapped.chunks_exact_mut(ty.type_size()) {
+                for q in &mut b[qs.clone()] {
+                    *q = q.rotate_left(4);
+                }
+            }
+            let f = quant::scalar_vec_dot_fn(ty).unwrap();
+            if f(&w, &a).to_bits() != f(&swapped, &a).to_bits() {
+                differ += 1;
+            }
+        }
+        assert!(
+            differ >= 15,
+            "{ty}: nibble swap changed only {differ}/20 results"
+        );
+    }
+}
+
+/// The K-quant twins accumulate in eight float lanes; a kernel that summed all integer
+/// products first would round differently. Show that the data sees that difference.
+#[test]
+fn data_detects_wrong_lane_accumulation() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let ty = GgmlType::Q6_K;
+    let n = 16 * 256;
+    let mut differ = 0;
+    for _ in 0..10 {
+        let w = quantized(ty, &random_f32s(&mut rng, n), false);
+        let a = quantized(GgmlType::Q8_K, &random_f32s(&mut rng, n), true);
+        let lanes = quant::q6_k::vec_dot_q8k(&w, &a);
+        // Same integers, one accumulator per block instead of eight lanes.
+        let mut single = 0.0f32;
+        for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)) {
+            single += quant::q6_k::vec_dot_q8k(wb, ab);
+        }
+        if lanes.to_bits() != single.to_bits() {
+            differ += 1;
+        }
+    }
+    assert!(differ >= 5, "lane order changed only {differ}/10 results");
+}
+
+#[test]
+fn simd_level_is_reported() {
+    let level = quant::simd_level();
+    assert!(level == "avx2" || level == "scalar", "{level}");
+    if quant::arch::detected() == quant::SimdLevel::Scalar {
+        eprintln!("note: no AVX2/FMA/F16C on this CPU; SIMD kernels untested here");
+    } else {
+        for ty in TYPES {
+            assert!(
+                quant::arch::avx2_vec_dot(ty).is_some(),
+                "{ty} has no AVX2 kernel"
+            );
+        }
+    }
+}
+
+fn random_f16s(rng: &mut StdRng, n: usize) -> Vec<f16> {
+    (0..n)
+        .map(|_| f16::from_f32(rng.gen_range(-4.0f32..4.0)))
+        .collect()
+}
+
+const ATTN_LENS: [usize; 17] = [
+    0, 1, 3, 7, 8, 9, 15, 16, 24, 31, 32, 33, 64, 100, 128, 129, 1000,
+];
+
+#[test]
+fn dot_f32_f16_matches_scalar() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for n in ATTN_LENS {
+        for _ in 0..8 {
+            let a: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            let b = random_f16s(&mut rng, n);
+            let scalar = attn::dot_f32_f16_scalar(&a, &b);
+            if let Some(simd) = attn::avx2_dot_f32_f16(&a, &b) {
+                assert_eq!(
+                    simd.to_bits(),
+                    scalar.to_bits(),
+                    "n={n}: {simd} vs {scalar}"
+                );
+            }
+            let got = attn::dot_f32_f16(&a, &b);
+            assert_eq!(got.to_bits(), scalar.to_bits(), "n={n}: dispatched");
+            // And both are a correct dot product.
+            let exact: f64 = a.iter().zip(&b).map(|(&x, y)| x as f64 * y.to_f64()).sum();
+            let scale: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, y)| (x as f64 * y.to_f64()).abs())
+                .sum();
+            assert!(
+                (scalar as f64 - exact).abs() <= 1e-5 * scale + 1e-30,
+                "n={n}: {scalar} vs {exact}"
+            );
+        }
+    }
+}
+
+#[test]
+fn axpy_f16_matches_scalar() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for n in ATTN_LENS {
+        for _ in 0..8 {
+            let y0: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            let x = random_f16s(&mut rng, n);
+            let alpha = rng.gen_range(-1.5f32..1.5);
+            let mut want = y0.clone();
+            attn::axpy_f16_scalar(&mut want, alpha, &x);
+            let mut simd = y0.clone();
+            if attn::avx2_axpy_f16(&mut simd, alpha, &x) {
+                let same = simd
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "n={n}: avx2 axpy differs");
+            }
+            let mut got = y0.clone();
+            attn::axpy_f16(&mut got, alpha, &x);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n={n}"
+            );
+            for i in 0..n {
+                let exact = y0[i] as f64 + alpha as f64 * x[i].to_f64();
+                assert!((want[i] as f64 - exact).abs() <= 1e-6 * exact.abs().max(1.0));
+            }
+        }
+    }
+}
