@@ -1,4 +1,5 @@
 //! rbench's library: statistics and report formatting shared by the engine and serving
 //! benchmarks.
 
+pub mod engine;
 pub mod stats;

@@ -68,6 +68,8 @@ pub fn matmul(
     let n_out = w.n_out;
     let out = SharedMut::new(y);
     let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
+    let dot = quant::vec_dot_fn(w.ty).expect("weight types are checked at load");
+    let wrb = w.row_bytes();
     pool.run(n_tasks, &|task| {
         let o0 = task * ROWS_PER_TASK;
         let o1 = (o0 + ROWS_PER_TASK).min(n_out);
@@ -76,7 +78,7 @@ pub fn matmul(
             // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
             let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
             for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
-                *yv = quant::vec_dot(w.ty, w.n_in, w.row(o), a).expect("sizes match");
+                *yv = dot(&w.data[o * wrb..(o + 1) * wrb], a);
             }
         }
     });

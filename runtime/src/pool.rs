@@ -2,8 +2,9 @@
 //! workers and the calling thread, handing out indices dynamically from an atomic counter,
 //! and returns when all are done. Workers live as long as the pool (no per-op spawn).
 //!
-//! Workers spin briefly on the job generation before parking on a condvar, so the many
-//! small ops of one decode step do not pay a futex wake-up each.
+//! Workers spin briefly on the job generation, then yield, then park on a condvar: the many
+//! small ops of one decode step do not pay a futex wake-up each, and a machine with more
+//! runnable threads than cores is not starved by spinners (yielding hands the core over).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -42,7 +43,24 @@ pub struct ThreadPool {
     n_threads: usize,
 }
 
-const SPIN_ITERS: u32 = 20_000;
+/// Busy-wait iterations before yielding, and yields before parking.
+const SPIN_ITERS: u32 = 4_000;
+const YIELDS: u32 = 64;
+
+/// One step of a spin-yield-park wait; returns false once it is time to park.
+#[inline]
+fn backoff(step: &mut u32) -> bool {
+    *step += 1;
+    if *step <= SPIN_ITERS {
+        std::hint::spin_loop();
+        true
+    } else if *step <= SPIN_ITERS + YIELDS {
+        std::thread::yield_now();
+        true
+    } else {
+        false
+    }
+}
 
 impl ThreadPool {
     /// A pool with `n_threads` compute threads in total, the caller included.
@@ -108,12 +126,9 @@ impl ThreadPool {
 
         let caller = catch_unwind(AssertUnwindSafe(|| work(&job.0)));
 
-        let mut spins = 0u32;
+        let mut step = 0u32;
         while self.shared.busy.load(Ordering::Acquire) != 0 {
-            if spins < SPIN_ITERS {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
+            if !backoff(&mut step) {
                 let g = self.shared.done_lock.lock().unwrap();
                 if self.shared.busy.load(Ordering::Acquire) != 0 {
                     let _g = self
@@ -150,7 +165,7 @@ fn worker(shared: Arc<Shared>) {
     let mut seen = 0u64;
     loop {
         // Spin, then park, waiting for a new generation.
-        let mut spins = 0u32;
+        let mut step = 0u32;
         loop {
             if shared.shutdown.load(Ordering::Acquire) {
                 return;
@@ -160,10 +175,7 @@ fn worker(shared: Arc<Shared>) {
                 seen = g;
                 break;
             }
-            if spins < SPIN_ITERS {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
+            if !backoff(&mut step) {
                 let guard = shared.job.lock().unwrap();
                 if shared.generation.load(Ordering::Acquire) == seen
                     && !shared.shutdown.load(Ordering::Acquire)

@@ -1,0 +1,557 @@
+//! Running the tests: model loading, the timed loops of both engines, warmup, alternation
+//! of repetitions between engines, and the per-test results.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use datasets::fixed::{random_tokens, TokenSpace};
+use runtime::gguf::GgufFile;
+use runtime::model::Model;
+use runtime::reference::{RefModel, RefOptions};
+use runtime::runner::Runner;
+use runtime::tokenizer::Tokenizer;
+
+use super::cli::{Engine, Params, TestSpec};
+use crate::stats;
+
+/// What a result row says about the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// The resolved file path.
+    pub filename: String,
+    /// llama-bench's `model_type`, e.g. `llama 135M Q4_1`.
+    pub model_type: String,
+    /// Bytes of all weight tensors (llama-bench's `model_size`).
+    pub size: u64,
+    pub n_params: u64,
+}
+
+/// One test's measurements on one engine.
+#[derive(Debug, Clone)]
+pub struct TestResult {
+    pub spec: TestSpec,
+    pub engine: Engine,
+    pub info: ModelInfo,
+    /// Memory held by the model weights.
+    pub model_bytes: u64,
+    /// KV cache memory allocated for the test (f16 K and V).
+    pub kv_bytes: Option<u64>,
+    /// KV cache capacity in tokens.
+    pub kv_tokens: Option<u64>,
+    /// llama-bench's `flash_attn` value: -1 = auto (llama.cpp's default), 0 = off.
+    pub flash_attn: i32,
+    /// UTC time the test started, `YYYY-MM-DDTHH:MM:SSZ`.
+    pub test_time: String,
+    /// Timed nanoseconds per repetition.
+    pub samples_ns: Vec<u64>,
+}
+
+impl TestResult {
+    /// Per-repetition tokens per second: (n_prompt + n_gen) / seconds.
+    pub fn samples_ts(&self) -> Vec<f64> {
+        let n = self.spec.n_tokens() as f64;
+        self.samples_ns
+            .iter()
+            .map(|&ns| n * 1e9 / ns.max(1) as f64)
+            .collect()
+    }
+
+    pub fn avg_ts(&self) -> f64 {
+        stats::mean(&self.samples_ts())
+    }
+
+    /// Sample standard deviation (n - 1) of the per-repetition t/s.
+    pub fn stddev_ts(&self) -> f64 {
+        stats::stddev(&self.samples_ts())
+    }
+
+    fn ns_f64(&self) -> Vec<f64> {
+        self.samples_ns.iter().map(|&n| n as f64).collect()
+    }
+
+    pub fn avg_ns(&self) -> u64 {
+        stats::mean(&self.ns_f64()).round() as u64
+    }
+
+    pub fn stddev_ns(&self) -> u64 {
+        stats::stddev(&self.ns_f64()).round() as u64
+    }
+}
+
+/// Random prompt tokens as llama-bench draws them (never control tokens; BOS first when
+/// the model adds one), reproducible from a seed so both engines see the same tokens.
+#[derive(Debug, Clone)]
+pub struct TokenSource {
+    n_vocab: u32,
+    excluded: Vec<u32>,
+    /// BOS, when the model adds one.
+    bos: Option<u32>,
+}
+
+impl TokenSource {
+    pub fn from_tokenizer(tok: &Tokenizer) -> TokenSource {
+        let n_vocab = tok.n_vocab() as u32;
+        let mut excluded: Vec<u32> = (0..n_vocab).filter(|&id| tok.is_control(id)).collect();
+        excluded.extend(tok.bos());
+        excluded.extend(tok.eos());
+        excluded.extend(tok.eog_ids());
+        excluded.sort_unstable();
+        excluded.dedup();
+        TokenSource {
+            n_vocab,
+            excluded,
+            bos: tok.bos().filter(|_| tok.add_bos()),
+        }
+    }
+
+    /// `n` tokens, BOS first when the model adds one.
+    pub fn tokens(&self, n: usize, seed: u64) -> Vec<u32> {
+        let space = TokenSpace {
+            n_vocab: self.n_vocab,
+            excluded: &self.excluded,
+        };
+        random_tokens(&space, n, self.bos, seed)
+    }
+}
+
+/// The tokens of one repetition, shared by the engines.
+struct RepTokens {
+    depth: Vec<u32>,
+    prompt: Vec<u32>,
+    gen: Vec<u32>,
+}
+
+fn rep_tokens(src: &TokenSource, spec: &TestSpec, test_idx: usize, rep: usize) -> RepTokens {
+    let seed = 0x5eed_0000_0000 ^ ((test_idx as u64) << 20) ^ ((rep as u64) << 4);
+    RepTokens {
+        depth: src.tokens(spec.n_depth, seed ^ 1),
+        prompt: src.tokens(spec.n_prompt, seed ^ 2),
+        gen: src.tokens(spec.n_gen, seed ^ 3),
+    }
+}
+
+/// Our engine set up for one test: a runner with the test's threads and context.
+struct OursInstance {
+    runner: Runner,
+}
+
+impl OursInstance {
+    fn new(model: Arc<Model>, spec: &TestSpec) -> OursInstance {
+        let mut runner = Runner::new(model, spec.threads, spec.n_ctx());
+        runner.n_batch = spec.our_chunk();
+        OursInstance { runner }
+    }
+
+    fn warmup(&mut self, t: &RepTokens) -> Result<()> {
+        self.runner.clear();
+        if !t.prompt.is_empty() {
+            self.runner.feed(&t.prompt, false)?;
+        }
+        if let Some(&first) = t.gen.first() {
+            self.runner.feed(&[first], false)?;
+        }
+        self.runner.clear();
+        Ok(())
+    }
+
+    fn rep(&mut self, t: &RepTokens) -> Result<u64> {
+        self.runner.clear();
+        if !t.depth.is_empty() {
+            self.runner.feed(&t.depth, false)?;
+        }
+        let t0 = Instant::now();
+        if !t.prompt.is_empty() {
+            self.runner.feed(&t.prompt, false)?;
+        }
+        for &tok in &t.gen {
+            self.runner.feed(&[tok], false)?;
+        }
+        Ok(t0.elapsed().as_nanos() as u64)
+    }
+
+    fn kv(&self) -> (u64, u64) {
+        let l = self.runner.kv.layout();
+        (l.total_bytes() as u64, l.capacity_tokens() as u64)
+    }
+}
+
+/// llama.cpp set up for one test (a fresh context per test, as llama-bench does).
+struct RefInstance {
+    m: RefModel,
+}
+
+impl RefInstance {
+    fn new(path: &Path, spec: &TestSpec) -> Result<RefInstance> {
+        let opts = RefOptions {
+            n_ctx: u32::try_from(spec.n_ctx()).context("context too large")?,
+            n_batch: spec.n_batch as u32,
+            n_ubatch: spec.n_ubatch as u32,
+            n_threads: spec.threads as i32,
+            n_threads_batch: spec.threads as i32,
+            // llama.cpp's default (auto, on for CPU), which is what llama-bench runs.
+            flash_attn: None,
+            kv_f32: false,
+        };
+        Ok(RefInstance {
+            m: RefModel::load(path, &opts)?,
+        })
+    }
+
+    fn warmup(&mut self, t: &RepTokens) -> Result<()> {
+        self.m.clear_kv();
+        if !t.prompt.is_empty() {
+            self.m.time_prompt(&t.prompt)?;
+        }
+        if let Some(&first) = t.gen.first() {
+            self.m.time_generate(first, 1)?;
+        }
+        self.m.clear_kv();
+        Ok(())
+    }
+
+    fn rep(&mut self, t: &RepTokens) -> Result<u64> {
+        if t.depth.is_empty() {
+            self.m.clear_kv();
+        } else {
+            // Clears the cache, then fills it with the depth tokens (not timed).
+            self.m.time_prompt(&t.depth)?;
+            debug_assert!(t.prompt.is_empty(), "checked by check_supported");
+        }
+        let mut ns = 0;
+        if !t.prompt.is_empty() {
+            ns += self.m.time_prompt(&t.prompt)?;
+        }
+        if let Some(&first) = t.gen.first() {
+            ns += self.m.time_generate(first, t.gen.len())?;
+        }
+        Ok(ns)
+    }
+}
+
+/// A model file opened for the run: our model (when it loads) and what the rows say.
+pub struct LoadedModel {
+    pub path: PathBuf,
+    pub ours: Option<Arc<Model>>,
+    /// Why our runtime could not load it (only fatal when rllama is benchmarked).
+    pub ours_error: Option<String>,
+    pub info: ModelInfo,
+    pub tokens: TokenSource,
+}
+
+impl LoadedModel {
+    pub fn open(path: &Path) -> Result<LoadedModel> {
+        let file = Arc::new(
+            GgufFile::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+        );
+        let tok = Tokenizer::from_gguf(&file)
+            .with_context(|| format!("{}: cannot load the tokenizer", path.display()))?;
+        let info = ModelInfo {
+            filename: path.display().to_string(),
+            model_type: model_type(&file),
+            size: file.tensor_bytes(),
+            n_params: file.n_params(),
+        };
+        let (ours, ours_error) = match Model::from_gguf(file.clone()) {
+            Ok(m) => (Some(Arc::new(m)), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Ok(LoadedModel {
+            path: path.to_path_buf(),
+            ours,
+            ours_error,
+            info,
+            tokens: TokenSource::from_tokenizer(&tok),
+        })
+    }
+
+    fn ours(&self) -> Result<Arc<Model>> {
+        match &self.ours {
+            Some(m) => Ok(m.clone()),
+            None => bail!(
+                "rllama cannot load {}: {}",
+                self.path.display(),
+                self.ours_error.as_deref().unwrap_or("unknown error")
+            ),
+        }
+    }
+}
+
+/// `model_type` for our rows: `<arch> <size label> <file type>`, like llama.cpp's
+/// `llama_model_desc` (which prints e.g. `llama 7B Q4_0`).
+pub fn model_type(f: &GgufFile) -> String {
+    let arch = f.architecture().unwrap_or("unknown").to_string();
+    let size = match f.get_str("general.size_label") {
+        Ok(Some(s)) if !s.is_empty() => s.to_string(),
+        _ => size_label(f.n_params()),
+    };
+    let ftype = f.file_type_name().unwrap_or_else(|| "?".into());
+    format!("{arch} {size} {ftype}")
+}
+
+/// `135M`, `1.5B`, ... from a parameter count.
+pub fn size_label(n_params: u64) -> String {
+    let n = n_params as f64;
+    if n >= 1e9 {
+        let b = n / 1e9;
+        if b >= 10.0 {
+            format!("{b:.0}B")
+        } else {
+            format!("{b:.1}B")
+        }
+    } else {
+        format!("{:.0}M", n / 1e6)
+    }
+}
+
+/// Refuses configurations an engine cannot run, before anything is timed.
+pub fn check_supported(params: &Params) -> Result<()> {
+    if params.engines.contains(&Engine::LlamaCpp) {
+        if !cfg!(feature = "llamacpp") {
+            bail!(
+                "--engine llamacpp: this rbench was built without llama.cpp; rebuild with \
+                 `cargo build --release -p bench-cli --features llamacpp`"
+            );
+        }
+        let tests = params.tests();
+        if let Some(t) = tests.iter().find(|t| t.n_depth > 0 && t.n_prompt > 0) {
+            bail!(
+                "--engine llamacpp: test {} is not supported yet: a prompt at depth > 0 needs \
+                 the reference engine to evaluate a prompt without clearing its KV cache, \
+                 which runtime::reference does not offer (tg tests at depth work); run it \
+                 with --engine rllama",
+                t.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether the llama.cpp build uses the SIMD the host has. A ratio against a reference
+/// built without AVX2/AVX-512 on a machine that has them would flatter us.
+pub fn check_reference_simd(system_info: &str) -> Result<()> {
+    let missing = missing_reference_simd(system_info, &host_simd());
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "refusing to report an rllama/llama.cpp ratio: this CPU has {} but the linked \
+             llama.cpp was built without it (system_info: {system_info}); rebuild \
+             llama-cpp-sys-2 for this CPU (e.g. RUSTFLAGS=\"-C target-cpu=native\") or \
+             benchmark the engines separately",
+            missing.join(" and ")
+        )
+    }
+}
+
+/// Host SIMD levels that llama.cpp's system_info reports: `(name, system_info marker)`.
+pub fn host_simd() -> Vec<(&'static str, &'static str)> {
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            v.push(("AVX2", "AVX2 = 1"));
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            v.push(("AVX-512F", "AVX512 = 1"));
+        }
+    }
+    v
+}
+
+/// The host features whose marker is absent from `system_info`.
+pub fn missing_reference_simd(
+    system_info: &str,
+    host: &[(&'static str, &'static str)],
+) -> Vec<&'static str> {
+    host.iter()
+        .filter(|(_, marker)| !system_info.contains(marker))
+        .map(|(name, _)| *name)
+        .collect()
+}
+
+/// Progress lines on stderr: rewritten in place on a terminal, one per event otherwise.
+pub struct Progress {
+    enabled: bool,
+    tty: bool,
+    dirty: bool,
+}
+
+impl Progress {
+    pub fn new(enabled: bool) -> Progress {
+        Progress {
+            enabled,
+            tty: std::io::stderr().is_terminal(),
+            dirty: false,
+        }
+    }
+
+    pub fn update(&mut self, msg: &str) {
+        if !self.enabled {
+            return;
+        }
+        let mut e = std::io::stderr().lock();
+        if self.tty {
+            let _ = write!(e, "\r\x1b[Krbench: {msg}");
+            self.dirty = true;
+        } else {
+            let _ = writeln!(e, "rbench: {msg}");
+        }
+        let _ = e.flush();
+    }
+
+    /// Ends an in-place line so other stderr output starts on a fresh line.
+    pub fn finish_line(&mut self) {
+        if self.dirty {
+            let mut e = std::io::stderr().lock();
+            let _ = write!(e, "\r\x1b[K");
+            let _ = e.flush();
+            self.dirty = false;
+        }
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for now (UTC).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format_utc(secs)
+}
+
+/// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// Runs one test on every engine: warmup on each, then the repetitions alternating
+/// between engines (rllama rep 1, llama.cpp rep 1, rllama rep 2, ...) so that machine
+/// drift affects both alike. Returns one result per engine, in `engines` order.
+#[allow(clippy::too_many_arguments)]
+pub fn run_test(
+    spec: &TestSpec,
+    test_idx: usize,
+    n_tests: usize,
+    model: &LoadedModel,
+    engines: &[Engine],
+    repetitions: usize,
+    warmup: bool,
+    progress: &mut Progress,
+) -> Result<Vec<TestResult>> {
+    let name = spec.name();
+    let test_time = utc_now();
+    let label = format!("test {}/{n_tests} {name} t={}", test_idx + 1, spec.threads);
+
+    enum Inst {
+        Ours(Box<OursInstance>),
+        Ref(RefInstance),
+    }
+    let mut insts = Vec::with_capacity(engines.len());
+    for &e in engines {
+        progress.update(&format!("{label} [{e}] loading"));
+        insts.push(match e {
+            Engine::Rllama => Inst::Ours(Box::new(OursInstance::new(model.ours()?, spec))),
+            Engine::LlamaCpp => Inst::Ref(
+                RefInstance::new(&model.path, spec)
+                    .with_context(|| format!("llama.cpp: {}", model.path.display()))?,
+            ),
+        });
+    }
+
+    if warmup {
+        let t = rep_tokens(&model.tokens, spec, test_idx, usize::MAX);
+        for (inst, &e) in insts.iter_mut().zip(engines) {
+            progress.update(&format!("{label} [{e}] warmup"));
+            match inst {
+                Inst::Ours(o) => o.warmup(&t),
+                Inst::Ref(r) => r.warmup(&t),
+            }
+            .with_context(|| format!("{name} warmup on {e}"))?;
+        }
+    }
+
+    let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(repetitions); engines.len()];
+    for rep in 0..repetitions {
+        let t = rep_tokens(&model.tokens, spec, test_idx, rep);
+        for (i, (inst, &e)) in insts.iter_mut().zip(engines).enumerate() {
+            progress.update(&format!("{label} [{e}] rep {}/{repetitions}", rep + 1));
+            let ns = match inst {
+                Inst::Ours(o) => o.rep(&t),
+                Inst::Ref(r) => r.rep(&t),
+            }
+            .with_context(|| format!("{name} repetition {} on {e}", rep + 1))?;
+            samples[i].push(ns);
+        }
+    }
+    progress.finish_line();
+
+    let ours_bpt = model
+        .ours
+        .as_ref()
+        .map(|m| m.kv_layout(1, 1).bytes_per_token() as u64);
+    let mut out = Vec::with_capacity(engines.len());
+    for ((inst, &engine), samples_ns) in insts.iter().zip(engines).zip(samples) {
+        let (info, model_bytes, kv_bytes, kv_tokens, flash_attn) = match inst {
+            Inst::Ours(o) => {
+                let (b, t) = o.kv();
+                let w = model
+                    .ours
+                    .as_ref()
+                    .map_or(model.info.size, |m| m.weight_bytes());
+                (model.info.clone(), w, Some(b), Some(t), 0)
+            }
+            Inst::Ref(r) => {
+                let n_ctx = r.m.n_ctx() as u64;
+                let info = ModelInfo {
+                    filename: model.info.filename.clone(),
+                    model_type: r.m.desc(),
+                    size: r.m.model_size(),
+                    n_params: r.m.n_params(),
+                };
+                // llama.cpp's default cache is f16 K and V for every position, the same
+                // per-token size as ours (models with sliding-window layers allocate less).
+                let kv_bytes = ours_bpt.map(|b| b * n_ctx);
+                (info, r.m.model_size(), kv_bytes, Some(n_ctx), -1)
+            }
+        };
+        out.push(TestResult {
+            spec: spec.clone(),
+            engine,
+            info,
+            model_bytes,
+            kv_bytes,
+            kv_tokens,
+            flash_attn,
+            test_time: test_time.clone(),
+            samples_ns,
+        });
+    }
+    Ok(out)
+}
+
+/// Sleeps `--delay` seconds (between tests, not before the first).
+pub fn delay(seconds: f64) {
+    if seconds > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+    }
+}
