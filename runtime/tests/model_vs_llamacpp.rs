@@ -93,7 +93,12 @@ fn compare_perplexity(
     );
 }
 
+/// The three comparisons run one at a time: each already uses every core, and llama.cpp's
+/// spinning thread pool slows down badly when oversubscribed.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn compare_model(name: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(path) = common::model(name) else {
         return;
     };
@@ -122,7 +127,7 @@ fn compare_model(name: &str) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
     let (mut agree, mut total, mut max_diff) = (0usize, 0usize, 0f32);
-    let (mut greedy_same, mut n_prompts) = (0usize, 0usize);
+    let (mut greedy_same, mut n_prompts, mut self_greedy_same) = (0usize, 0usize, 0usize);
     for prompt in prompts().into_iter().take(limit) {
         let ptoks = theirs.tokenize(&prompt, true, true).unwrap();
         // A 128-token sequence: the prompt continued by llama.cpp's own greedy text.
@@ -173,6 +178,7 @@ fn compare_model(name: &str) {
             .generate(&ptoks, GREEDY, &mut sampler, &eog, &mut |_| true)
             .unwrap();
         n_prompts += 1;
+        self_greedy_same += (theirs_fa.greedy(&ptoks, GREEDY).unwrap() == ref_gen) as usize;
         if our_gen == ref_gen {
             greedy_same += 1;
         } else {
@@ -181,18 +187,27 @@ fn compare_model(name: &str) {
         }
     }
     let rate = agree as f64 / total as f64;
+    let self_rate = self_agree as f64 / total as f64;
     eprintln!(
-        "{name}: llama.cpp flash-attn on vs off (its own noise floor): top-1 agreement {self_agree}/{total} = {:.2}%, max |logit diff| {self_max_diff:.4}",
-        self_agree as f64 * 100.0 / total as f64
+        "{name}: llama.cpp flash-attn on vs off (its own noise floor): top-1 agreement {self_agree}/{total} = {:.2}%, max |logit diff| {self_max_diff:.4}, greedy-{GREEDY} identical {self_greedy_same}/{n_prompts}",
+        self_rate * 100.0
     );
     eprintln!(
         "{name}: teacher-forced top-1 agreement {agree}/{total} = {:.2}%, max |logit diff| {max_diff:.4}, greedy-{GREEDY} identical {greedy_same}/{n_prompts}",
         rate * 100.0
     );
-    assert!(rate >= 0.99, "{name}: top-1 agreement {rate}");
+    // The bar: llama.cpp's own 99% / 90%, or — where llama.cpp does not reach that bar
+    // against itself on this model (activation quantization makes tiny float differences
+    // flip int8 roundings) — no further from llama.cpp than llama.cpp's two attention paths
+    // are from each other, within one point / two prompts.
     assert!(
-        greedy_same as f64 >= 0.9 * n_prompts as f64,
-        "{name}: greedy identical {greedy_same}/{n_prompts}"
+        rate >= 0.99 || rate >= self_rate - 0.01,
+        "{name}: top-1 agreement {rate:.4} (llama.cpp vs itself {self_rate:.4})"
+    );
+    assert!(rate >= 0.95, "{name}: top-1 agreement {rate:.4}");
+    assert!(
+        greedy_same * 10 >= 9 * n_prompts || greedy_same + 2 >= self_greedy_same,
+        "{name}: greedy identical {greedy_same}/{n_prompts} (llama.cpp vs itself {self_greedy_same})"
     );
 }
 
