@@ -1,10 +1,30 @@
-//! Paged KV cache: a pool of fixed-size blocks shared by all sequences.
+//! Paged KV cache: a pool of fixed-size blocks shared by all sequences, with an optional
+//! prefix cache on top.
 //!
 //! Each block holds `block_size` token positions for every layer: K and V rows of
 //! `n_kv_heads * head_dim` f16 values (f16 as llama.cpp's default cache type, which halves
 //! memory and keeps our numerics close to its). A sequence owns an ordered list of block
 //! ids (its block table); position `p` lives in block `table[p / block_size]`, slot
-//! `p % block_size`. Freed blocks go back on a free list in O(1).
+//! `p % block_size`.
+//!
+//! Prefix cache (used by the server; plain `reserve`/`remove_seq` users never see it):
+//! a *full* block whose positions have all been computed can be *published* under a
+//! chained content key ([`block_hash`]: the previous block's key and this block's tokens),
+//! and a new sequence whose prompt starts with the same tokens *attaches* those blocks
+//! instead of recomputing them. Blocks carry reference counts (one per block table that
+//! holds them). A block whose count drops to zero goes back to the free list, or, if it is
+//! published, to an LRU list of cached blocks that stay findable until a new allocation
+//! needs the room (least recently released first, a sequence's last block before its
+//! first, since a chain is useless without its head).
+//!
+//! Invariants (checked by [`KvCache::check_invariants`] in the tests):
+//! - every block is in exactly one place: the free list (refs 0, unpublished), the LRU list
+//!   (refs 0, published) or at least one block table (refs = number of tables holding it);
+//! - a published block is full and is never written again: sequences only write positions
+//!   at or past their length, and a sequence's published blocks lie wholly below it
+//!   (`write` asserts this); shortening a sequence into a published block first gives it a
+//!   private copy (or unpublishes it when no one else holds it);
+//! - the key map points exactly at the published blocks.
 
 use std::collections::HashMap;
 
@@ -65,10 +85,63 @@ impl KvLayout {
     }
 }
 
+/// Chained content key of one full block: covers the block's tokens and, through
+/// `parent`, every token before it, so equal keys mean equal K/V contents (for one model).
+pub type BlockHash = u128;
+
+/// Key of a block holding `tokens` that follows the block keyed `parent` (`None` for the
+/// first block). SHA-256 truncated to 128 bits: collisions are not a practical concern, and
+/// published blocks also keep their tokens, which lookups compare.
+pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    match parent {
+        Some(p) => {
+            h.update([1u8]);
+            h.update(p.to_le_bytes());
+        }
+        None => h.update([0u8]),
+    }
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    let d = h.finalize();
+    u128::from_le_bytes(d[..16].try_into().expect("32-byte digest"))
+}
+
+/// Appends the keys of the full blocks of `tokens` that `hashes` does not cover yet.
+pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+    while (hashes.len() + 1) * block_size <= tokens.len() {
+        let i = hashes.len();
+        let h = block_hash(
+            hashes.last().copied(),
+            &tokens[i * block_size..(i + 1) * block_size],
+        );
+        hashes.push(h);
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 struct SeqState {
     blocks: Vec<u32>,
     len: usize,
+    /// Leading blocks that are read-only for this sequence: attached from the prefix cache
+    /// or published by it (or full and computed when an equal block was already published).
+    frozen: usize,
+}
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+struct BlockMeta {
+    refs: u32,
+    /// Set while the block is published.
+    key: Option<BlockHash>,
+    /// The block's tokens while published, compared on lookup.
+    tokens: Vec<u32>,
+    /// LRU links while cached and unreferenced.
+    prev: u32,
+    next: u32,
 }
 
 pub struct KvCache {
@@ -76,7 +149,15 @@ pub struct KvCache {
     /// Per layer: `n_blocks * block_size * k_row` values.
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
+    /// Unreferenced, unpublished blocks.
     free: Vec<u32>,
+    meta: Vec<BlockMeta>,
+    /// Published blocks by key.
+    published: HashMap<BlockHash, u32>,
+    /// Unreferenced published blocks, least recently released at the head.
+    lru_head: u32,
+    lru_tail: u32,
+    n_lru: usize,
     seqs: HashMap<SeqId, SeqState>,
 }
 
@@ -91,11 +172,26 @@ impl KvCache {
             .collect();
         // Pop from the end, so block 0 is handed out first.
         let free = (0..layout.n_blocks as u32).rev().collect();
+        let meta = vec![
+            BlockMeta {
+                refs: 0,
+                key: None,
+                tokens: Vec::new(),
+                prev: NIL,
+                next: NIL,
+            };
+            layout.n_blocks
+        ];
         KvCache {
             layout,
             k,
             v,
             free,
+            meta,
+            published: HashMap::new(),
+            lru_head: NIL,
+            lru_tail: NIL,
+            n_lru: 0,
             seqs: HashMap::new(),
         }
     }
@@ -104,12 +200,29 @@ impl KvCache {
         &self.layout
     }
 
+    /// Blocks a reservation can take: never used, or cached but unreferenced (evictable).
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.n_lru
     }
 
+    /// Blocks held by at least one sequence.
     pub fn used_blocks(&self) -> usize {
-        self.layout.n_blocks - self.free.len()
+        self.layout.n_blocks - self.free_blocks()
+    }
+
+    /// Unreferenced blocks still holding a published prefix (a subset of `free_blocks`).
+    pub fn cached_blocks(&self) -> usize {
+        self.n_lru
+    }
+
+    /// Published blocks, referenced or not.
+    pub fn published_blocks(&self) -> usize {
+        self.published.len()
+    }
+
+    /// Number of sequences in the cache.
+    pub fn n_seqs(&self) -> usize {
+        self.seqs.len()
     }
 
     /// Number of positions stored for `seq` (0 for an unknown sequence).
@@ -126,10 +239,14 @@ impl KvCache {
         self.seqs.entry(seq).or_default();
     }
 
-    /// Frees every block of `seq`.
+    /// Releases every block of `seq` (published ones stay cached until evicted).
     pub fn remove_seq(&mut self, seq: SeqId) {
         if let Some(s) = self.seqs.remove(&seq) {
-            self.free.extend(s.blocks.into_iter().rev());
+            // Last block first: it lands nearer the LRU head, so a chain's tail is evicted
+            // before its head.
+            for &b in s.blocks.iter().rev() {
+                self.release(b);
+            }
         }
     }
 
@@ -138,6 +255,20 @@ impl KvCache {
         let ids: Vec<SeqId> = self.seqs.keys().copied().collect();
         for id in ids {
             self.remove_seq(id);
+        }
+    }
+
+    /// Forgets every published prefix. Blocks in use stay with their sequences.
+    pub fn clear_prefix_cache(&mut self) {
+        while self.lru_head != NIL {
+            let b = self.lru_head;
+            self.lru_unlink(b);
+            self.free.push(b);
+        }
+        for (_, b) in self.published.drain() {
+            let m = &mut self.meta[b as usize];
+            m.key = None;
+            m.tokens = Vec::new();
         }
     }
 
@@ -151,34 +282,71 @@ impl KvCache {
     }
 
     /// Reserves room for `n` more positions of `seq` (all or nothing) and returns the
-    /// first new position.
+    /// first new position. Takes never-used blocks first, then evicts cached ones.
     pub fn reserve(&mut self, seq: SeqId, n: usize) -> Result<usize, KvError> {
         let need = self.blocks_needed(seq, n);
-        if need > self.free.len() {
+        if need > self.free_blocks() {
             return Err(KvError::OutOfBlocks {
                 needed: need,
-                free: self.free.len(),
+                free: self.free_blocks(),
                 total: self.layout.n_blocks,
             });
         }
-        let s = self.seqs.entry(seq).or_default();
+        let mut new = Vec::with_capacity(need);
         for _ in 0..need {
-            s.blocks.push(self.free.pop().expect("checked"));
+            new.push(self.alloc().expect("checked"));
         }
+        let s = self.seqs.entry(seq).or_default();
+        s.blocks.extend(new);
         let start = s.len;
         s.len += n;
         Ok(start)
     }
 
-    /// Drops positions `>= len` of `seq` (e.g. to undo a reservation), freeing whole blocks.
+    /// Drops positions `>= len` of `seq` (e.g. to undo a reservation), releasing whole
+    /// blocks. Cutting into a read-only block first makes it private: unpublished when no
+    /// one else holds it, else copied (which needs one free block).
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
         let bs = self.layout.block_size;
-        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        if len < s.len {
-            s.len = len;
-            let keep = len.div_ceil(bs);
-            while s.blocks.len() > keep {
-                self.free.push(s.blocks.pop().expect("non-empty"));
+        let s = self.seqs.get(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if len >= s.len {
+            return Ok(());
+        }
+        let keep = len.div_ceil(bs);
+        let cut = len / bs; // the block that keeps only part of its positions, if len % bs != 0
+        let partial_frozen = !len.is_multiple_of(bs) && cut < s.frozen;
+        if partial_frozen {
+            let b = s.blocks[cut];
+            let shared = self.meta[b as usize].refs > 1;
+            // Blocks released below may become allocatable; count the ones only we hold.
+            let released_free = s.blocks[keep..]
+                .iter()
+                .filter(|&&x| self.meta[x as usize].refs == 1)
+                .count();
+            if shared && self.free_blocks() + released_free == 0 {
+                return Err(KvError::OutOfBlocks {
+                    needed: 1,
+                    free: 0,
+                    total: self.layout.n_blocks,
+                });
+            }
+        }
+        let s = self.seqs.get_mut(&seq).expect("checked");
+        s.len = len;
+        let tail: Vec<u32> = s.blocks.drain(keep..).collect();
+        s.frozen = s.frozen.min(cut);
+        for &b in tail.iter().rev() {
+            self.release(b);
+        }
+        if partial_frozen {
+            let b = self.seqs[&seq].blocks[cut];
+            if self.meta[b as usize].refs > 1 {
+                let nb = self.alloc().expect("checked above");
+                self.copy_block(b, nb, len % bs);
+                self.release(b);
+                self.seqs.get_mut(&seq).expect("checked").blocks[cut] = nb;
+            } else {
+                self.unpublish(b);
             }
         }
         Ok(())
@@ -209,6 +377,12 @@ impl KvCache {
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let m = &self.meta[slot / self.layout.block_size];
+        // The prefix cache's safety rests on this: a shared or published block is read-only.
+        assert!(
+            m.refs <= 1 && m.key.is_none(),
+            "write into a shared or published KV block (slot {slot})"
+        );
         let kr = self.layout.k_row();
         let vr = self.layout.v_row();
         for (d, &x) in self.k[layer][slot * kr..(slot + 1) * kr].iter_mut().zip(k) {
@@ -222,6 +396,259 @@ impl KvCache {
     /// K and V storage of one layer, for attention to read by slot.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.k[layer], &self.v[layer])
+    }
+
+    /// How many leading blocks of a sequence with these block keys and tokens are
+    /// published (read-only lookup; `hashes[i]` keys `tokens[i*bs..(i+1)*bs]`).
+    pub fn prefix_match(&self, hashes: &[BlockHash], tokens: &[u32]) -> usize {
+        self.matched_blocks(hashes, tokens).count()
+    }
+
+    /// Of the first `n` blocks [`prefix_match`](Self::prefix_match) finds, how many are
+    /// unreferenced (attaching them takes them out of `free_blocks`).
+    pub fn prefix_match_unreferenced(&self, hashes: &[BlockHash], tokens: &[u32]) -> usize {
+        self.matched_blocks(hashes, tokens)
+            .filter(|&b| self.meta[b as usize].refs == 0)
+            .count()
+    }
+
+    fn matched_blocks<'a>(
+        &'a self,
+        hashes: &'a [BlockHash],
+        tokens: &'a [u32],
+    ) -> impl Iterator<Item = u32> + 'a {
+        let bs = self.layout.block_size;
+        hashes
+            .iter()
+            .enumerate()
+            .take(tokens.len() / bs)
+            .map_while(move |(i, h)| {
+                let &b = self.published.get(h)?;
+                (self.meta[b as usize].tokens == tokens[i * bs..(i + 1) * bs]).then_some(b)
+            })
+    }
+
+    /// Starts an empty (or new) sequence with the published blocks matching its leading
+    /// full blocks. Returns the number of positions attached (a multiple of the block
+    /// size); the caller continues from there. Pass only the blocks it may share: a caller
+    /// that needs logits for its last token must leave that token out.
+    pub fn attach_prefix(
+        &mut self,
+        seq: SeqId,
+        hashes: &[BlockHash],
+        tokens: &[u32],
+    ) -> Result<usize, KvError> {
+        if self.seq_len(seq) != 0 {
+            return Err(KvError::NonContiguous {
+                seq,
+                pos: 0,
+                expected: self.seq_len(seq),
+            });
+        }
+        let blocks: Vec<u32> = self.matched_blocks(hashes, tokens).collect();
+        for &b in &blocks {
+            if self.meta[b as usize].refs == 0 {
+                self.lru_unlink(b);
+            }
+            self.meta[b as usize].refs += 1;
+        }
+        let s = self.seqs.entry(seq).or_default();
+        s.len = blocks.len() * self.layout.block_size;
+        s.frozen = blocks.len();
+        s.blocks = blocks;
+        Ok(s.len)
+    }
+
+    /// Publishes the computed full blocks of `seq` that are not yet read-only, keyed by
+    /// `hashes` (see [`extend_block_hashes`]) over the sequence's `tokens`. A block whose
+    /// key another block already holds stays private (both hold equal contents). Returns
+    /// the number of blocks newly published.
+    pub fn publish(&mut self, seq: SeqId, hashes: &[BlockHash], tokens: &[u32]) -> usize {
+        let bs = self.layout.block_size;
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return 0;
+        };
+        let upto = hashes.len().min(s.len / bs).min(tokens.len() / bs);
+        let from = s.frozen;
+        if upto <= from {
+            return 0;
+        }
+        s.frozen = upto;
+        let blocks: Vec<u32> = s.blocks[from..upto].to_vec();
+        let mut n = 0;
+        for (i, b) in (from..upto).zip(blocks) {
+            let key = hashes[i];
+            if self.published.contains_key(&key) || self.meta[b as usize].key.is_some() {
+                continue;
+            }
+            self.published.insert(key, b);
+            let m = &mut self.meta[b as usize];
+            m.key = Some(key);
+            m.tokens = tokens[i * bs..(i + 1) * bs].to_vec();
+            n += 1;
+        }
+        n
+    }
+
+    /// Checks the block accounting (see the module docs); for tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let n = self.layout.n_blocks;
+        let mut refs = vec![0u32; n];
+        for (id, s) in &self.seqs {
+            let bs = self.layout.block_size;
+            if s.blocks.len() != s.len.div_ceil(bs) {
+                return Err(format!(
+                    "seq {id}: {} blocks for {} positions",
+                    s.blocks.len(),
+                    s.len
+                ));
+            }
+            if s.frozen * bs > s.len {
+                return Err(format!("seq {id}: frozen blocks past its length"));
+            }
+            for (i, &b) in s.blocks.iter().enumerate() {
+                refs[b as usize] += 1;
+                if self.meta[b as usize].key.is_some() && i >= s.frozen {
+                    return Err(format!("seq {id}: published block {b} is writable"));
+                }
+            }
+        }
+        let mut place = vec![0u8; n];
+        for &b in &self.free {
+            place[b as usize] += 1;
+            let m = &self.meta[b as usize];
+            if m.refs != 0 || m.key.is_some() {
+                return Err(format!("free block {b} has refs {} or a key", m.refs));
+            }
+        }
+        let mut lru = 0;
+        let mut b = self.lru_head;
+        let mut prev = NIL;
+        while b != NIL {
+            let m = &self.meta[b as usize];
+            if m.prev != prev || m.refs != 0 || m.key.is_none() {
+                return Err(format!("bad LRU entry {b}"));
+            }
+            place[b as usize] += 1;
+            lru += 1;
+            prev = b;
+            b = m.next;
+        }
+        if prev != self.lru_tail || lru != self.n_lru {
+            return Err("LRU list length or tail is off".into());
+        }
+        for i in 0..n {
+            let m = &self.meta[i];
+            if m.refs != refs[i] {
+                return Err(format!(
+                    "block {i}: refcount {} but {} tables hold it",
+                    m.refs, refs[i]
+                ));
+            }
+            let expect = u8::from(refs[i] == 0);
+            if place[i] != expect {
+                return Err(format!(
+                    "block {i} is on {} lists with {} refs",
+                    place[i], refs[i]
+                ));
+            }
+            if let Some(k) = m.key {
+                if self.published.get(&k) != Some(&(i as u32)) {
+                    return Err(format!("block {i}: key not in the map"));
+                }
+            }
+        }
+        for (k, &b) in &self.published {
+            if self.meta[b as usize].key != Some(*k) {
+                return Err(format!("map entry for block {b} is stale"));
+            }
+        }
+        Ok(())
+    }
+
+    fn alloc(&mut self) -> Option<u32> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let b = self.lru_head;
+                if b == NIL {
+                    return None;
+                }
+                self.lru_unlink(b);
+                self.unpublish(b);
+                b
+            }
+        };
+        self.meta[b as usize].refs = 1;
+        Some(b)
+    }
+
+    fn release(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        debug_assert!(m.refs > 0, "release of unreferenced block {b}");
+        m.refs -= 1;
+        if m.refs == 0 {
+            if m.key.is_some() {
+                self.lru_push_tail(b);
+            } else {
+                self.free.push(b);
+            }
+        }
+    }
+
+    fn unpublish(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        if let Some(k) = m.key.take() {
+            self.published.remove(&k);
+            m.tokens = Vec::new();
+        }
+    }
+
+    fn copy_block(&mut self, from: u32, to: u32, n_slots: usize) {
+        let bs = self.layout.block_size;
+        let (kr, vr) = (self.layout.k_row(), self.layout.v_row());
+        let (f, t) = (from as usize * bs, to as usize * bs);
+        for l in 0..self.layout.n_layers {
+            self.k[l].copy_within(f * kr..(f + n_slots) * kr, t * kr);
+            self.v[l].copy_within(f * vr..(f + n_slots) * vr, t * vr);
+        }
+    }
+
+    fn lru_push_tail(&mut self, b: u32) {
+        let tail = self.lru_tail;
+        {
+            let m = &mut self.meta[b as usize];
+            m.prev = tail;
+            m.next = NIL;
+        }
+        if tail == NIL {
+            self.lru_head = b;
+        } else {
+            self.meta[tail as usize].next = b;
+        }
+        self.lru_tail = b;
+        self.n_lru += 1;
+    }
+
+    fn lru_unlink(&mut self, b: u32) {
+        let (prev, next) = {
+            let m = &self.meta[b as usize];
+            (m.prev, m.next)
+        };
+        if prev == NIL {
+            self.lru_head = next;
+        } else {
+            self.meta[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lru_tail = prev;
+        } else {
+            self.meta[next as usize].prev = prev;
+        }
+        let m = &mut self.meta[b as usize];
+        m.prev = NIL;
+        m.next = NIL;
+        self.n_lru -= 1;
     }
 }
 
@@ -278,5 +705,291 @@ mod tests {
         let (k, v) = c.layer(1);
         assert_eq!(k[slot * 4 + 2].to_f32(), 3.0);
         assert_eq!(v[slot * 4 + 3].to_f32(), 8.0);
+    }
+
+    fn toks(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    fn hashes(tokens: &[u32], bs: usize) -> Vec<BlockHash> {
+        let mut h = Vec::new();
+        extend_block_hashes(&mut h, tokens, bs);
+        h
+    }
+
+    /// Runs a sequence's "prefill": attach what is cached, reserve the rest, publish.
+    fn prefill(c: &mut KvCache, seq: SeqId, t: &[u32]) -> usize {
+        let h = hashes(t, 4);
+        let usable = (t.len() - 1) / 4;
+        let got = c.attach_prefix(seq, &h[..usable], t).unwrap();
+        c.reserve(seq, t.len() - got).unwrap();
+        c.publish(seq, &h, t);
+        c.check_invariants().unwrap();
+        got
+    }
+
+    #[test]
+    fn hash_chain_depends_on_every_earlier_token() {
+        let a = toks(12, 1);
+        let mut b = a.clone();
+        b[0] += 1;
+        let (ha, hb) = (hashes(&a, 4), hashes(&b, 4));
+        assert_eq!(ha.len(), 3);
+        assert!(
+            ha.iter().zip(&hb).all(|(x, y)| x != y),
+            "a change in block 0 changes all keys"
+        );
+        let mut c = a.clone();
+        c[11] += 1;
+        let hc = hashes(&c, 4);
+        assert_eq!(ha[..2], hc[..2]);
+        assert_ne!(ha[2], hc[2]);
+        // Incremental extension equals hashing at once; partial blocks get no key.
+        let mut inc = Vec::new();
+        extend_block_hashes(&mut inc, &a[..6], 4);
+        assert_eq!(inc.len(), 1);
+        extend_block_hashes(&mut inc, &a, 4);
+        assert_eq!(inc, ha);
+        // Same tokens at another depth get another key.
+        assert_ne!(block_hash(None, &a[4..8]), ha[1]);
+    }
+
+    #[test]
+    fn shared_prefix_is_attached_refcounted_and_never_written() {
+        let mut c = cache(16);
+        let a = toks(10, 3); // 2 full blocks + 2 tokens
+        assert_eq!(prefill(&mut c, 1, &a), 0);
+        assert_eq!(c.published_blocks(), 2);
+        assert_eq!(c.used_blocks(), 3);
+        // Same prompt: both full blocks are shared, the partial tail is private.
+        assert_eq!(prefill(&mut c, 2, &a), 8);
+        assert_eq!(c.used_blocks(), 4);
+        assert_eq!(c.slot(1, 5).unwrap(), c.slot(2, 5).unwrap());
+        assert_ne!(c.slot(1, 9).unwrap(), c.slot(2, 9).unwrap());
+        // A prompt of exactly 2 blocks shares only the first: its last token is recomputed.
+        assert_eq!(prefill(&mut c, 3, &a[..8]), 4);
+        // A diverging prompt shares only the common full blocks.
+        let mut b = a.clone();
+        b[5] = 999;
+        assert_eq!(prefill(&mut c, 4, &b), 4);
+        c.check_invariants().unwrap();
+        // Removing the owner keeps shared blocks alive for the others.
+        c.remove_seq(1);
+        c.check_invariants().unwrap();
+        let s2: Vec<usize> = (0..10).map(|p| c.slot(2, p).unwrap()).collect();
+        assert!(c.has_seq(2) && s2.len() == 10);
+        for id in [2, 3, 4] {
+            c.remove_seq(id);
+        }
+        c.check_invariants().unwrap();
+        assert_eq!(c.used_blocks(), 0);
+        assert_eq!(c.free_blocks(), 16);
+        assert_eq!(
+            c.cached_blocks(),
+            3,
+            "a's 2 blocks and b's first diverging one"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "shared or published")]
+    fn writing_a_published_block_panics() {
+        let mut c = cache(4);
+        let a = toks(5, 0);
+        prefill(&mut c, 1, &a);
+        let slot = c.slot(1, 1).unwrap();
+        c.write(0, slot, &[0.0; 4], &[0.0; 4]);
+    }
+
+    #[test]
+    fn eviction_is_lru_and_only_takes_unreferenced_blocks() {
+        let mut c = cache(6);
+        let a = toks(9, 1); // blocks a0 a1 + tail
+        let b = toks(9, 2);
+        prefill(&mut c, 1, &a);
+        prefill(&mut c, 2, &b);
+        assert_eq!(c.used_blocks(), 6);
+        c.remove_seq(1); // a's blocks cached (tail block freed)
+        assert_eq!((c.free_blocks(), c.cached_blocks()), (3, 2));
+        // b is still referenced: a new sequence can take 3 blocks, evicting a's.
+        c.reserve(3, 12).unwrap();
+        assert_eq!(c.cached_blocks(), 0);
+        assert_eq!(c.prefix_match(&hashes(&a, 4), &a), 0);
+        assert_eq!(c.prefix_match(&hashes(&b, 4), &b), 2);
+        let e = c.reserve(3, 4).unwrap_err();
+        assert!(matches!(
+            e,
+            KvError::OutOfBlocks {
+                needed: 1,
+                free: 0,
+                ..
+            }
+        ));
+        c.check_invariants().unwrap();
+
+        // LRU order: released first, evicted first; within a sequence, its tail first.
+        let mut c = cache(6);
+        prefill(&mut c, 1, &a); // 3 blocks
+        c.remove_seq(1);
+        prefill(&mut c, 2, &b); // 1 free + evicts... needs 3: free list has a's tail + 3 never used
+        c.remove_seq(2);
+        assert_eq!(c.cached_blocks(), 4);
+        c.reserve(9, 4 * 3).unwrap(); // 2 free + 1 eviction: a's second block goes first
+        let ha = hashes(&a, 4);
+        assert_eq!(
+            c.prefix_match(&ha, &a),
+            1,
+            "a's head survives, its tail was evicted"
+        );
+        assert_eq!(c.prefix_match(&hashes(&b, 4), &b), 2);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn attaching_a_cached_block_takes_it_off_the_lru() {
+        let mut c = cache(4);
+        let a = toks(9, 5);
+        prefill(&mut c, 1, &a);
+        c.remove_seq(1);
+        assert_eq!(c.cached_blocks(), 2);
+        let h = hashes(&a, 4);
+        assert_eq!(c.prefix_match_unreferenced(&h[..2], &a), 2);
+        assert_eq!(c.attach_prefix(2, &h[..2], &a).unwrap(), 8);
+        assert_eq!((c.cached_blocks(), c.used_blocks()), (0, 2));
+        // Attaching to a non-empty sequence is refused.
+        assert!(c.attach_prefix(2, &h[..2], &a).is_err());
+        c.check_invariants().unwrap();
+        c.clear_prefix_cache();
+        assert_eq!(c.published_blocks(), 0);
+        c.check_invariants().unwrap();
+        c.remove_seq(2);
+        assert_eq!((c.free_blocks(), c.cached_blocks()), (4, 0));
+    }
+
+    #[test]
+    fn equal_content_published_twice_keeps_one_copy() {
+        let mut c = cache(8);
+        let a = toks(8, 9);
+        let h = hashes(&a, 4);
+        // Two sequences compute the same prompt side by side (neither finds it cached).
+        c.reserve(1, 8).unwrap();
+        c.reserve(2, 8).unwrap();
+        assert_eq!(c.publish(1, &h, &a), 2);
+        assert_eq!(c.publish(2, &h, &a), 0);
+        c.check_invariants().unwrap();
+        c.remove_seq(2);
+        assert_eq!(
+            c.cached_blocks(),
+            0,
+            "the duplicate went back to the free list"
+        );
+        c.remove_seq(1);
+        assert_eq!(c.cached_blocks(), 2);
+        c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn truncating_into_a_shared_block_copies_it() {
+        let mut c = cache(8);
+        let a = toks(9, 4);
+        prefill(&mut c, 1, &a);
+        assert_eq!(prefill(&mut c, 2, &a), 8);
+        let shared = c.slot(2, 4).unwrap();
+        c.write(1, c.slot(2, 8).unwrap(), &[1.0; 4], &[2.0; 4]);
+        // Seq 2 cuts into its second (shared) block: it gets a private copy of slots 4..6.
+        c.truncate(2, 6).unwrap();
+        c.check_invariants().unwrap();
+        let own = c.slot(2, 4).unwrap();
+        assert_ne!(own, shared);
+        assert_eq!(
+            c.layer(0).0[own * 4..own * 4 + 8],
+            c.layer(0).0[shared * 4..shared * 4 + 8]
+        );
+        c.reserve(2, 1).unwrap();
+        let p6 = c.slot(2, 6).unwrap();
+        c.write(0, p6, &[3.0; 4], &[3.0; 4]); // allowed: private now
+                                              // Seq 1 alone holds its blocks: cutting into one unpublishes it.
+        c.remove_seq(2);
+        c.truncate(1, 2).unwrap();
+        c.check_invariants().unwrap();
+        assert_eq!(c.prefix_match(&hashes(&a, 4), &a), 0);
+        c.reserve(1, 1).unwrap();
+        let p2 = c.slot(1, 2).unwrap();
+        c.write(0, p2, &[0.0; 4], &[0.0; 4]);
+    }
+
+    proptest::proptest! {
+        /// Random interleavings of prefill, decode, publish, truncate, removal and cache
+        /// clearing keep the accounting consistent and never lose a block.
+        #[test]
+        fn random_operations_keep_invariants(ops in proptest::collection::vec((0u8..6, 0u64..5, 0usize..40), 1..120)) {
+            let mut c = cache(24);
+            let mut hist: HashMap<SeqId, Vec<u32>> = HashMap::new();
+            for (op, seq, n) in ops {
+                match op {
+                    0 => {
+                        if !c.has_seq(seq) {
+                            // Prompts from a tiny alphabet so prefixes collide often.
+                            let t: Vec<u32> = (0..n.max(1)).map(|i| ((i as u64 * 3 + seq % 2) % 4) as u32).collect();
+                            let h = hashes(&t, 4);
+                            let usable = (t.len() - 1) / 4;
+                            let got = c.attach_prefix(seq, &h[..usable], &t).unwrap();
+                            if c.reserve(seq, t.len() - got).is_ok() {
+                                c.publish(seq, &h, &t);
+                                hist.insert(seq, t);
+                            } else {
+                                c.remove_seq(seq);
+                            }
+                        }
+                    }
+                    1 => {
+                        if let Some(t) = hist.get_mut(&seq) {
+                            if c.reserve(seq, 1).is_ok() {
+                                t.push(n as u32 % 4);
+                                let h = hashes(t, 4);
+                                c.publish(seq, &h, t);
+                            }
+                        }
+                    }
+                    2 => {
+                        c.remove_seq(seq);
+                        hist.remove(&seq);
+                    }
+                    3 => {
+                        if let Some(t) = hist.get_mut(&seq) {
+                            let len = n.min(t.len());
+                            if c.truncate(seq, len).is_ok() {
+                                t.truncate(len);
+                            }
+                        }
+                    }
+                    4 => c.clear_prefix_cache(),
+                    _ => {
+                        // Any sequence's slots are unique to it unless shared read-only.
+                        let mut seen = HashMap::new();
+                        for (&id, t) in &hist {
+                            for p in 0..t.len() {
+                                let s = c.slot(id, p).unwrap();
+                                if let Some(&(other, q)) = seen.get(&s) {
+                                    proptest::prop_assert_eq!(q, p, "slot {} at different positions of {} and {}", s, other, id);
+                                    proptest::prop_assert_eq!(&hist[&other][..=p], &t[..=p]);
+                                }
+                                seen.insert(s, (id, p));
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(c.check_invariants(), Ok(()));
+                for (&id, t) in &hist {
+                    proptest::prop_assert_eq!(c.seq_len(id), t.len());
+                }
+            }
+            let ids: Vec<SeqId> = hist.keys().copied().collect();
+            for id in ids {
+                c.remove_seq(id);
+            }
+            proptest::prop_assert_eq!(c.used_blocks(), 0);
+            proptest::prop_assert_eq!(c.free_blocks(), 24);
+        }
     }
 }

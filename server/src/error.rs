@@ -98,6 +98,26 @@ impl ApiError {
     }
 }
 
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        use axum::http::{header, HeaderValue, StatusCode};
+        let mut r = (
+            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.body_json(),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after() {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

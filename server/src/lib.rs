@@ -1,4 +1,16 @@
-//! The OpenAI-compatible server. Its first piece is the one error shape every endpoint
-//! returns, so that clients (and our own benchmark) can always classify a failure.
+//! rserve: a continuous-batching OpenAI-compatible server over the runtime.
+//!
+//! Layers, each testable alone: [`scheduler`] (plain batching state over the KV cache),
+//! [`engine`] (the batch loop on its own OS thread, owning model, cache and thread pool),
+//! [`api`] (OpenAI request validation and response shapes), [`http`] (axum routes, SSE,
+//! admission control, shutdown) and [`error`] (the one error shape every endpoint returns).
 
+pub mod api;
+pub mod engine;
 pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod scheduler;
+pub mod text;
+
+pub use http::{start, RunningServer, ServerConfig};

@@ -1,0 +1,639 @@
+//! OpenAI request validation and response shapes, independent of HTTP: a request body
+//! becomes prompt tokens and [`GenParams`] or an [`ApiError`] that names the bad field;
+//! engine events become `text_completion` / `chat.completion` objects and their streaming
+//! chunks.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use runtime::chat::{ChatMessage, ChatTemplate};
+use runtime::sampling::SamplingParams;
+use runtime::tokenizer::Tokenizer;
+
+use crate::engine::{FinishReason, GenParams, TokenLogprobs, TopLogprob, Usage};
+use crate::error::{ApiError, ApiErrorKind};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Completion,
+    Chat,
+}
+
+/// The fields both endpoints share. Loosely typed where OpenAI allows several shapes, so
+/// that errors can name the field; unknown fields are ignored, as OpenAI clients send
+/// extras.
+#[derive(Deserialize, Debug, Default)]
+pub struct RawRequest {
+    pub model: Option<String>,
+    pub prompt: Option<Value>,
+    pub messages: Option<Value>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repeat_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub seed: Option<Value>,
+    pub stop: Option<Value>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub ignore_eos: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+#[derive(Deserialize, Debug, Default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// A validated generation request.
+#[derive(Debug)]
+pub struct Parsed {
+    pub kind: Kind,
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+const MAX_STOPS: usize = 16;
+const MAX_LOGPROBS: usize = 20;
+
+fn bad(param: &str, msg: impl Into<String>) -> ApiError {
+    ApiError::invalid_param(param, msg)
+}
+
+/// Parses a JSON body, turning serde's complaints into a 400 that names the problem.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let what = if e.is_syntax() || e.is_eof() {
+            "malformed JSON"
+        } else {
+            "invalid request"
+        };
+        ApiError::new(ApiErrorKind::InvalidRequest, format!("{what}: {e}"))
+    })
+}
+
+/// Seed for requests that give none: different per request, so sampling varies as users
+/// expect, while requests that give one are reproducible.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ N.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
+
+fn sampling(r: &RawRequest) -> Result<SamplingParams, ApiError> {
+    let f = |name: &str, v: Option<f64>, lo: f64, hi: f64, default: f64| -> Result<f32, ApiError> {
+        match v {
+            None => Ok(default as f32),
+            Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x as f32),
+            Some(x) => Err(bad(
+                name,
+                format!("{name} must be in [{lo}, {hi}], got {x}"),
+            )),
+        }
+    };
+    let temperature = f("temperature", r.temperature, 0.0, 2.0, 1.0)?;
+    let top_p = f("top_p", r.top_p, 0.0, 1.0, 1.0)?;
+    if top_p == 0.0 {
+        return Err(bad("top_p", "top_p must be in (0, 1], got 0"));
+    }
+    let min_p = f("min_p", r.min_p, 0.0, 1.0, 0.0)?;
+    let repeat = r.repeat_penalty.or(r.repetition_penalty);
+    let repeat_penalty = f("repeat_penalty", repeat, 0.01, 10.0, 1.0)?;
+    let presence_penalty = f("presence_penalty", r.presence_penalty, -2.0, 2.0, 0.0)?;
+    let frequency_penalty = f("frequency_penalty", r.frequency_penalty, -2.0, 2.0, 0.0)?;
+    let top_k = match r.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if (1..=1_000_000).contains(&k) => k as usize,
+        Some(k) => {
+            return Err(bad(
+                "top_k",
+                format!("top_k must be -1 or 0 (off) or in [1, 1000000], got {k}"),
+            ))
+        }
+    };
+    let seed = match &r.seed {
+        None | Some(Value::Null) => fresh_seed(),
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u,
+            (None, Some(i)) => i as u64,
+            _ => return Err(bad("seed", "seed must be an integer")),
+        },
+        Some(_) => return Err(bad("seed", "seed must be an integer")),
+    };
+    let p = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repeat_penalty,
+        penalty_last_n: 64,
+        presence_penalty,
+        frequency_penalty,
+        seed,
+    };
+    p.validate()
+        .map_err(|m| ApiError::new(ApiErrorKind::InvalidRequest, m))?;
+    Ok(p)
+}
+
+fn stops(v: &Option<Value>) -> Result<Vec<String>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("stop", "stop must be a string or an array of strings"))?,
+        Some(_) => return Err(bad("stop", "stop must be a string or an array of strings")),
+    };
+    if list.len() > MAX_STOPS {
+        return Err(bad(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings, got {}", list.len()),
+        ));
+    }
+    if list.iter().any(|s| s.is_empty() || s.len() > 1024) {
+        return Err(bad("stop", "stop strings must be 1 to 1024 bytes long"));
+    }
+    Ok(list)
+}
+
+fn prompt_tokens(v: &Option<Value>, tok: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let n_vocab = tok.n_vocab();
+    let as_ids = |a: &[Value]| -> Result<Vec<u32>, ApiError> {
+        a.iter()
+            .map(|x| match x.as_u64() {
+                Some(id) if (id as usize) < n_vocab => Ok(id as u32),
+                _ => Err(bad(
+                    "prompt",
+                    format!("token ids must be integers in [0, {n_vocab}), got {x}"),
+                )),
+            })
+            .collect()
+    };
+    let one_text = |s: &str| tok.encode(s, true, true);
+    match v {
+        None | Some(Value::Null) => Err(bad("prompt", "prompt is required")),
+        Some(Value::String(s)) => Ok(one_text(s)),
+        Some(Value::Array(a)) if a.is_empty() => Err(bad("prompt", "prompt is empty")),
+        Some(Value::Array(a)) => match &a[0] {
+            Value::String(_) if a.len() == 1 => Ok(one_text(a[0].as_str().unwrap_or(""))),
+            Value::Number(_) => as_ids(a),
+            Value::Array(inner) if a.len() == 1 => as_ids(inner),
+            Value::String(_) | Value::Array(_) => Err(bad(
+                "prompt",
+                "only one prompt per request is supported (batch prompts: send one request each)",
+            )),
+            _ => Err(bad(
+                "prompt",
+                "prompt must be a string, an array of token ids, or an array of one of these",
+            )),
+        },
+        Some(_) => Err(bad(
+            "prompt",
+            "prompt must be a string, an array of token ids, or an array of one of these",
+        )),
+    }
+}
+
+/// Chat messages from the request, with content given as a string or as text parts.
+pub fn chat_messages(v: &Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(Value::Array(a)) = v else {
+        return Err(bad("messages", "messages must be a non-empty array"));
+    };
+    if a.is_empty() {
+        return Err(bad("messages", "messages must be a non-empty array"));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad(&param, "each message needs a string role"))?;
+            if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+                return Err(bad(&param, format!("unknown role {role:?}")));
+            }
+            let content = match m.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                            (Some("text"), Some(Value::String(t))) => s.push_str(t),
+                            _ => {
+                                return Err(bad(
+                                    &param,
+                                    "only text content parts ({\"type\":\"text\",\"text\":...}) are supported",
+                                ))
+                            }
+                        }
+                    }
+                    s
+                }
+                Some(_) => return Err(bad(&param, "content must be a string or an array of parts")),
+            };
+            let role = if role == "developer" { "system" } else { role };
+            Ok(ChatMessage::new(role, &content))
+        })
+        .collect()
+}
+
+/// Renders chat messages with the model's template and tokenizes them. The template's
+/// BOS text is dropped when the tokenizer adds BOS itself, so it is not doubled.
+pub fn chat_prompt(
+    msgs: &[ChatMessage],
+    add_generation_prompt: bool,
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+) -> Result<Vec<u32>, ApiError> {
+    let mut text = template
+        .render(msgs, add_generation_prompt)
+        .map_err(|e| bad("messages", format!("cannot apply the chat template: {e}")))?;
+    if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
+        let bos_text = tok.token_text(bos);
+        if !bos_text.is_empty() && text.starts_with(bos_text) {
+            text = text[bos_text.len()..].to_string();
+        }
+    }
+    Ok(tok.encode(&text, true, true))
+}
+
+/// Validates a request against the model's tokenizer, template and context.
+pub fn parse_request(
+    kind: Kind,
+    r: &RawRequest,
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    n_ctx: usize,
+) -> Result<Parsed, ApiError> {
+    if let Some(n) = r.n {
+        if n != 1 {
+            return Err(bad("n", format!("only n = 1 is supported, got {n}")));
+        }
+    }
+    if r.best_of.is_some_and(|b| b != 1) {
+        return Err(bad("best_of", "only best_of = 1 is supported"));
+    }
+    if r.echo == Some(true) {
+        return Err(bad("echo", "echo is not supported"));
+    }
+    let sampling = sampling(r)?;
+    let stop = stops(&r.stop)?;
+    let logprobs = match kind {
+        Kind::Completion => match &r.logprobs {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(k) if k as usize <= MAX_LOGPROBS => Some(k as usize),
+                _ => {
+                    return Err(bad(
+                        "logprobs",
+                        format!("logprobs must be an integer in [0, {MAX_LOGPROBS}]"),
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(bad(
+                    "logprobs",
+                    format!("logprobs must be an integer in [0, {MAX_LOGPROBS}]"),
+                ))
+            }
+        },
+        Kind::Chat => {
+            let on = match &r.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("logprobs", "logprobs must be a boolean")),
+            };
+            match r.top_logprobs {
+                None => on.then_some(0),
+                Some(k) if !(0..=MAX_LOGPROBS as i64).contains(&k) => {
+                    return Err(bad(
+                        "top_logprobs",
+                        format!("top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+                    ))
+                }
+                Some(_) if !on => {
+                    return Err(bad("top_logprobs", "top_logprobs needs logprobs: true"))
+                }
+                Some(k) => Some(k as usize),
+            }
+        }
+    };
+    let prompt = match kind {
+        Kind::Completion => prompt_tokens(&r.prompt, tok)?,
+        Kind::Chat => {
+            let msgs = chat_messages(&r.messages)?;
+            chat_prompt(
+                &msgs,
+                r.add_generation_prompt.unwrap_or(true),
+                template,
+                tok,
+            )?
+        }
+    };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "the prompt is empty (0 tokens)"));
+    }
+    let p = prompt.len();
+    let (max_param, max_tokens) = match kind {
+        Kind::Chat if r.max_completion_tokens.is_some() => {
+            ("max_completion_tokens", r.max_completion_tokens)
+        }
+        _ => ("max_tokens", r.max_tokens),
+    };
+    let max_tokens = match max_tokens {
+        Some(m) if m < 1 => {
+            return Err(bad(
+                max_param,
+                format!("{max_param} must be at least 1, got {m}"),
+            ))
+        }
+        Some(m) => {
+            let m = m as u64;
+            if p as u64 + m > n_ctx as u64 {
+                return Err(bad(
+                    max_param,
+                    format!(
+                        "this model's context is {n_ctx} tokens, but the prompt ({p} tokens) plus \
+                         {max_param} ({m}) is {} tokens; shorten the prompt or lower {max_param}",
+                        p as u64 + m
+                    ),
+                ));
+            }
+            m as usize
+        }
+        None => {
+            if p >= n_ctx {
+                return Err(bad(
+                    "prompt",
+                    format!(
+                        "this model's context is {n_ctx} tokens, but the prompt alone is {p} \
+                         tokens, leaving no room to generate"
+                    ),
+                ));
+            }
+            n_ctx - p
+        }
+    };
+    Ok(Parsed {
+        kind,
+        prompt,
+        params: GenParams {
+            max_tokens,
+            sampling,
+            stop,
+            logprobs,
+            ignore_eos: r.ignore_eos.unwrap_or(false),
+        },
+        stream: r.stream.unwrap_or(false),
+        include_usage: r
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+    })
+}
+
+pub fn new_id(kind: Kind) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    let prefix = match kind {
+        Kind::Completion => "cmpl",
+        Kind::Chat => "chatcmpl",
+    };
+    format!(
+        "{prefix}-{:08x}{:08x}",
+        fresh_seed() as u32,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn top_json(t: &TopLogprob) -> Value {
+    json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes})
+}
+
+/// Logprobs of some tokens in the response's format, with the text offset of the first.
+pub fn logprobs_json(kind: Kind, lps: &[TokenLogprobs], text_offset: usize) -> Value {
+    match kind {
+        Kind::Chat => json!({
+            "content": lps.iter().map(|l| {
+                let mut v = top_json(&l.chosen);
+                v["top_logprobs"] = Value::Array(l.top.iter().map(top_json).collect());
+                v
+            }).collect::<Vec<_>>()
+        }),
+        Kind::Completion => {
+            let mut offsets = Vec::with_capacity(lps.len());
+            let mut off = text_offset;
+            for l in lps {
+                offsets.push(off);
+                off += l.chosen.token.len();
+            }
+            json!({
+                "tokens": lps.iter().map(|l| l.chosen.token.clone()).collect::<Vec<_>>(),
+                "token_logprobs": lps.iter().map(|l| l.chosen.logprob).collect::<Vec<_>>(),
+                "top_logprobs": lps.iter().map(|l| {
+                    l.top.iter().map(|t| (t.token.clone(), json!(t.logprob))).collect::<serde_json::Map<_, _>>()
+                }).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            })
+        }
+    }
+}
+
+/// Everything needed to render responses of one request.
+pub struct ResponseMeta {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// The non-streaming response.
+    pub fn full(
+        &self,
+        text: &str,
+        finish: FinishReason,
+        usage: &Usage,
+        logprobs: Option<&[TokenLogprobs]>,
+    ) -> Value {
+        let lp = logprobs.map_or(Value::Null, |l| logprobs_json(self.kind, l, 0));
+        let choice = match self.kind {
+            Kind::Completion => json!({
+                "index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str(),
+            }),
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": lp,
+                "finish_reason": finish.as_str(),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": match self.kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage_json(usage),
+        })
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": match self.kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion.chunk" },
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = usage_json(u);
+        }
+        v
+    }
+
+    /// The opening chunk (chat: the assistant role), if the format has one.
+    pub fn first_chunk(&self) -> Option<Value> {
+        match self.kind {
+            Kind::Chat => Some(self.chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                None,
+            )),
+            Kind::Completion => None,
+        }
+    }
+
+    /// A chunk with new text, and/or the finish reason for the last one.
+    pub fn text_chunk(
+        &self,
+        text: &str,
+        logprobs: Option<Value>,
+        finish: Option<FinishReason>,
+    ) -> Value {
+        let fr = finish.map_or(Value::Null, |f| json!(f.as_str()));
+        let lp = logprobs.unwrap_or(Value::Null);
+        let choice = match self.kind {
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": fr})
+            }
+            Kind::Chat => {
+                let delta = if text.is_empty() && finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr})
+            }
+        };
+        self.chunk(json!([choice]), None)
+    }
+
+    /// The usage chunk of `stream_options.include_usage` (no choices).
+    pub fn usage_chunk(&self, usage: &Usage) -> Value {
+        self.chunk(json!([]), Some(usage))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Value) -> RawRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn sampling_ranges_are_checked_by_name() {
+        let e = sampling(&raw(json!({"temperature": 3.5}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = sampling(&raw(json!({"top_k": -7}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_k"));
+        let e = sampling(&raw(json!({"top_p": 0.0}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+        let e = sampling(&raw(json!({"seed": "x"}))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("seed"));
+        let p = sampling(&raw(
+            json!({"temperature": 0, "top_k": -1, "seed": 18446744073709551615u64}),
+        ))
+        .unwrap();
+        assert_eq!((p.temperature, p.top_k, p.seed), (0.0, 0, u64::MAX));
+    }
+
+    #[test]
+    fn stops_accept_a_string_or_a_list() {
+        assert_eq!(stops(&Some(json!("x"))).unwrap(), vec!["x"]);
+        assert_eq!(stops(&Some(json!(["a", "b"]))).unwrap(), vec!["a", "b"]);
+        assert!(stops(&Some(json!([1]))).is_err());
+        assert!(stops(&Some(json!([""]))).is_err());
+        assert!(stops(&Some(json!(7))).is_err());
+    }
+
+    #[test]
+    fn wrong_types_and_bad_json_are_400s() {
+        let e = parse_json::<RawRequest>(br#"{"max_tokens": "ten"}"#).unwrap_err();
+        assert_eq!(e.status(), 400);
+        assert!(e.message.contains("invalid type"), "{}", e.message);
+        let e = parse_json::<RawRequest>(b"{\"prompt\": ").unwrap_err();
+        assert!(e.message.starts_with("malformed JSON"), "{}", e.message);
+        let e = parse_json::<RawRequest>(b"[1,2]").unwrap_err();
+        assert_eq!(e.status(), 400);
+    }
+
+    #[test]
+    fn chat_content_parts_and_roles() {
+        let m = chat_messages(&Some(json!([
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}
+        ])))
+        .unwrap();
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "hi there");
+        assert!(chat_messages(&Some(json!([{"role": "wizard", "content": "x"}]))).is_err());
+        assert!(chat_messages(&Some(json!([]))).is_err());
+        assert!(chat_messages(&Some(
+            json!([{"role": "user", "content": [{"type": "image_url"}]}])
+        ))
+        .is_err());
+    }
+
+    #[test]
+    fn usage_reports_cached_tokens() {
+        let u = usage_json(&Usage {
+            prompt_tokens: 30,
+            completion_tokens: 5,
+            cached_tokens: 16,
+        });
+        assert_eq!(u["total_tokens"], 35);
+        assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 16);
+    }
+}

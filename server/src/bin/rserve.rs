@@ -1,0 +1,146 @@
+//! `rserve`: the OpenAI-compatible server. A thin binary: flags to `ServerConfig`, then
+//! `server::start` and wait for SIGINT / SIGTERM (which drains in-flight requests).
+
+use std::time::Duration;
+
+use clap::Parser;
+use server::engine::EngineConfig;
+use server::ServerConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rserve",
+    about = "Continuous-batching OpenAI-compatible server (completions, chat, SSE streaming)"
+)]
+struct Args {
+    /// Model: a registry name (e.g. smollm2-135m) or a GGUF path.
+    #[arg(short = 'm', long, default_value = "smollm2-135m")]
+    model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Compute threads (including the engine thread); default: all cores.
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Most sequences decoded together (also `-np`).
+    #[arg(long = "parallel", default_value_t = 8)]
+    parallel: usize,
+    /// Token budget of one step: decode tokens first, prompt chunks fill the rest.
+    #[arg(long, default_value_t = 512)]
+    max_batch_tokens: usize,
+    /// KV cache size in blocks of 16 tokens (overrides --kv-mem).
+    #[arg(long)]
+    kv_blocks: Option<usize>,
+    /// KV cache memory, e.g. 512M or 2G; default: room for --parallel full contexts,
+    /// capped at 40% of available memory.
+    #[arg(long, value_parser = parse_size)]
+    kv_mem: Option<u64>,
+    /// Requests that may wait for admission; beyond this, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue_size: usize,
+    /// Compute each prompt in one step instead of chunks (for comparison).
+    #[arg(long)]
+    no_chunked_prefill: bool,
+    /// Disable sharing of cached prompt prefixes.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body: usize,
+    /// Seconds shutdown waits for in-flight requests before ending them.
+    #[arg(long, default_value_t = 60)]
+    drain_timeout: u64,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t
+        .to_ascii_lowercase()
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+    {
+        x if x.ends_with('k') => (x[..x.len() - 1].to_string(), 1u64 << 10),
+        x if x.ends_with('m') => (x[..x.len() - 1].to_string(), 1 << 20),
+        x if x.ends_with('g') => (x[..x.len() - 1].to_string(), 1 << 30),
+        x => (x.to_string(), 1),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?} (use e.g. 512M or 2G)"))?;
+    if !(v > 0.0 && v.is_finite()) {
+        return Err(format!("size must be positive: {s:?}"));
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+fn main() {
+    // llama.cpp spells the parallel-sequences flag `-np`.
+    let argv = std::env::args().map(|a| if a == "-np" { "--parallel".into() } else { a });
+    let a = Args::parse_from(argv);
+    if a.parallel == 0 || a.queue_size == 0 || a.max_batch_tokens == 0 {
+        eprintln!("rserve: --parallel, --queue-size and --max-batch-tokens must be at least 1");
+        std::process::exit(2);
+    }
+    let cfg = ServerConfig {
+        host: a.host,
+        port: a.port,
+        engine: EngineConfig {
+            model: a.model,
+            threads: a
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            n_ctx: a.ctx_size,
+            max_seqs: a.parallel,
+            max_batch_tokens: a.max_batch_tokens,
+            kv_blocks: a.kv_blocks,
+            kv_mem_bytes: a.kv_mem,
+            queue_size: a.queue_size,
+            chunked_prefill: !a.no_chunked_prefill,
+            prefix_caching: !a.no_prefix_cache,
+        },
+        max_body_bytes: a.max_body,
+        drain_timeout: Duration::from_secs(a.drain_timeout),
+        handle_signals: true,
+        ..ServerConfig::default()
+    };
+    let srv = match server::start(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rserve: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    eprintln!(
+        "rserve: listening on {} (/health is 503 until the model is loaded)",
+        srv.url()
+    );
+    let failed = srv.wait_ready(Duration::from_secs(3600)).err();
+    if let Some(e) = &failed {
+        eprintln!("rserve: {e:#}");
+        srv.begin_shutdown();
+    }
+    srv.join();
+    if failed.is_some() {
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_size("lots").is_err());
+    }
+}

@@ -1,0 +1,907 @@
+//! The engine: one dedicated OS thread (never a tokio worker) that loads the model and then
+//! owns the model, KV cache, workspace and compute thread pool, running the batch loop:
+//! take new requests, drop those whose client went away, ask the scheduler for a step,
+//! run the forward pass, sample, and send token events back on each request's own channel.
+//!
+//! Handlers talk to it only through [`Engine::submit`] (admission control: readiness and the
+//! bounded queue) and the events on their channel; every accepted request gets exactly one
+//! terminal event ([`Event::Done`] or [`Event::Error`]) unless its receiver is dropped.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use runtime::chat::ChatTemplate;
+use runtime::gguf::GgufFile;
+use runtime::kv::{KvCache, SeqId};
+use runtime::model::{Logits, Model, SeqBatch, Workspace};
+use runtime::pool::ThreadPool;
+use runtime::sampling::{Sampler, SamplingParams};
+use runtime::tokenizer::{StreamDecoder, Tokenizer};
+use tokio::sync::mpsc;
+
+use crate::error::{ApiError, ApiErrorKind};
+use crate::metrics::{Metrics, Outcome};
+use crate::scheduler::{Scheduler, SchedulerConfig, SeqEntry};
+use crate::text::StopMatcher;
+
+pub const BLOCK_SIZE: usize = 16;
+
+/// Engine settings; `None` means "size it from the model and memory".
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Registry name or path.
+    pub model: String,
+    pub threads: usize,
+    /// Per-sequence context (prompt + generated).
+    pub n_ctx: Option<usize>,
+    pub max_seqs: usize,
+    pub max_batch_tokens: usize,
+    pub kv_blocks: Option<usize>,
+    pub kv_mem_bytes: Option<u64>,
+    /// Accepted requests waiting for admission, beyond which submit answers 429.
+    pub queue_size: usize,
+    pub chunked_prefill: bool,
+    pub prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model: "smollm2-135m".into(),
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n_ctx: None,
+            max_seqs: 8,
+            max_batch_tokens: 512,
+            kv_blocks: None,
+            kv_mem_bytes: None,
+            queue_size: 64,
+            chunked_prefill: true,
+            prefix_caching: true,
+        }
+    }
+}
+
+/// What a request asks to generate.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Report the chosen token's logprob and this many alternatives.
+    pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
+}
+
+pub struct GenRequest {
+    pub prompt: Vec<u32>,
+    pub params: GenParams,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub arrival: Instant,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub chosen: TopLogprob,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// One generated token: its text so far released (may be empty while a UTF-8 sequence
+    /// or a possible stop string is held back).
+    Token {
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
+    /// The end: any text still held back, why it ended, and the token counts.
+    Done {
+        text: String,
+        finish: FinishReason,
+        usage: Usage,
+    },
+    Error(ApiError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    Loading = 0,
+    Ready = 1,
+    Draining = 2,
+    Failed = 3,
+}
+
+/// What handlers need once the model is loaded.
+pub struct ModelInfo {
+    pub id: String,
+    pub path: PathBuf,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub created: u64,
+    pub sizing: Sizing,
+}
+
+/// The memory plan printed at startup.
+#[derive(Clone, Debug)]
+pub struct Sizing {
+    pub weight_bytes: u64,
+    pub kv_blocks: usize,
+    pub kv_bytes: usize,
+    pub kv_tokens: usize,
+    pub kv_bytes_per_token: usize,
+    pub n_ctx: usize,
+    pub max_seqs: usize,
+    pub max_batch_tokens: usize,
+    pub threads: usize,
+}
+
+/// State shared between the engine thread and the handlers.
+pub struct Shared {
+    state: AtomicU8,
+    /// Accepted requests not yet admitted into the running batch.
+    queued: AtomicUsize,
+    pub queue_size: usize,
+    pub metrics: Mutex<Metrics>,
+    pub info: OnceLock<ModelInfo>,
+    pub load_error: OnceLock<String>,
+}
+
+impl Shared {
+    pub fn state(&self) -> State {
+        match self.state.load(Ordering::Acquire) {
+            0 => State::Loading,
+            1 => State::Ready,
+            2 => State::Draining,
+            _ => State::Failed,
+        }
+    }
+
+    fn set_state(&self, s: State) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    pub fn metrics(&self) -> std::sync::MutexGuard<'_, Metrics> {
+        // A panic elsewhere never leaves the metrics half-updated in a way that matters.
+        self.metrics.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn count(&self, o: Outcome) {
+        self.metrics().count(o);
+    }
+}
+
+enum Msg {
+    Submit(GenRequest),
+    ResetPrefixCache,
+    Stop,
+}
+
+pub struct Engine {
+    tx: Mutex<std_mpsc::Sender<Msg>>,
+    pub shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Starts the engine thread, which loads the model (state `Loading`) and then serves.
+    pub fn start(cfg: EngineConfig) -> Engine {
+        let shared = Arc::new(Shared {
+            state: AtomicU8::new(State::Loading as u8),
+            queued: AtomicUsize::new(0),
+            queue_size: cfg.queue_size,
+            metrics: Mutex::new(Metrics::default()),
+            info: OnceLock::new(),
+            load_error: OnceLock::new(),
+        });
+        let (tx, rx) = std_mpsc::channel();
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("rserve-engine".into())
+            .spawn(move || {
+                let guard = FailOnExit(sh.clone());
+                engine_main(cfg, &sh, rx);
+                std::mem::forget(guard);
+            })
+            .expect("spawn engine thread");
+        Engine {
+            tx: Mutex::new(tx),
+            shared,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    /// Admission control: accepts the request into the queue, or says why not (503 while
+    /// loading, draining or failed; 429 when the queue is full).
+    pub fn submit(&self, req: GenRequest) -> Result<(), ApiError> {
+        match self.shared.state() {
+            State::Ready => {}
+            State::Loading => {
+                return Err(ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the model is still loading",
+                ))
+            }
+            State::Draining => {
+                return Err(ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the server is shutting down",
+                ))
+            }
+            State::Failed => {
+                return Err(ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 30 },
+                    "the engine is not running",
+                ))
+            }
+        }
+        let cap = self.shared.queue_size;
+        if self
+            .shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < cap).then_some(q + 1)
+            })
+            .is_err()
+        {
+            return Err(ApiError::new(
+                ApiErrorKind::Overloaded { retry_after_s: 1 },
+                format!("the server is busy: {cap} requests are already waiting; retry later"),
+            ));
+        }
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if tx.send(Msg::Submit(req)).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ApiError::new(
+                ApiErrorKind::Unavailable { retry_after_s: 30 },
+                "the engine is not running",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forgets every cached prefix (blocks in use stay with their sequences). Takes effect
+    /// before any request submitted after this call.
+    pub fn reset_prefix_cache(&self) -> bool {
+        self.tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Msg::ResetPrefixCache)
+            .is_ok()
+    }
+
+    /// Stops taking requests (submit answers 503) without stopping the engine.
+    pub fn begin_drain(&self) {
+        if self.shared.state() == State::Ready {
+            self.shared.set_state(State::Draining);
+        }
+    }
+
+    /// Stops the engine thread (requests still inside get a 503 error) and joins it.
+    pub fn stop(&self) {
+        self.begin_drain();
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Msg::Stop);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Marks the engine failed if its thread ends by panic (handlers then answer 503 and
+/// waiting handlers see their channels close).
+struct FailOnExit(Arc<Shared>);
+
+impl Drop for FailOnExit {
+    fn drop(&mut self) {
+        self.0.set_state(State::Failed);
+    }
+}
+
+struct Loaded {
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    kv: KvCache,
+    n_ctx: usize,
+    sizing: Sizing,
+}
+
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Sizes the context and KV cache: explicit settings win; by default the cache holds
+/// `max_seqs` full contexts, capped at 40% of available memory, and never less than one.
+pub fn plan_sizing(
+    cfg: &EngineConfig,
+    n_ctx_train: usize,
+    bytes_per_block: usize,
+    mem_available: Option<u64>,
+) -> Result<(usize, usize), String> {
+    let n_ctx = cfg.n_ctx.unwrap_or(n_ctx_train.min(4096));
+    if n_ctx < 2 {
+        return Err(format!("context {n_ctx} is too small"));
+    }
+    let one_ctx = n_ctx.div_ceil(BLOCK_SIZE);
+    let blocks = match (cfg.kv_blocks, cfg.kv_mem_bytes) {
+        (Some(b), _) => b,
+        (None, Some(m)) => (m / bytes_per_block as u64) as usize,
+        (None, None) => {
+            let want = one_ctx * cfg.max_seqs.max(1);
+            let cap = mem_available.unwrap_or(8 << 30) * 2 / 5 / bytes_per_block as u64;
+            want.min(cap as usize).max(one_ctx)
+        }
+    };
+    if blocks < one_ctx {
+        return Err(format!(
+            "a KV cache of {blocks} blocks ({} tokens) cannot hold one full context of {n_ctx} \
+             tokens; raise --kv-blocks / --kv-mem or lower -c",
+            blocks * BLOCK_SIZE
+        ));
+    }
+    Ok((n_ctx, blocks))
+}
+
+fn load(cfg: &EngineConfig) -> anyhow::Result<(Loaded, ModelInfo)> {
+    let path = runtime::registry::resolve(&cfg.model)?;
+    let file = Arc::new(GgufFile::open(&path)?);
+    let model = Model::from_gguf(file.clone())?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
+    let template = ChatTemplate::from_gguf(&file);
+    let bytes_per_block = model.kv_layout(BLOCK_SIZE, BLOCK_SIZE).total_bytes();
+    let (n_ctx, blocks) = plan_sizing(
+        cfg,
+        model.config.n_ctx_train,
+        bytes_per_block,
+        mem_available(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    if n_ctx > model.config.n_ctx_train {
+        eprintln!(
+            "rserve: warning: context {n_ctx} is beyond the model's training context of {}",
+            model.config.n_ctx_train
+        );
+    }
+    let layout = model.kv_layout(blocks * BLOCK_SIZE, BLOCK_SIZE);
+    let sizing = Sizing {
+        weight_bytes: model.weight_bytes(),
+        kv_blocks: layout.n_blocks,
+        kv_bytes: layout.total_bytes(),
+        kv_tokens: layout.capacity_tokens(),
+        kv_bytes_per_token: layout.bytes_per_token(),
+        n_ctx,
+        max_seqs: cfg.max_seqs,
+        max_batch_tokens: cfg.max_batch_tokens.max(cfg.max_seqs),
+        threads: cfg.threads.max(1),
+    };
+    let kv = KvCache::new(layout);
+    let id = if path.to_string_lossy() == cfg.model || cfg.model.ends_with(".gguf") {
+        path.file_stem()
+            .map_or(cfg.model.clone(), |s| s.to_string_lossy().into_owned())
+    } else {
+        cfg.model.clone()
+    };
+    let info = ModelInfo {
+        id,
+        path: path.clone(),
+        tokenizer: tokenizer.clone(),
+        template,
+        n_ctx,
+        n_vocab: model.config.n_vocab,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        sizing: sizing.clone(),
+    };
+    Ok((
+        Loaded {
+            model,
+            tokenizer,
+            kv,
+            n_ctx,
+            sizing,
+        },
+        info,
+    ))
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<Msg>) {
+    let t0 = Instant::now();
+    let (mut loaded, info) = match load(&cfg) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("rserve: failed to load {}: {e:#}", cfg.model);
+            let _ = shared.load_error.set(format!("{e:#}"));
+            shared.set_state(State::Failed);
+            // Answer anything that raced in, then exit.
+            while let Ok(m) = rx.try_recv() {
+                if let Msg::Submit(r) = m {
+                    shared.queued.fetch_sub(1, Ordering::AcqRel);
+                    let _ = r.events.send(Event::Error(ApiError::new(
+                        ApiErrorKind::Unavailable { retry_after_s: 30 },
+                        "the model failed to load",
+                    )));
+                }
+            }
+            return;
+        }
+    };
+    let s = &loaded.sizing;
+    eprintln!(
+        "rserve: loaded {} ({}) in {:.1}s\n\
+         rserve: model memory {:.1} MiB (weights, memory-mapped)\n\
+         rserve: KV cache memory {:.1} MiB: {} blocks of {} tokens = {} tokens ({:.1} KiB/token)\n\
+         rserve: per-sequence context {} tokens, up to {} sequences, {} tokens per step ({}), \
+         prefix caching {}, {} threads, queue {}",
+        info.id,
+        info.path.display(),
+        t0.elapsed().as_secs_f64(),
+        s.weight_bytes as f64 / MIB,
+        s.kv_bytes as f64 / MIB,
+        s.kv_blocks,
+        BLOCK_SIZE,
+        s.kv_tokens,
+        s.kv_bytes_per_token as f64 / 1024.0,
+        s.n_ctx,
+        s.max_seqs,
+        s.max_batch_tokens,
+        if cfg.chunked_prefill {
+            "chunked prefill"
+        } else {
+            "whole prompts"
+        },
+        if cfg.prefix_caching { "on" } else { "off" },
+        s.threads,
+        cfg.queue_size,
+    );
+    {
+        let mut m = shared.metrics();
+        m.kv_blocks_total = s.kv_blocks;
+        m.kv_blocks_free = s.kv_blocks;
+    }
+    let _ = shared.info.set(info);
+    let pool = ThreadPool::new(loaded.sizing.threads);
+    let sched = Scheduler::new(SchedulerConfig {
+        max_seqs: loaded.sizing.max_seqs,
+        max_batch_tokens: loaded.sizing.max_batch_tokens,
+        chunked_prefill: cfg.chunked_prefill,
+        prefix_caching: cfg.prefix_caching,
+    });
+    let tokenizer = loaded.tokenizer.clone();
+    let mut run = Runner {
+        tok: &tokenizer,
+        model: &loaded.model,
+        kv: &mut loaded.kv,
+        ws: Workspace::default(),
+        pool: &pool,
+        n_ctx: loaded.n_ctx,
+        sched,
+        active: HashMap::new(),
+        next_id: 1,
+        shared,
+    };
+    shared.set_state(State::Ready);
+    run.serve(&rx);
+}
+
+/// Per-request state the scheduler does not need.
+struct Active<'t> {
+    params: GenParams,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    stop: StopMatcher,
+    events: mpsc::UnboundedSender<Event>,
+    arrival: Instant,
+    admitted: bool,
+    last_token_at: Option<Instant>,
+    n_sampled: usize,
+}
+
+impl Active<'_> {
+    /// At the end of generation: the text the decoder and the stop matcher still hold,
+    /// and whether a stop string completed inside it.
+    fn drain_tail(&mut self) -> (String, bool) {
+        let tail = self.decoder.finish();
+        let (mut text, stopped) = self.stop.push(&tail);
+        if !stopped {
+            text.push_str(&self.stop.flush());
+        }
+        (text, stopped)
+    }
+}
+
+/// The chosen token's logprob and the `n` most likely alternatives, from raw logits.
+fn token_logprobs(tok: &Tokenizer, raw: &[f32], chosen: u32, n: usize) -> TokenLogprobs {
+    let max = raw.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + raw.iter().map(|&v| (v - max).exp()).sum::<f32>().ln();
+    let entry = |id: u32| {
+        let bytes = tok.token_to_piece(id, false);
+        TopLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+            logprob: raw[id as usize] - lse,
+        }
+    };
+    let mut idx: Vec<u32> = (0..raw.len() as u32).collect();
+    let by_desc = |a: &u32, b: &u32| raw[*b as usize].total_cmp(&raw[*a as usize]).then(a.cmp(b));
+    let n = n.min(idx.len());
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by_desc);
+    }
+    idx.truncate(n);
+    idx.sort_unstable_by(by_desc);
+    TokenLogprobs {
+        chosen: entry(chosen),
+        top: idx.into_iter().map(entry).collect(),
+    }
+}
+
+struct Runner<'a> {
+    tok: &'a Tokenizer,
+    model: &'a Model,
+    kv: &'a mut KvCache,
+    ws: Workspace,
+    pool: &'a ThreadPool,
+    n_ctx: usize,
+    sched: Scheduler,
+    active: HashMap<SeqId, Active<'a>>,
+    next_id: SeqId,
+    shared: &'a Shared,
+}
+
+impl<'a> Runner<'a> {
+    fn serve(&mut self, rx: &std_mpsc::Receiver<Msg>) {
+        loop {
+            // Block only when there is nothing to compute.
+            if self.sched.is_idle() {
+                match rx.recv() {
+                    Ok(Msg::Submit(r)) => self.accept(r),
+                    Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
+                    Ok(Msg::Stop) | Err(_) => break,
+                }
+            }
+            let mut stop = false;
+            loop {
+                match rx.try_recv() {
+                    Ok(Msg::Submit(r)) => self.accept(r),
+                    Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
+                    Ok(Msg::Stop) => stop = true,
+                    Err(std_mpsc::TryRecvError::Empty) => break,
+                    Err(std_mpsc::TryRecvError::Disconnected) => {
+                        stop = true;
+                        break;
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+            self.drop_cancelled();
+            if !self.sched.is_idle() {
+                self.step();
+            }
+            self.update_gauges();
+        }
+        // Shutdown: whatever is still inside gets an explicit error.
+        for id in self.sched.ids() {
+            self.end_with_error(
+                id,
+                ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the server is shutting down",
+                ),
+                Outcome::Unavailable,
+            );
+        }
+        while let Ok(m) = rx.try_recv() {
+            if let Msg::Submit(r) = m {
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                self.shared.count(Outcome::Unavailable);
+                let _ = r.events.send(Event::Error(ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the server is shutting down",
+                )));
+            }
+        }
+        self.update_gauges();
+    }
+
+    fn accept(&mut self, r: GenRequest) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut sampler = Sampler::new(r.params.sampling.clone());
+        for &t in &r.prompt {
+            sampler.accept(t);
+        }
+        self.active.insert(
+            id,
+            Active {
+                stop: StopMatcher::new(r.params.stop.clone()),
+                params: r.params,
+                sampler,
+                decoder: StreamDecoder::new(self.tok, true),
+                events: r.events,
+                arrival: r.arrival,
+                admitted: false,
+                last_token_at: None,
+                n_sampled: 0,
+            },
+        );
+        self.sched.add(SeqEntry::new(id, r.prompt));
+    }
+
+    /// Frees at once every sequence whose client went away.
+    fn drop_cancelled(&mut self) {
+        let gone: Vec<SeqId> = self
+            .active
+            .iter()
+            .filter(|(_, a)| a.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.remove(id, Outcome::Cancelled);
+        }
+    }
+
+    fn remove(&mut self, id: SeqId, outcome: Outcome) -> Option<(SeqEntry, Active<'a>)> {
+        let e = self.sched.remove(id, self.kv);
+        let a = self.active.remove(&id)?;
+        if !a.admitted {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.shared.count(outcome);
+        Some((e?, a))
+    }
+
+    fn end_with_error(&mut self, id: SeqId, err: ApiError, outcome: Outcome) {
+        if let Some((_, a)) = self.remove(id, outcome) {
+            let _ = a.events.send(Event::Error(err));
+        }
+    }
+
+    fn step(&mut self) {
+        let plan = self.sched.schedule(self.kv);
+        let now = Instant::now();
+        {
+            let mut m = self.shared.metrics();
+            m.preemptions += plan.preempted.len() as u64;
+            for &id in &plan.admitted {
+                let (Some(a), Some(e)) = (self.active.get_mut(&id), self.sched.get(id)) else {
+                    continue;
+                };
+                if !a.admitted {
+                    a.admitted = true;
+                    self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                    m.prompt_tokens += e.n_prompt as u64;
+                    m.prefix_cache_queries += e.n_prompt as u64;
+                    m.prefix_cache_hits += e.cached_tokens as u64;
+                    m.queue_time
+                        .observe(now.duration_since(a.arrival).as_secs_f64());
+                }
+            }
+        }
+        if plan.items.is_empty() {
+            // Nothing runnable (cannot happen with work queued, by the scheduler's progress
+            // guarantee); never spin hot if it does.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            return;
+        }
+        let batch: Vec<SeqBatch<'_>> = plan
+            .items
+            .iter()
+            .map(|it| {
+                let e = self.sched.get(it.seq).expect("planned sequence exists");
+                SeqBatch {
+                    seq: it.seq,
+                    tokens: &e.tokens[it.start..it.start + it.len],
+                    logits: if it.logits {
+                        Logits::Last
+                    } else {
+                        Logits::None
+                    },
+                }
+            })
+            .collect();
+        let res = self
+            .model
+            .forward(&batch, self.kv, &mut self.ws, self.pool, self.n_ctx);
+        drop(batch);
+        self.shared.metrics().steps += 1;
+        if let Err(e) = res {
+            // A bug, not a capacity problem (the plan fits by construction): fail the
+            // sequences of this batch loudly and keep serving the others.
+            eprintln!("rserve: forward pass failed: {e}");
+            for it in &plan.items {
+                self.end_with_error(
+                    it.seq,
+                    ApiError::new(ApiErrorKind::Internal, format!("forward pass failed: {e}")),
+                    Outcome::Error,
+                );
+            }
+            return;
+        }
+        self.sched.complete(&plan, self.kv);
+        let nv = self.model.config.n_vocab;
+        for (r, it) in plan.items.iter().filter(|i| i.logits).enumerate() {
+            self.on_logits(it.seq, r * nv..(r + 1) * nv);
+        }
+    }
+
+    fn on_logits(&mut self, id: SeqId, rows: std::ops::Range<usize>) {
+        let now = Instant::now();
+        let tok = self.tok;
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        let logits = &mut self.ws.logits[rows];
+        // Logprobs are of the model's distribution, before penalties and temperature.
+        let raw = a.params.logprobs.map(|_| logits.to_vec());
+        let t = a.sampler.sample(logits);
+        a.n_sampled += 1;
+        {
+            let mut m = self.shared.metrics();
+            m.generation_tokens += 1;
+            match a.last_token_at {
+                None => m.ttft.observe(now.duration_since(a.arrival).as_secs_f64()),
+                Some(prev) => m.itl.observe(now.duration_since(prev).as_secs_f64()),
+            }
+        }
+        a.last_token_at = Some(now);
+        if tok.is_eog(t) && !a.params.ignore_eos {
+            let (text, _) = a.drain_tail();
+            self.finish(id, FinishReason::Stop, text);
+            return;
+        }
+        a.sampler.accept(t);
+        let piece = a.decoder.push(t);
+        let (text, stopped) = a.stop.push(&piece);
+        let logprobs = a
+            .params
+            .logprobs
+            .zip(raw)
+            .map(|(n, raw)| token_logprobs(tok, &raw, t, n));
+        let _ = a.events.send(Event::Token {
+            id: t,
+            text,
+            logprobs,
+        });
+        if stopped {
+            self.finish(id, FinishReason::Stop, String::new());
+            return;
+        }
+        let n_tokens = self.sched.get(id).map_or(0, |e| e.tokens.len()) + 1;
+        if a.n_sampled >= a.params.max_tokens || n_tokens > self.n_ctx {
+            let (text, stopped) = a.drain_tail();
+            let reason = if stopped {
+                FinishReason::Stop
+            } else {
+                FinishReason::Length
+            };
+            self.finish(id, reason, text);
+            return;
+        }
+        self.sched.append_token(id, t);
+    }
+
+    fn finish(&mut self, id: SeqId, reason: FinishReason, text: String) {
+        let outcome = match reason {
+            FinishReason::Stop => Outcome::Stop,
+            FinishReason::Length => Outcome::Length,
+        };
+        let Some((e, a)) = self.remove(id, outcome) else {
+            return;
+        };
+        let usage = Usage {
+            prompt_tokens: e.n_prompt,
+            completion_tokens: a.n_sampled,
+            cached_tokens: e.cached_tokens,
+        };
+        self.shared
+            .metrics()
+            .e2e
+            .observe(a.arrival.elapsed().as_secs_f64());
+        let _ = a.events.send(Event::Done {
+            text,
+            finish: reason,
+            usage,
+        });
+    }
+
+    fn update_gauges(&mut self) {
+        let mut m = self.shared.metrics();
+        m.running = self.sched.n_running();
+        m.waiting = self.sched.n_waiting();
+        m.kv_blocks_used = self.kv.used_blocks();
+        m.kv_blocks_free = self.kv.free_blocks();
+        m.kv_blocks_cached = self.kv.cached_blocks();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizing_defaults_and_limits() {
+        let cfg = EngineConfig {
+            max_seqs: 4,
+            ..EngineConfig::default()
+        };
+        let block = 16 * 1024; // bytes per 16-token block
+                               // Default: max_seqs full contexts of min(train, 4096).
+        assert_eq!(
+            plan_sizing(&cfg, 8192, block, Some(64 << 30)),
+            Ok((4096, 4 * 256))
+        );
+        // Capped at 40% of available memory, but never below one context.
+        assert_eq!(
+            plan_sizing(&cfg, 8192, block, Some(1000 * block as u64)),
+            Ok((4096, 400))
+        );
+        assert_eq!(
+            plan_sizing(&cfg, 8192, block, Some(10 * block as u64)),
+            Ok((4096, 256))
+        );
+        // Explicit sizes win; too small for one context is an error naming both numbers.
+        let small = EngineConfig {
+            n_ctx: Some(1024),
+            kv_blocks: Some(32),
+            ..cfg.clone()
+        };
+        let e = plan_sizing(&small, 8192, block, None).unwrap_err();
+        assert!(e.contains("512 tokens") && e.contains("1024"), "{e}");
+        let mem = EngineConfig {
+            n_ctx: Some(512),
+            kv_mem_bytes: Some(100 * block as u64),
+            ..cfg
+        };
+        assert_eq!(plan_sizing(&mem, 8192, block, None), Ok((512, 100)));
+    }
+}

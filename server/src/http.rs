@@ -1,0 +1,642 @@
+//! HTTP: axum routes over the engine, SSE streaming, and a server that starts listening
+//! at once (`/health` says 503 while the model loads) and drains on shutdown.
+//!
+//! Handlers run on a small tokio runtime; they parse and tokenize, then hand the engine a
+//! request carrying its own event channel. A client that goes away drops that channel,
+//! which the engine notices on its next step and frees the sequence.
+
+use std::convert::Infallible;
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+use crate::api::{self, Kind, RawRequest, ResponseMeta};
+use crate::engine::{Engine, EngineConfig, Event, GenRequest, ModelInfo, State as EngineState};
+use crate::error::{ApiError, ApiErrorKind};
+use crate::metrics::Outcome;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0 picks a free port.
+    pub port: u16,
+    pub engine: EngineConfig,
+    pub max_body_bytes: usize,
+    /// Tokio worker threads for HTTP (the engine has its own threads).
+    pub http_threads: usize,
+    /// How long shutdown waits for in-flight requests before ending them with an error.
+    pub drain_timeout: Duration,
+    /// Listen for SIGINT / SIGTERM (the binary does; tests do not).
+    pub handle_signals: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            engine: EngineConfig::default(),
+            max_body_bytes: 4 << 20,
+            http_threads: 2,
+            drain_timeout: Duration::from_secs(60),
+            handle_signals: false,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+}
+
+pub fn router(engine: Arc<Engine>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(AppState { engine })
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ApiErrorKind::NotFound, "no such route")
+}
+
+async fn method_not_allowed() -> Response {
+    let mut r = ApiError::new(
+        ApiErrorKind::InvalidRequest,
+        "method not allowed on this route",
+    )
+    .into_response();
+    *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    r
+}
+
+fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(ApiErrorKind::PayloadTooLarge, "request body is too large")
+    } else {
+        ApiError::new(
+            ApiErrorKind::InvalidRequest,
+            format!("cannot read the request body: {}", e.body_text()),
+        )
+    }
+}
+
+fn loaded(st: &AppState) -> Result<&ModelInfo, ApiError> {
+    st.engine.shared.info.get().ok_or_else(|| {
+        ApiError::new(
+            ApiErrorKind::Unavailable { retry_after_s: 5 },
+            "the model is still loading",
+        )
+    })
+}
+
+fn outcome_of(e: &ApiError) -> Outcome {
+    match e.kind {
+        ApiErrorKind::Overloaded { .. } => Outcome::RejectedQueueFull,
+        ApiErrorKind::Unavailable { .. } => Outcome::Unavailable,
+        ApiErrorKind::Internal => Outcome::Error,
+        _ => Outcome::Invalid,
+    }
+}
+
+async fn completions(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(st, Kind::Completion, body).await
+}
+
+async fn chat_completions(
+    State(st): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(st, Kind::Chat, body).await
+}
+
+async fn generate(st: AppState, kind: Kind, body: Result<Bytes, BytesRejection>) -> Response {
+    let arrival = Instant::now();
+    let shared = st.engine.shared.clone();
+    shared.metrics().requests_received += 1;
+    // Parsing, chat templating and tokenizing a (possibly megabyte) prompt is CPU work:
+    // keep it off the async workers.
+    let engine = st.engine.clone();
+    let prepared = tokio::task::spawn_blocking(move || {
+        let body = body.map_err(body_error)?;
+        let info = engine.shared.info.get().ok_or_else(|| {
+            ApiError::new(
+                ApiErrorKind::Unavailable { retry_after_s: 5 },
+                "the model is still loading",
+            )
+        })?;
+        let raw: RawRequest = api::parse_json(&body)?;
+        let parsed = api::parse_request(kind, &raw, &info.tokenizer, &info.template, info.n_ctx)?;
+        Ok::<_, ApiError>((parsed, info.id.clone()))
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError::new(
+            ApiErrorKind::Internal,
+            format!("request preparation failed: {e}"),
+        ))
+    });
+    let (parsed, model_id) = match prepared {
+        Ok(x) => x,
+        Err(e) => {
+            shared.count(outcome_of(&e));
+            return e.into_response();
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let req = GenRequest {
+        prompt: parsed.prompt,
+        params: parsed.params,
+        events: tx,
+        arrival,
+    };
+    if let Err(e) = st.engine.submit(req) {
+        shared.count(outcome_of(&e));
+        return e.into_response();
+    }
+    let meta = ResponseMeta {
+        kind,
+        id: api::new_id(kind),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: model_id,
+    };
+    if parsed.stream {
+        stream_response(meta, rx, parsed.include_usage, shared)
+    } else {
+        collect_response(meta, rx, shared).await
+    }
+}
+
+async fn collect_response(
+    meta: ResponseMeta,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    shared: Arc<crate::engine::Shared>,
+) -> Response {
+    let mut text = String::new();
+    let mut lps = Vec::new();
+    let mut want_lp = false;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token {
+                text: t, logprobs, ..
+            } => {
+                text.push_str(&t);
+                if let Some(l) = logprobs {
+                    want_lp = true;
+                    lps.push(l);
+                }
+            }
+            Event::Done {
+                text: t,
+                finish,
+                usage,
+            } => {
+                text.push_str(&t);
+                let lp = want_lp.then_some(&lps[..]);
+                return Json(meta.full(&text, finish, &usage, lp)).into_response();
+            }
+            Event::Error(e) => return e.into_response(),
+        }
+    }
+    shared.count(Outcome::Error);
+    ApiError::new(
+        ApiErrorKind::Internal,
+        "the engine stopped before finishing this request",
+    )
+    .into_response()
+}
+
+fn sse(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+struct SseState {
+    rx: mpsc::UnboundedReceiver<Event>,
+    meta: ResponseMeta,
+    include_usage: bool,
+    text_offset: usize,
+    out: std::collections::VecDeque<Bytes>,
+    finished: bool,
+    shared: Arc<crate::engine::Shared>,
+}
+
+impl SseState {
+    fn on_event(&mut self, ev: Option<Event>) {
+        match ev {
+            Some(Event::Token { text, logprobs, .. }) => {
+                if text.is_empty() && logprobs.is_none() {
+                    return;
+                }
+                let lp = logprobs.map(|l| {
+                    api::logprobs_json(self.meta.kind, std::slice::from_ref(&l), self.text_offset)
+                });
+                self.text_offset += text.len();
+                self.out
+                    .push_back(sse(&self.meta.text_chunk(&text, lp, None)));
+            }
+            Some(Event::Done {
+                text,
+                finish,
+                usage,
+            }) => {
+                if !text.is_empty() {
+                    self.out
+                        .push_back(sse(&self.meta.text_chunk(&text, None, None)));
+                }
+                self.out
+                    .push_back(sse(&self.meta.text_chunk("", None, Some(finish))));
+                if self.include_usage {
+                    self.out.push_back(sse(&self.meta.usage_chunk(&usage)));
+                }
+                self.end();
+            }
+            Some(Event::Error(e)) => {
+                self.out
+                    .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
+                self.end();
+            }
+            None => {
+                self.shared.count(Outcome::Error);
+                let e = ApiError::new(
+                    ApiErrorKind::Internal,
+                    "the engine stopped before finishing this request",
+                );
+                self.out
+                    .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
+                self.end();
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.finished = true;
+    }
+}
+
+fn stream_response(
+    meta: ResponseMeta,
+    rx: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    shared: Arc<crate::engine::Shared>,
+) -> Response {
+    let mut st = SseState {
+        rx,
+        include_usage,
+        text_offset: 0,
+        out: Default::default(),
+        finished: false,
+        shared,
+        meta,
+    };
+    if let Some(first) = st.meta.first_chunk() {
+        st.out.push_back(sse(&first));
+    }
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.finished {
+                return None;
+            }
+            let ev = st.rx.recv().await;
+            st.on_event(ev);
+        }
+    });
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+async fn models(State(st): State<AppState>) -> Response {
+    match loaded(&st) {
+        Ok(info) => Json(json!({
+            "object": "list",
+            "data": [{
+                "id": info.id,
+                "object": "model",
+                "created": info.created,
+                "owned_by": "rserve",
+                "max_model_len": info.n_ctx,
+            }],
+        }))
+        .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    let sh = &st.engine.shared;
+    let (code, body) = match sh.state() {
+        EngineState::Ready => (StatusCode::OK, json!({"status": "ok"})),
+        EngineState::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "loading"}),
+        ),
+        EngineState::Draining => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"}),
+        ),
+        EngineState::Failed => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "failed", "error": sh.load_error.get()}),
+        ),
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    let sh = &st.engine.shared;
+    let queued = sh.queued();
+    let text = {
+        let mut m = sh.metrics();
+        m.queued = queued;
+        m.render()
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn reset_prefix_cache(State(st): State<AppState>) -> Response {
+    if st.engine.reset_prefix_cache() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        ApiError::new(
+            ApiErrorKind::Unavailable { retry_after_s: 30 },
+            "the engine is not running",
+        )
+        .into_response()
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    prompt: Option<String>,
+    messages: Option<Value>,
+    add_special: Option<bool>,
+    add_generation_prompt: Option<bool>,
+}
+
+async fn tokenize(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = (|| {
+        let body = body.map_err(body_error)?;
+        let info = loaded(&st)?;
+        let req: TokenizeRequest = api::parse_json(&body)?;
+        let tokens = match (&req.prompt, &req.messages) {
+            (Some(p), None) => info
+                .tokenizer
+                .encode(p, req.add_special.unwrap_or(true), true),
+            (None, Some(_)) => {
+                let msgs = api::chat_messages(&req.messages)?;
+                api::chat_prompt(
+                    &msgs,
+                    req.add_generation_prompt.unwrap_or(true),
+                    &info.template,
+                    &info.tokenizer,
+                )?
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ApiErrorKind::InvalidRequest,
+                    "give either prompt (a string) or messages",
+                ))
+            }
+        };
+        Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": info.n_ctx}))
+    })();
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<i64>,
+}
+
+async fn detokenize(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r = (|| {
+        let body = body.map_err(body_error)?;
+        let info = loaded(&st)?;
+        let req: DetokenizeRequest = api::parse_json(&body)?;
+        let n = info.n_vocab as i64;
+        if let Some(bad) = req.tokens.iter().find(|&&t| !(0..n).contains(&t)) {
+            return Err(ApiError::invalid_param(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary [0, {n})"),
+            ));
+        }
+        let ids: Vec<u32> = req.tokens.iter().map(|&t| t as u32).collect();
+        Ok(json!({"prompt": info.tokenizer.decode(&ids, false)}))
+    })();
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A server running on its own threads (HTTP runtime + engine).
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningServer {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Waits until the model is loaded; errors if loading failed or took too long.
+    pub fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        loop {
+            match self.engine.shared.state() {
+                EngineState::Ready => return Ok(()),
+                EngineState::Failed | EngineState::Draining => {
+                    anyhow::bail!(
+                        "server is not serving: {}",
+                        self.engine
+                            .shared
+                            .load_error
+                            .get()
+                            .map_or("stopped", |s| s.as_str())
+                    )
+                }
+                EngineState::Loading if t0.elapsed() > limit => {
+                    anyhow::bail!("model still loading after {limit:?}")
+                }
+                EngineState::Loading => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Starts a graceful shutdown: new requests get 503, in-flight ones finish.
+    pub fn begin_shutdown(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Shuts down gracefully and waits until everything has stopped.
+    pub fn shutdown(mut self) {
+        self.begin_shutdown();
+        self.join_inner();
+    }
+
+    /// Waits for the server to stop (after a signal or `begin_shutdown`).
+    pub fn join(mut self) {
+        self.join_inner();
+    }
+
+    fn join_inner(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.begin_shutdown();
+        self.join_inner();
+    }
+}
+
+/// Binds, starts the engine (which loads the model in the background) and serves.
+pub fn start(cfg: ServerConfig) -> anyhow::Result<RunningServer> {
+    let listener = std::net::TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", cfg.host, cfg.port))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.http_threads.max(1))
+        .thread_name("rserve-http")
+        .enable_all()
+        .build()?;
+    let engine = Arc::new(Engine::start(cfg.engine.clone()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let eng = engine.clone();
+    let stop_for_signals = stop_tx.clone();
+    let thread = std::thread::Builder::new()
+        .name("rserve-http-main".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                if cfg.handle_signals {
+                    tokio::spawn(async move {
+                        wait_for_signal().await;
+                        eprintln!("rserve: shutting down: draining in-flight requests");
+                        let _ = stop_for_signals.send(true);
+                    });
+                }
+                if let Err(e) = serve(listener, eng, &cfg, stop_rx).await {
+                    eprintln!("rserve: server error: {e:#}");
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        })?;
+    Ok(RunningServer {
+        addr,
+        engine,
+        stop: stop_tx,
+        thread: Some(thread),
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    engine: Arc<Engine>,
+    cfg: &ServerConfig,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let app = router(engine.clone(), cfg.max_body_bytes);
+    let mut stop2 = stop.clone();
+    let eng = engine.clone();
+    let signal = async move {
+        let mut stop = stop;
+        let _ = stop.wait_for(|s| *s).await;
+        eng.begin_drain();
+    };
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => {
+            r?;
+        }
+        _ = stop2.wait_for(|s| *s) => {
+            // Drain: in-flight requests finish; past the deadline they end with a 503 error.
+            if tokio::time::timeout(cfg.drain_timeout, &mut server).await.is_err() {
+                eprintln!("rserve: drain timeout: ending the remaining requests");
+                let e = engine.clone();
+                let _ = tokio::task::spawn_blocking(move || e.stop()).await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut server).await;
+            }
+        }
+    }
+    let e = engine.clone();
+    let _ = tokio::task::spawn_blocking(move || e.stop()).await;
+    Ok(())
+}

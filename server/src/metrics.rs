@@ -1,0 +1,333 @@
+//! Server metrics in the Prometheus text format. The engine updates gauges once per step
+//! and counters as events happen; handlers count what they reject. Every generation
+//! request that reaches a handler ends in exactly one `rserve_requests_total{outcome}`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Outcome {
+    /// Finished: end of generation or a stop string.
+    Stop,
+    /// Finished: `max_tokens` or the context.
+    Length,
+    /// The client went away.
+    Cancelled,
+    /// 429: admission queue full.
+    RejectedQueueFull,
+    /// 503: loading or shutting down.
+    Unavailable,
+    /// 400/413: bad request.
+    Invalid,
+    /// 500: engine failure.
+    Error,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Stop,
+        Outcome::Length,
+        Outcome::Cancelled,
+        Outcome::RejectedQueueFull,
+        Outcome::Unavailable,
+        Outcome::Invalid,
+        Outcome::Error,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Stop => "stop",
+            Outcome::Length => "length",
+            Outcome::Cancelled => "cancelled",
+            Outcome::RejectedQueueFull => "rejected_queue_full",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Invalid => "invalid",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+    max: f64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+            max: 0.0,
+        }
+    }
+
+    pub fn observe(&mut self, v: f64) {
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            self.counts[i] += 1;
+        }
+        self.sum += v;
+        self.count += 1;
+        self.max = self.max.max(v);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn max(&self) -> f64 {
+        self.max
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+const LATENCY_BOUNDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub requests_received: u64,
+    pub outcomes: BTreeMap<Outcome, u64>,
+    pub running: usize,
+    pub waiting: usize,
+    /// Accepted requests not yet admitted (what `--queue-size` bounds).
+    pub queued: usize,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and those found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_free: usize,
+    pub kv_blocks_cached: usize,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue_time: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests_received: 0,
+            outcomes: Outcome::ALL.iter().map(|&o| (o, 0)).collect(),
+            running: 0,
+            waiting: 0,
+            queued: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
+            preemptions: 0,
+            steps: 0,
+            kv_blocks_total: 0,
+            kv_blocks_used: 0,
+            kv_blocks_free: 0,
+            kv_blocks_cached: 0,
+            ttft: Histogram::new(LATENCY_BOUNDS),
+            itl: Histogram::new(LATENCY_BOUNDS),
+            e2e: Histogram::new(LATENCY_BOUNDS),
+            queue_time: Histogram::new(LATENCY_BOUNDS),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count(&mut self, o: Outcome) {
+        *self.outcomes.entry(o).or_default() += 1;
+    }
+
+    pub fn outcome(&self, o: Outcome) -> u64 {
+        self.outcomes.get(&o).copied().unwrap_or(0)
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let mut one = |name: &str, ty: &str, help: &str, v: f64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}");
+        };
+        one(
+            "rserve_requests_received_total",
+            "counter",
+            "Generation requests received (each ends in one rserve_requests_total outcome).",
+            self.requests_received as f64,
+        );
+        one(
+            "rserve_requests_running",
+            "gauge",
+            "Sequences in the running batch.",
+            self.running as f64,
+        );
+        one(
+            "rserve_requests_waiting",
+            "gauge",
+            "Sequences waiting for admission (queued or preempted).",
+            self.waiting as f64,
+        );
+        one(
+            "rserve_requests_queued",
+            "gauge",
+            "Accepted requests not yet admitted (bounded by --queue-size; beyond it, 429).",
+            self.queued as f64,
+        );
+        one(
+            "rserve_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of admitted requests.",
+            self.prompt_tokens as f64,
+        );
+        one(
+            "rserve_generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            self.generation_tokens as f64,
+        );
+        one(
+            "rserve_prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            self.prefix_cache_queries as f64,
+        );
+        one(
+            "rserve_prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens served from the prefix cache.",
+            self.prefix_cache_hits as f64,
+        );
+        one(
+            "rserve_preemptions_total",
+            "counter",
+            "Sequences preempted for KV blocks (recomputed later).",
+            self.preemptions as f64,
+        );
+        one(
+            "rserve_engine_steps_total",
+            "counter",
+            "Batches run by the engine.",
+            self.steps as f64,
+        );
+        one(
+            "rserve_kv_blocks_total",
+            "gauge",
+            "KV cache blocks.",
+            self.kv_blocks_total as f64,
+        );
+        one(
+            "rserve_kv_blocks_used",
+            "gauge",
+            "KV blocks held by sequences.",
+            self.kv_blocks_used as f64,
+        );
+        one(
+            "rserve_kv_blocks_free",
+            "gauge",
+            "KV blocks free to allocate, including cached prefix blocks no sequence holds.",
+            self.kv_blocks_free as f64,
+        );
+        one(
+            "rserve_kv_blocks_cached",
+            "gauge",
+            "Free KV blocks that still hold a cached prefix (evictable).",
+            self.kv_blocks_cached as f64,
+        );
+        let _ = writeln!(
+            s,
+            "# HELP rserve_requests_total Generation requests by outcome.\n# TYPE rserve_requests_total counter"
+        );
+        for o in Outcome::ALL {
+            let _ = writeln!(
+                s,
+                "rserve_requests_total{{outcome=\"{}\"}} {}",
+                o.label(),
+                self.outcome(o)
+            );
+        }
+        self.ttft.render(
+            &mut s,
+            "rserve_time_to_first_token_seconds",
+            "From arrival to the first generated token.",
+        );
+        self.itl.render(
+            &mut s,
+            "rserve_inter_token_latency_seconds",
+            "Between consecutive generated tokens of a request.",
+        );
+        self.e2e.render(
+            &mut s,
+            "rserve_request_duration_seconds",
+            "From arrival to the end of a finished request.",
+        );
+        self.queue_time.render(
+            &mut s,
+            "rserve_queue_time_seconds",
+            "From arrival to first admission into the running batch.",
+        );
+        s
+    }
+}
+
+/// Reads one sample (`name` or `name{labels}`) from Prometheus text; for tests and tools.
+pub fn parse_sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_and_parses_back() {
+        let mut m = Metrics {
+            requests_received: 3,
+            ..Metrics::default()
+        };
+        m.count(Outcome::Stop);
+        m.count(Outcome::RejectedQueueFull);
+        m.ttft.observe(0.02);
+        m.ttft.observe(7.0);
+        let t = m.render();
+        assert_eq!(
+            parse_sample(&t, "rserve_requests_received_total"),
+            Some(3.0)
+        );
+        assert_eq!(
+            parse_sample(&t, "rserve_requests_total{outcome=\"rejected_queue_full\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            parse_sample(
+                &t,
+                "rserve_time_to_first_token_seconds_bucket{le=\"0.025\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            parse_sample(&t, "rserve_time_to_first_token_seconds_count"),
+            Some(2.0)
+        );
+        assert_eq!(parse_sample(&t, "rserve_kv_blocks_used"), Some(0.0));
+    }
+}
