@@ -2,4 +2,6 @@
 //! benchmarks.
 
 pub mod engine;
+pub mod report;
+pub mod serve;
 pub mod stats;

@@ -1,0 +1,428 @@
+//! `rbench report FILE… [--html OUT | --md]`: comparison tables and hand-rendered SVG plots
+//! (one self-contained HTML page, no JS, no external assets) from `rbench serve` result
+//! files (JSON lines; a file holding one JSON object, like vLLM's, also works).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde_json::Value;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rbench report",
+    about = "Tables and SVG plots from rbench serve result files"
+)]
+pub struct ReportArgs {
+    /// Result files (JSON lines).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Write a self-contained HTML page here.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Print markdown tables (the default when --html is not given).
+    #[arg(long)]
+    pub md: bool,
+}
+
+/// One sweep point of one file.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub file: String,
+    pub v: Value,
+}
+
+impl Row {
+    fn f(&self, k: &str) -> f64 {
+        self.v.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+    }
+    /// Max concurrency; unlimited = num_prompts.
+    pub fn concurrency(&self) -> f64 {
+        self.v
+            .get("max_concurrency")
+            .and_then(Value::as_f64)
+            .or_else(|| self.v.get("num_prompts").and_then(Value::as_f64))
+            .unwrap_or(f64::NAN)
+    }
+    fn conc_label(&self) -> String {
+        match self.v.get("max_concurrency").and_then(Value::as_u64) {
+            Some(c) => c.to_string(),
+            None => "inf".into(),
+        }
+    }
+    fn success_rate(&self) -> f64 {
+        let sr = self.f("success_rate");
+        if sr.is_nan() {
+            let (c, n) = (self.f("completed"), self.f("failed"));
+            c / (c + n)
+        } else {
+            sr
+        }
+    }
+    fn series(&self) -> String {
+        let ds = self.v.get("dataset").and_then(Value::as_str).unwrap_or("");
+        if ds.is_empty() {
+            self.file.clone()
+        } else {
+            format!("{} [{ds}]", self.file)
+        }
+    }
+}
+
+/// Read result rows from files.
+pub fn load(files: &[PathBuf]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let vals: Vec<Value> = match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Array(a)) => a,
+            Ok(v @ Value::Object(_)) => vec![v],
+            _ => text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    serde_json::from_str(l)
+                        .with_context(|| format!("{}: bad JSON line", f.display()))
+                })
+                .collect::<Result<_>>()?,
+        };
+        rows.extend(vals.into_iter().map(|v| Row {
+            file: name.clone(),
+            v,
+        }));
+    }
+    rows.sort_by(|a, b| {
+        a.file
+            .cmp(&b.file)
+            .then(a.concurrency().total_cmp(&b.concurrency()))
+    });
+    Ok(rows)
+}
+
+const COLS: [&str; 13] = [
+    "file",
+    "dataset",
+    "concurrency",
+    "rate",
+    "ok/total",
+    "success %",
+    "req/s",
+    "out tok/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "E2E p50 / p99 ms",
+];
+
+fn cells(r: &Row) -> Vec<String> {
+    let completed = r.f("completed");
+    let failed = r.f("failed");
+    vec![
+        r.file.clone(),
+        r.v.get("dataset")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        r.conc_label(),
+        match r.v.get("request_rate") {
+            Some(Value::Number(n)) => format!("{n}/s"),
+            _ => "inf".into(),
+        },
+        format!("{}/{}", completed, completed + failed),
+        format!("{:.1}", 100.0 * r.success_rate()),
+        format!("{:.2}", r.f("request_throughput")),
+        format!("{:.1}", r.f("output_throughput")),
+        format!("{:.1}", r.f("median_ttft_ms")),
+        format!("{:.1}", r.f("p99_ttft_ms")),
+        format!("{:.1}", r.f("median_itl_ms")),
+        format!("{:.1}", r.f("p99_itl_ms")),
+        format!("{:.0} / {:.0}", r.f("median_e2el_ms"), r.f("p99_e2el_ms")),
+    ]
+}
+
+/// Markdown comparison table.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut s = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    for r in rows {
+        let _ = writeln!(s, "| {} |", cells(r).join(" | "));
+    }
+    s
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const PALETTE: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// One line series for a plot.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub dashed: bool,
+    pub color: usize,
+}
+
+fn nice_max(v: f64) -> f64 {
+    if v.is_nan() || v <= 0.0 {
+        return 1.0;
+    }
+    let e = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if v <= m * e {
+            return m * e;
+        }
+    }
+    10.0 * e
+}
+
+/// A line chart as inline SVG: log2 x axis (concurrency), linear y axis from 0.
+pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
+    let (w, h, l, r, t, b) = (640.0, 360.0, 70.0, 190.0, 30.0, 45.0);
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| p.0 > 0.0 && p.1.is_finite());
+    let (mut xmin, mut xmax, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    for &(x, y) in pts {
+        xmin = xmin.min(x.log2());
+        xmax = xmax.max(x.log2());
+        ymax = ymax.max(y);
+    }
+    if !xmin.is_finite() {
+        (xmin, xmax) = (0.0, 1.0);
+    }
+    if xmax - xmin < 1e-9 {
+        xmax = xmin + 1.0;
+    }
+    let ymax = nice_max(ymax);
+    let pw = w - l - r;
+    let ph = h - t - b;
+    let sx = |x: f64| l + (x.log2() - xmin) / (xmax - xmin) * pw;
+    let sy = |y: f64| t + ph - y / ymax * ph;
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11"><title>{}</title><rect width="{w}" height="{h}" fill="white"/><text x="{}" y="18" font-size="14" text-anchor="middle">{}</text>"#,
+        esc(title),
+        l + pw / 2.0,
+        esc(title)
+    );
+    for i in 0..=5 {
+        let y = ymax * i as f64 / 5.0;
+        let _ = write!(
+            s,
+            r##"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            l + pw,
+            sy(y),
+            sy(y),
+            l - 5.0,
+            sy(y) + 4.0,
+            fmt_tick(y)
+        );
+    }
+    let mut e = xmin.ceil() as i64;
+    while (e as f64) <= xmax + 1e-9 {
+        let x = 2f64.powi(e as i32);
+        let _ = write!(
+            s,
+            r##"<line x1="{:.1}" x2="{:.1}" y1="{t}" y2="{}" stroke="#eee"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            sx(x),
+            sx(x),
+            t + ph,
+            sx(x),
+            t + ph + 15.0,
+            fmt_tick(x)
+        );
+        e += 1;
+    }
+    let _ = write!(
+        s,
+        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/><text x="{}" y="{}" text-anchor="middle">concurrency (log scale)</text><text transform="translate(15 {}) rotate(-90)" text-anchor="middle">{}</text>"##,
+        l + pw / 2.0,
+        h - 8.0,
+        t + ph / 2.0,
+        esc(y_label)
+    );
+    for (i, se) in series.iter().enumerate() {
+        let color = PALETTE[se.color % PALETTE.len()];
+        let dash = if se.dashed {
+            r#" stroke-dasharray="5 3""#
+        } else {
+            ""
+        };
+        let path: Vec<String> = se
+            .points
+            .iter()
+            .filter(|p| p.0 > 0.0 && p.1.is_finite())
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+            path.join(" ")
+        );
+        for p in &path {
+            let (x, y) = p.split_once(',').unwrap();
+            let _ = write!(s, r#"<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>"#);
+        }
+        let ly = t + 10.0 + 16.0 * i as f64;
+        let _ = write!(
+            s,
+            r#"<line x1="{}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{}">{}</text>"#,
+            l + pw + 10.0,
+            l + pw + 30.0,
+            l + pw + 35.0,
+            ly + 4.0,
+            esc(&se.name.chars().take(26).collect::<String>())
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v == v.round() {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn series_of(
+    rows: &[Row],
+    keys: &[(&str, &str, bool)],
+    f: &dyn Fn(&Row, &str) -> f64,
+) -> Vec<Series> {
+    let mut names: Vec<String> = rows.iter().map(Row::series).collect();
+    names.dedup();
+    let mut out = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        for &(k, suffix, dashed) in keys {
+            out.push(Series {
+                name: format!("{n}{suffix}"),
+                points: rows
+                    .iter()
+                    .filter(|r| &r.series() == n)
+                    .map(|r| (r.concurrency(), f(r, k)))
+                    .collect(),
+                dashed,
+                color: i,
+            });
+        }
+    }
+    out
+}
+
+/// The self-contained HTML report.
+pub fn html(rows: &[Row]) -> String {
+    let get = |r: &Row, k: &str| r.f(k);
+    let plots = [
+        svg_plot(
+            "Output throughput vs concurrency",
+            "output tokens/s",
+            &series_of(rows, &[("output_throughput", "", false)], &get),
+        ),
+        svg_plot(
+            "TTFT vs concurrency",
+            "TTFT ms (solid p50, dashed p99)",
+            &series_of(
+                rows,
+                &[
+                    ("median_ttft_ms", " p50", false),
+                    ("p99_ttft_ms", " p99", true),
+                ],
+                &get,
+            ),
+        ),
+        svg_plot(
+            "ITL vs concurrency",
+            "ITL ms (solid p50, dashed p99)",
+            &series_of(
+                rows,
+                &[
+                    ("median_itl_ms", " p50", false),
+                    ("p99_itl_ms", " p99", true),
+                ],
+                &get,
+            ),
+        ),
+        svg_plot(
+            "Success rate vs concurrency",
+            "success %",
+            &series_of(rows, &[("", "", false)], &|r, _| 100.0 * r.success_rate()),
+        ),
+    ];
+    let mut s = String::from(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>rbench serve report</title><style>body{font-family:sans-serif;margin:20px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.plots svg{margin:6px;border:1px solid #eee}</style></head><body>\n<h1>rbench serve report</h1>\n",
+    );
+    s.push_str("<p>TTFT/TPOT/ITL/E2E as vLLM's <code>bench serve</code> defines them; one row per file × concurrency. Datasets labelled <code>sharegpt-synthetic</code> are generated stand-ins, not ShareGPT.</p>\n<table><tr>");
+    for c in COLS {
+        let _ = write!(s, "<th>{}</th>", esc(c));
+    }
+    s.push_str("</tr>\n");
+    for r in rows {
+        s.push_str("<tr>");
+        for c in cells(r) {
+            let _ = write!(s, "<td>{}</td>", esc(&c));
+        }
+        s.push_str("</tr>\n");
+    }
+    s.push_str("</table>\n<div class=\"plots\">\n");
+    for p in plots {
+        s.push_str(&p);
+        s.push('\n');
+    }
+    s.push_str("</div>\n</body></html>\n");
+    s
+}
+
+/// Entry point for `rbench report ARGS…` (`args[0]` is the subcommand name).
+pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
+    let a = match ReportArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(&a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn run(a: &ReportArgs) -> Result<()> {
+    let rows = load(&a.files)?;
+    if let Some(out) = &a.html {
+        write_file(out, &html(&rows))?;
+        eprintln!("wrote {}", out.display());
+    }
+    if a.md || a.html.is_none() {
+        print!("{}", markdown(&rows));
+    }
+    Ok(())
+}
+
+fn write_file(p: &Path, s: &str) -> Result<()> {
+    std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))
+}

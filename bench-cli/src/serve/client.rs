@@ -1,0 +1,416 @@
+//! Streaming OpenAI-API client for the serving benchmark: a minimal HTTP/1.1 client over
+//! tokio (one connection per request, `Connection: close`, chunked or plain bodies) that
+//! parses the SSE stream and timestamps every content chunk.
+//!
+//! Timing follows vLLM's `bench serve`, with one stated difference: TTFT is taken at the
+//! first chunk that carries **non-empty** content (vLLM's chat client stamps the first chunk
+//! with `choices`, which for most servers is an empty `role` delta).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// Where requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    /// Path of the API route, e.g. `/v1/completions`.
+    pub path: String,
+    pub chat: bool,
+}
+
+impl Endpoint {
+    /// Parse `http://host:port[/prefix]`; the route (`/v1/completions` or
+    /// `/v1/chat/completions`) is appended unless the URL already ends with it.
+    pub fn parse(url: &str, chat: bool) -> anyhow::Result<Endpoint> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow::anyhow!("only http:// URLs are supported: {url}"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), p.parse()?),
+            None => (authority.to_string(), 80),
+        };
+        let route = if chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let path = if path.ends_with("/completions") {
+            path.to_string()
+        } else {
+            format!("{}{route}", path.trim_end_matches("/v1"))
+        };
+        Ok(Endpoint {
+            host,
+            port,
+            path,
+            chat,
+        })
+    }
+}
+
+/// Failure classes, counted separately in the summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// Non-2xx status.
+    HttpStatus,
+    /// Could not connect, or the connection broke.
+    Connection,
+    /// The whole request exceeded `--timeout`.
+    Timeout,
+    /// 200 but no content token at all.
+    EmptyOutput,
+    /// Malformed response (bad SSE / JSON, stream cut before `[DONE]`).
+    Protocol,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 5] = [
+        ErrorKind::HttpStatus,
+        ErrorKind::Connection,
+        ErrorKind::Timeout,
+        ErrorKind::EmptyOutput,
+        ErrorKind::Protocol,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::HttpStatus => "http_status",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::EmptyOutput => "empty_output",
+            ErrorKind::Protocol => "protocol",
+        }
+    }
+}
+
+/// What one request did. Times in seconds.
+#[derive(Debug, Clone, Default)]
+pub struct RequestOutput {
+    pub error: Option<(ErrorKind, String)>,
+    pub prompt_len: usize,
+    /// `usage.completion_tokens`, when the server sent it.
+    pub usage_output_tokens: Option<usize>,
+    /// Number of chunks that carried content.
+    pub content_chunks: usize,
+    pub generated_text: String,
+    pub finish_reason: Option<String>,
+    /// Send → first content chunk.
+    pub ttft: f64,
+    /// Gaps between consecutive content chunks.
+    pub itl: Vec<f64>,
+    /// Send → last content chunk.
+    pub latency: f64,
+    /// Send time relative to the experiment start.
+    pub send_offset: f64,
+    /// Time spent waiting for a concurrency slot (client-side queueing).
+    pub queue_time: f64,
+}
+
+impl RequestOutput {
+    pub fn success(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// Request body: greedy (`temperature: 0`), streaming with usage, `max_tokens` = the
+/// expected output length, `ignore_eos` unset (early EOS is a legitimate finish).
+pub fn request_body(ep: &Endpoint, model: &str, prompt: &str, max_tokens: usize) -> Value {
+    let mut body = json!({
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if ep.chat {
+        body["messages"] = json!([{"role": "user", "content": prompt}]);
+    } else {
+        body["prompt"] = json!(prompt);
+    }
+    body
+}
+
+/// The body stream of an HTTP/1.1 response: chunked or until EOF / content-length.
+struct Body {
+    r: BufReader<TcpStream>,
+    chunked: bool,
+    remaining: Option<usize>,
+    done: bool,
+}
+
+impl Body {
+    async fn next(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.done {
+            return Ok(None);
+        }
+        if self.chunked {
+            let mut line = String::new();
+            if self.r.read_line(&mut line).await? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "stream cut inside chunked body",
+                ));
+            }
+            let size_str = line.trim().split(';').next().unwrap_or("");
+            let size = usize::from_str_radix(size_str, 16).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("bad chunk size {line:?}"),
+                )
+            })?;
+            if size == 0 {
+                self.done = true;
+                return Ok(None);
+            }
+            let mut buf = vec![0; size + 2];
+            self.r.read_exact(&mut buf).await?;
+            buf.truncate(size);
+            Ok(Some(buf))
+        } else {
+            let want = self.remaining.unwrap_or(64 * 1024).min(64 * 1024);
+            if want == 0 {
+                self.done = true;
+                return Ok(None);
+            }
+            let mut buf = vec![0; want];
+            let n = self.r.read(&mut buf).await?;
+            if n == 0 {
+                self.done = true;
+                return Ok(None);
+            }
+            if let Some(r) = &mut self.remaining {
+                *r -= n;
+            }
+            buf.truncate(n);
+            Ok(Some(buf))
+        }
+    }
+}
+
+/// Send one streaming request and time it. Never panics; every failure lands in `error`.
+pub async fn send(
+    ep: &Endpoint,
+    model: &str,
+    prompt: &str,
+    prompt_len: usize,
+    max_tokens: usize,
+    timeout: Duration,
+) -> RequestOutput {
+    let start = Instant::now();
+    let mut out = RequestOutput {
+        prompt_len,
+        ..Default::default()
+    };
+    let body = request_body(ep, model, prompt, max_tokens).to_string();
+    let res = tokio::time::timeout(timeout, run(ep, &body, start, &mut out)).await;
+    match res {
+        Err(_) => {
+            out.error = Some((
+                ErrorKind::Timeout,
+                format!("no complete response within {:.1} s", timeout.as_secs_f64()),
+            ))
+        }
+        Ok(Err(e)) => out.error = Some(e),
+        Ok(Ok(())) => {
+            if out.content_chunks == 0 || out.generated_text.is_empty() {
+                out.error = Some((
+                    ErrorKind::EmptyOutput,
+                    format!(
+                        "no content (finish_reason {:?}, usage tokens {:?})",
+                        out.finish_reason, out.usage_output_tokens
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+async fn run(
+    ep: &Endpoint,
+    body: &str,
+    start: Instant,
+    out: &mut RequestOutput,
+) -> Result<(), (ErrorKind, String)> {
+    let conn = |e: std::io::Error| (ErrorKind::Connection, e.to_string());
+    let stream = TcpStream::connect((ep.host.as_str(), ep.port))
+        .await
+        .map_err(conn)?;
+    stream.set_nodelay(true).ok();
+    let mut r = BufReader::new(stream);
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        ep.path,
+        ep.host,
+        ep.port,
+        body.len()
+    );
+    r.get_mut().write_all(head.as_bytes()).await.map_err(conn)?;
+    r.get_mut().write_all(body.as_bytes()).await.map_err(conn)?;
+
+    let mut status_line = String::new();
+    if r.read_line(&mut status_line).await.map_err(conn)? == 0 {
+        return Err((
+            ErrorKind::Connection,
+            "connection closed before the status line".into(),
+        ));
+    }
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            (
+                ErrorKind::Protocol,
+                format!("bad status line {status_line:?}"),
+            )
+        })?;
+    let mut chunked = false;
+    let mut remaining = None;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).await.map_err(conn)? == 0 {
+            return Err((
+                ErrorKind::Connection,
+                "connection closed inside headers".into(),
+            ));
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            let k = k.trim().to_ascii_lowercase();
+            let v = v.trim();
+            if k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked") {
+                chunked = true;
+            } else if k == "content-length" {
+                remaining = v.parse().ok();
+            }
+        }
+    }
+    let mut body = Body {
+        r,
+        chunked,
+        remaining,
+        done: false,
+    };
+    if !(200..300).contains(&status) {
+        let mut text = Vec::new();
+        while let Ok(Some(b)) = body.next().await {
+            text.extend_from_slice(&b);
+            if text.len() > 2000 {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&text);
+        return Err((
+            ErrorKind::HttpStatus,
+            format!(
+                "HTTP {status}: {}",
+                text.chars().take(300).collect::<String>()
+            ),
+        ));
+    }
+
+    let mut pending = Vec::<u8>::new();
+    let mut last = 0.0f64;
+    let mut saw_done = false;
+    while let Some(bytes) = body.next().await.map_err(|e| {
+        let kind = if e.kind() == std::io::ErrorKind::InvalidData {
+            ErrorKind::Protocol
+        } else {
+            ErrorKind::Connection
+        };
+        (kind, format!("while streaming: {e}"))
+    })? {
+        pending.extend_from_slice(&bytes);
+        while let Some(nl) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim();
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                saw_done = true;
+                continue;
+            }
+            let now = start.elapsed().as_secs_f64();
+            let v: Value = serde_json::from_str(data)
+                .map_err(|e| (ErrorKind::Protocol, format!("bad SSE JSON {data:?}: {e}")))?;
+            if let Some(err) = v.get("error") {
+                return Err((
+                    ErrorKind::HttpStatus,
+                    format!("error event in stream: {err}"),
+                ));
+            }
+            if let Some(c) = v
+                .get("choices")
+                .and_then(Value::as_array)
+                .and_then(|c| c.first())
+            {
+                let text = if ep.chat {
+                    c.pointer("/delta/content")
+                } else {
+                    c.get("text")
+                };
+                if let Some(t) = text.and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    if out.content_chunks == 0 {
+                        out.ttft = now;
+                    } else {
+                        out.itl.push(now - last);
+                    }
+                    last = now;
+                    out.content_chunks += 1;
+                    out.generated_text.push_str(t);
+                }
+                if let Some(fr) = c.get("finish_reason").and_then(Value::as_str) {
+                    out.finish_reason = Some(fr.to_string());
+                }
+            }
+            if let Some(n) = v
+                .pointer("/usage/completion_tokens")
+                .and_then(Value::as_u64)
+            {
+                out.usage_output_tokens = Some(n as usize);
+            }
+        }
+    }
+    if !saw_done {
+        return Err((
+            ErrorKind::Protocol,
+            "stream ended without data: [DONE]".into(),
+        ));
+    }
+    out.latency = last;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_parsing() {
+        let e = Endpoint::parse("http://127.0.0.1:8080", false).unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.path.as_str()),
+            ("127.0.0.1", 8080, "/v1/completions")
+        );
+        let e = Endpoint::parse("http://localhost:9/v1", true).unwrap();
+        assert_eq!(e.path, "/v1/chat/completions");
+        let e = Endpoint::parse("http://h:1/v1/completions/", true).unwrap();
+        assert_eq!(e.path, "/v1/completions");
+        assert!(Endpoint::parse("https://x", false).is_err());
+    }
+}

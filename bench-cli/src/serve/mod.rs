@@ -1,0 +1,559 @@
+//! `rbench serve`: ShareGPT-style concurrency sweeps against an OpenAI-compatible server,
+//! with vLLM `bench serve` definitions and result keys (see `shared/BENCHMARKS.md`).
+//!
+//! ```text
+//! rbench serve --url http://127.0.0.1:8080 --dataset ShareGPT_V3_unfiltered_cleaned_split.json \
+//!     --num-prompts 200 --concurrency 1,2,4,8,16,32,64 --result-file sweep.jsonl
+//! rbench serve --url … --dataset sharegpt-synthetic --request-rate 4 --burstiness 1 \
+//!     --goodput ttft:500 tpot:50 --resume sweep.jsonl
+//! rbench serve --url … --dataset chunked_prefill     # presets carry their own arrivals
+//! rbench report sweep.jsonl other.jsonl --html report.html
+//! ```
+//!
+//! Each sweep point prints a vLLM-style summary and appends one JSON line as soon as it
+//! finishes; `--resume FILE` skips points whose settings are already in FILE. Exit status 3
+//! when any request failed (failures are also counted by kind in the result line).
+
+pub mod client;
+pub mod result;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use datasets::{Arrival, SampledRequest, Workload};
+use rand::{Rng, SeedableRng};
+
+use client::{Endpoint, RequestOutput};
+use result::{Goodput, PointSettings};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "rbench serve",
+    about = "Serving benchmark: concurrency sweeps against an OpenAI-compatible server"
+)]
+pub struct ServeArgs {
+    /// Server base URL, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    pub url: String,
+    /// Model name sent in requests (default: the first id of GET /v1/models, else "default").
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A ShareGPT JSON file, `sharegpt-synthetic`, a preset (baseline, continuous_batching,
+    /// paged_attention, chunked_prefill, prefix_caching), `fixed:ISL/OSL` or
+    /// `shared-prefix:K` (N requests sharing a K-token system prompt).
+    #[arg(long, default_value = "sharegpt-synthetic")]
+    pub dataset: String,
+    #[arg(long, default_value_t = 200)]
+    pub num_prompts: usize,
+    /// Comma list of client-side max concurrencies, one sweep point each (`inf` = unlimited).
+    /// Default: 1,2,4,8,16,32,64 (presets: their own pattern).
+    #[arg(long, alias = "max-concurrency")]
+    pub concurrency: Option<String>,
+    /// Requests per second (gamma-distributed gaps); default all at once (inf).
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Gamma shape of the arrival gaps (1 = Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// SLOs for goodput: ttft:MS tpot:MS e2el:MS
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
+    pub endpoint: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Fixed output length (max_tokens) instead of the dataset's.
+    #[arg(long)]
+    pub output_len: Option<usize>,
+    /// ShareGPT filter limits.
+    #[arg(long, default_value_t = 1024)]
+    pub max_prompt_len: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub max_total_len: usize,
+    /// Append one JSON line per sweep point here.
+    #[arg(long)]
+    pub result_file: Option<PathBuf>,
+    /// Skip sweep points already in this file (matched on settings); also the result file
+    /// when --result-file is not given.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Add per-request arrays to each result line.
+    #[arg(long)]
+    pub save_detailed: bool,
+    /// Tokenizer for prompt lengths (registry name or GGUF path); default --model if it
+    /// resolves, else smollm2-135m.
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Comma list of percentiles to report.
+    #[arg(long, default_value = "99")]
+    pub metric_percentiles: String,
+    /// Backend label for the result file.
+    #[arg(long, default_value = "openai")]
+    pub backend: String,
+}
+
+/// `None` = unlimited.
+pub fn parse_concurrency(s: &str) -> Result<Vec<Option<usize>>> {
+    s.split(',')
+        .map(|x| match x.trim() {
+            "inf" | "unlimited" => Ok(None),
+            n => match n.parse::<usize>() {
+                Ok(0) | Err(_) => bail!("bad concurrency {n:?}"),
+                Ok(v) => Ok(Some(v)),
+            },
+        })
+        .collect()
+}
+
+/// Counts the tokens of a text.
+pub type TokenCounter = Box<dyn Fn(&str) -> usize + Send + Sync>;
+
+/// A token counter from a GGUF tokenizer (BOS included when the model adds it, as vLLM's
+/// `tokenizer(prompt).input_ids`).
+pub fn gguf_counter(name_or_path: &str) -> Result<TokenCounter> {
+    let path = runtime::registry::resolve(name_or_path)
+        .with_context(|| format!("resolving tokenizer model {name_or_path}"))?;
+    let g = runtime::gguf::GgufFile::open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let tok = runtime::tokenizer::Tokenizer::from_gguf(&g).context("loading tokenizer")?;
+    Ok(Box::new(move |s: &str| tok.encode(s, true, false).len()))
+}
+
+/// Build the workload named by `--dataset`.
+pub fn build_workload(a: &ServeArgs, count: &dyn Fn(&str) -> usize) -> Result<Workload> {
+    let d = a.dataset.as_str();
+    let all = |requests| Workload {
+        label: String::new(),
+        requests,
+        arrival: Arrival::AllAtOnce,
+    };
+    let mut w = if d == datasets::synthetic::SHAREGPT_SYNTHETIC {
+        let mut w = all(datasets::synthetic::sharegpt_synthetic(
+            a.num_prompts,
+            a.seed,
+            a.output_len,
+            count,
+        ));
+        w.label = d.to_string();
+        w
+    } else if let Some(mut w) = datasets::synthetic::preset(d, a.seed, count) {
+        w.requests
+            .truncate(a.num_prompts.max(1).min(w.requests.len()));
+        if let Some(n) = a.output_len {
+            w.requests
+                .iter_mut()
+                .for_each(|r| r.expected_output_len = n);
+        }
+        w
+    } else if let Some((isl, osl)) = datasets::synthetic::parse_fixed(d) {
+        let mut w = all(datasets::synthetic::fixed_isl_osl(
+            a.num_prompts,
+            isl,
+            a.output_len.unwrap_or(osl),
+            a.seed,
+            count,
+        ));
+        w.label = format!("fixed:{isl}/{osl}");
+        w
+    } else if let Some(k) = d.strip_prefix("shared-prefix:") {
+        let k: usize = k.parse().context("shared-prefix:K")?;
+        let mut w = all(datasets::synthetic::shared_prefix(
+            a.num_prompts,
+            k,
+            (32, 128),
+            a.output_len.unwrap_or(256),
+            a.seed,
+            count,
+        ));
+        w.label = d.to_string();
+        w
+    } else {
+        let path = Path::new(d);
+        if !path.exists() {
+            bail!(
+                "--dataset {d:?}: no such file; use a ShareGPT JSON file, sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K or one of {:?}",
+                datasets::synthetic::PRESETS
+            );
+        }
+        let (pairs, total) = datasets::sharegpt::load_pairs(path)?;
+        let mut o = datasets::sharegpt::SampleOptions::new(a.num_prompts, a.seed);
+        o.output_len = a.output_len;
+        o.max_prompt_len = a.max_prompt_len;
+        o.max_total_len = a.max_total_len;
+        let n_pairs = pairs.len();
+        let s = datasets::sharegpt::sample(pairs, &o, count);
+        eprintln!(
+            "sharegpt: {total} entries, {n_pairs} with >= 2 turns, {} sampled, {} dropped by the length filter",
+            s.requests.len(),
+            s.dropped.len()
+        );
+        if s.requests.len() < a.num_prompts {
+            eprintln!(
+                "warning: only {} of {} prompts passed the filter",
+                s.requests.len(),
+                a.num_prompts
+            );
+        }
+        let mut w = all(s.requests);
+        w.label = format!(
+            "sharegpt:{}",
+            path.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        );
+        w
+    };
+    if let Some(rate) = a.request_rate {
+        w.arrival = Arrival::Gamma {
+            rate,
+            burstiness: a.burstiness,
+        };
+    }
+    Ok(w)
+}
+
+/// Gamma(shape, scale) by Marsaglia–Tsang (with the shape < 1 boost).
+pub fn gamma(rng: &mut impl Rng, shape: f64, scale: f64) -> f64 {
+    if shape < 1.0 {
+        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+        return gamma(rng, shape + 1.0, scale) * u.powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let (u1, u2): (f64, f64) = (rng.gen_range(f64::EPSILON..1.0), rng.gen());
+        let x = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        let v = (1.0 + c * x).powi(3);
+        if v <= 0.0 {
+            continue;
+        }
+        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+            return d * v * scale;
+        }
+    }
+}
+
+/// Send offsets (seconds from the start) of `n` requests under `arrival`; `None` for
+/// sequential (each waits for the previous).
+pub fn arrival_offsets(arrival: Arrival, n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xa771_7a15);
+    let mut t = 0.0;
+    (0..n)
+        .map(|i| {
+            let at = t;
+            let gap = match arrival {
+                Arrival::AllAtOnce | Arrival::Sequential => 0.0,
+                Arrival::Uniform { rate } => 1.0 / rate,
+                Arrival::Gamma { rate, burstiness } => {
+                    gamma(&mut rng, burstiness, 1.0 / (rate * burstiness))
+                }
+            };
+            if i + 1 < n {
+                t += gap;
+            }
+            at
+        })
+        .collect()
+}
+
+/// Run one sweep point; returns the outputs (in request order) and the duration.
+pub async fn run_point(
+    ep: &Endpoint,
+    model: &str,
+    requests: &[SampledRequest],
+    arrival: Arrival,
+    max_concurrency: Option<usize>,
+    seed: u64,
+    timeout: Duration,
+) -> (Vec<RequestOutput>, f64) {
+    let max_concurrency = if arrival == Arrival::Sequential {
+        Some(1)
+    } else {
+        max_concurrency
+    };
+    let sem = Arc::new(tokio::sync::Semaphore::new(
+        max_concurrency.unwrap_or(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
+    let offsets = arrival_offsets(arrival, requests.len(), seed);
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(requests.len());
+    for (r, off) in requests.iter().zip(offsets) {
+        tokio::time::sleep_until((start + Duration::from_secs_f64(off)).into()).await;
+        let arrived = Instant::now();
+        let permit = sem.clone().acquire_owned();
+        let (ep, model, r) = (ep.clone(), model.to_string(), r.clone());
+        handles.push(tokio::spawn(async move {
+            let _permit = permit.await;
+            let queue_time = arrived.elapsed().as_secs_f64();
+            let send_offset = start.elapsed().as_secs_f64();
+            let mut o = client::send(
+                &ep,
+                &model,
+                &r.prompt,
+                r.prompt_len,
+                r.expected_output_len,
+                timeout,
+            )
+            .await;
+            o.queue_time = queue_time;
+            o.send_offset = send_offset;
+            o
+        }));
+    }
+    let mut outs = Vec::with_capacity(handles.len());
+    for h in handles {
+        outs.push(h.await.unwrap_or_else(|e| RequestOutput {
+            error: Some((client::ErrorKind::Connection, format!("task failed: {e}"))),
+            ..Default::default()
+        }));
+    }
+    (outs, start.elapsed().as_secs_f64())
+}
+
+/// Ask `/v1/models` for the first model id, retrying for up to `wait` while the server is
+/// still loading.
+pub async fn first_model(ep: &Endpoint, wait: Duration) -> Option<String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(m) = models_once(ep).await {
+            return Some(m);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn models_once(ep: &Endpoint) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
+        .await
+        .ok()?;
+    let req = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: {}:{}\r\nConnection: close\r\n\r\n",
+        ep.host, ep.port
+    );
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    let body = &text[text.find('{')?..text.rfind('}')? + 1];
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.pointer("/data/0/id")?.as_str().map(str::to_string)
+}
+
+/// UTC timestamp `YYYYMMDD-HHMMSS` (vLLM's `date` format).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (days, sod) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil-from-days (Howard Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// Entry point for `rbench serve ARGS…` (`args[0]` is the subcommand name).
+pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
+    let a = match ServeArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(&a) {
+        Ok(all_ok) => {
+            if all_ok {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::from(3)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Run the sweep; `Ok(false)` when some request failed (exit status 3).
+pub fn run(a: &ServeArgs) -> Result<bool> {
+    let ep = Endpoint::parse(&a.url, a.endpoint == "chat")?;
+    let percentiles: Vec<f64> = a
+        .metric_percentiles
+        .split(',')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .context("--metric-percentiles")?;
+    let goodput = Goodput::parse(&a.goodput)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => rt
+            .block_on(first_model(&ep, Duration::from_secs(120)))
+            .unwrap_or_else(|| {
+                eprintln!("warning: GET /v1/models gave no model id; sending model \"default\"");
+                "default".into()
+            }),
+    };
+    let tok_name = a.tokenizer_model.clone().unwrap_or_else(|| {
+        if runtime::registry::resolve(&model).is_ok() {
+            model.clone()
+        } else {
+            "smollm2-135m".into()
+        }
+    });
+    let count = gguf_counter(&tok_name)?;
+    let w = build_workload(a, &*count)?;
+    if w.requests.is_empty() {
+        bail!("the dataset produced no requests");
+    }
+    let conc = match &a.concurrency {
+        _ if w.arrival == Arrival::Sequential => vec![Some(1)],
+        Some(c) => parse_concurrency(c)?,
+        None if w.label.starts_with("preset:") => vec![None],
+        None => parse_concurrency("1,2,4,8,16,32,64")?,
+    };
+    let result_file = a.result_file.clone().or_else(|| a.resume.clone());
+    let done = a
+        .resume
+        .as_deref()
+        .map(result::read_lines)
+        .unwrap_or_default();
+    let (request_rate, burstiness) = match w.arrival {
+        Arrival::AllAtOnce => (None, 1.0),
+        Arrival::Sequential => (None, 1.0),
+        Arrival::Uniform { rate } => (Some(rate), f64::INFINITY),
+        Arrival::Gamma { rate, burstiness } => (Some(rate), burstiness),
+    };
+    let staggered = request_rate.is_some();
+    eprintln!(
+        "rbench serve: {} -> {} model {model}, dataset {} ({} requests, tokenizer {tok_name}), arrivals {:?}",
+        a.url,
+        ep.path,
+        w.label,
+        w.requests.len(),
+        w.arrival
+    );
+    let mut all_ok = true;
+    for c in conc {
+        let settings = PointSettings {
+            backend: a.backend.clone(),
+            base_url: a.url.clone(),
+            model_id: model.clone(),
+            endpoint: ep.path.clone(),
+            dataset: w.label.clone(),
+            num_prompts: w.requests.len(),
+            seed: a.seed,
+            request_rate,
+            burstiness,
+            max_concurrency: c,
+            output_len: a.output_len,
+        };
+        if result::already_done(&done, &settings) {
+            eprintln!("resume: skipping max_concurrency {c:?} (already in the result file)");
+            continue;
+        }
+        let (outs, dur) = rt.block_on(run_point(
+            &ep,
+            &model,
+            &w.requests,
+            w.arrival,
+            c,
+            a.seed,
+            Duration::from_secs_f64(a.timeout),
+        ));
+        let mut m = result::summarize(
+            &settings,
+            &outs,
+            dur,
+            &percentiles,
+            &goodput,
+            &utc_now(),
+            &*count,
+        );
+        if a.save_detailed {
+            m.extend(result::detailed(&outs, &*count));
+        }
+        print!("{}", result::summary_text(&m, &percentiles, staggered));
+        for (i, o) in outs.iter().enumerate() {
+            if let Some((k, e)) = &o.error {
+                eprintln!("  request {i} failed ({}): {e}", k.name());
+            }
+        }
+        all_ok &= outs.iter().all(RequestOutput::success);
+        if let Some(f) = &result_file {
+            result::append_line(f, &m).with_context(|| format!("writing {}", f.display()))?;
+        }
+    }
+    Ok(all_ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_and_arrivals() {
+        assert_eq!(
+            parse_concurrency("1,4,inf").unwrap(),
+            vec![Some(1), Some(4), None]
+        );
+        assert!(parse_concurrency("0").is_err());
+        assert_eq!(arrival_offsets(Arrival::AllAtOnce, 3, 0), vec![0.0; 3]);
+        let u = arrival_offsets(Arrival::Uniform { rate: 4.0 }, 3, 0);
+        assert_eq!(u, vec![0.0, 0.25, 0.5]);
+        let g = arrival_offsets(
+            Arrival::Gamma {
+                rate: 10.0,
+                burstiness: 1.0,
+            },
+            5001,
+            1,
+        );
+        let mean_gap = g[5000] / 5000.0;
+        assert!((mean_gap - 0.1).abs() < 0.01, "{mean_gap}");
+        let g = arrival_offsets(
+            Arrival::Gamma {
+                rate: 10.0,
+                burstiness: 0.5,
+            },
+            5001,
+            1,
+        );
+        assert!((g[5000] / 5000.0 - 0.1).abs() < 0.015);
+        assert_eq!(utc_now().len(), 15);
+    }
+}
