@@ -422,10 +422,10 @@ pub fn utc_now() -> String {
     format_utc(secs)
 }
 
-/// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
-pub fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
+/// Calendar date and time of day (UTC) for seconds since the epoch:
+/// `(year, month, day, hour, minute, second)`. Shared by both timestamp formats.
+pub fn civil_utc(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -436,12 +436,13 @@ pub fn format_utc(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
+    (y, m, d, sod / 3600, sod % 3600 / 60, sod % 60)
+}
+
+/// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn format_utc(secs: u64) -> String {
+    let (y, m, d, h, mi, s) = civil_utc(secs as i64);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
 /// Runs one test on every engine: warmup on each, then the repetitions alternating

@@ -357,25 +357,9 @@ async fn models_once(ep: &Endpoint) -> Option<String> {
 pub fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, sod) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil-from-days (Howard Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (y, m, d, h, mi, s) = crate::engine::run::civil_utc(secs);
+    format!("{y:04}{m:02}{d:02}-{h:02}{mi:02}{s:02}")
 }
 
 /// Entry point for `rbench serve ARGS…` (`args[0]` is the subcommand name).
