@@ -459,6 +459,11 @@ impl GgufFile {
         &self.path
     }
 
+    /// The whole mapped file (tensor offsets are relative to `data_offset` within it).
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
     pub fn file_size(&self) -> u64 {
         self.map.len() as u64
     }

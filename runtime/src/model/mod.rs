@@ -287,22 +287,13 @@ impl Model {
     }
 
     fn m(&self, m: &Mat) -> MatRef<'_> {
-        let data = &self.file_bytes()[m.start..m.start + m.len];
+        let data = &self.file.bytes()[m.start..m.start + m.len];
         MatRef {
             ty: m.ty,
             n_in: m.n_in,
             n_out: m.n_out,
             data,
         }
-    }
-
-    fn file_bytes(&self) -> &[u8] {
-        // The whole map; tensors were bounds-checked at open.
-        let t0 = &self.file.tensors[0];
-        let d = self.file.tensor_data(t0);
-        let base = d.as_ptr() as usize - (self.file.data_offset + t0.offset) as usize;
-        // SAFETY: `base` is the start of the map and the map is file_size() bytes long.
-        unsafe { std::slice::from_raw_parts(base as *const u8, self.file.file_size() as usize) }
     }
 
     /// Bytes of all weight tensors (what a forward pass streams).
