@@ -55,7 +55,7 @@ fn dots(c: &mut Criterion) {
         g.bench_function("scalar", |b| {
             b.iter(|| scalar(black_box(&w), black_box(&a)))
         });
-        if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
+        if let Some(simd) = quant::arch::avx2_vec_dot(ty, quant::arch::vnni()) {
             g.bench_function("avx2", |b| b.iter(|| simd(black_box(&w), black_box(&a))));
         }
         g.finish();

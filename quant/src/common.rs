@@ -129,3 +129,25 @@ pub(crate) fn c_max(a: f32, b: f32) -> f32 {
         b
     }
 }
+
+/// Eight float accumulators in ggml's x86 order for 32-element blocks.
+///
+/// ggml's AVX2 kernels for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 form, per block, eight i32 lanes
+/// (lane `l` = the exact sum of the products of elements `4l..4l+4`), convert them to f32
+/// and fuse-multiply-add them with the block's combined scale into eight float lanes;
+/// [`hsum_lanes`] folds the lanes at the end. The scalar twins follow this order so that
+/// the SIMD kernels can be bit-exact with them *and* fast (no serial scalar chain).
+#[inline(always)]
+pub(crate) fn lanes_add_block(acc: &mut [f32; 8], d: f32, prod: impl Fn(usize) -> i32) {
+    for (l, acc) in acc.iter_mut().enumerate() {
+        let s = prod(4 * l) + prod(4 * l + 1) + prod(4 * l + 2) + prod(4 * l + 3);
+        *acc = d.mul_add(s as f32, *acc);
+    }
+}
+
+/// ggml's `hsum_float_8`: `v[i] = x[i] + x[i + 4]`, then `(v0 + v2) + (v1 + v3)`.
+#[inline(always)]
+pub(crate) fn hsum_lanes(x: &[f32; 8]) -> f32 {
+    let v: [f32; 4] = core::array::from_fn(|i| x[i + 4] + x[i]);
+    (v[0] + v[2]) + (v[1] + v[3])
+}

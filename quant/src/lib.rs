@@ -2,9 +2,12 @@
 //!
 //! One module per block format holds its `#[repr(C)]` layout (with a compile-time size
 //! assert), the scalar reference dequantizer and, where ggml defines one, the scalar
-//! reference quantizer and dot product. These scalar functions reproduce ggml's generic C
-//! code operation for operation (bit-exact for (de)quantization) and are the ground truth
-//! every SIMD kernel is tested against.
+//! reference quantizer and dot product. These scalar functions reproduce ggml's C code
+//! operation for operation (bit-exact for (de)quantization) and are the ground truth every
+//! SIMD kernel is tested against. Dot products follow ggml's x86 AVX2 summation order for
+//! the formats our models use (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K: the order llama.cpp
+//! runs on these machines, and a vectorisable one); ggml's generic C order is kept beside
+//! them (`*_ref`, [`ggml_generic_vec_dot_fn`]) and proven bit-exact against ggml.
 //!
 //! [`arch`] holds the SIMD dot-product kernels (AVX2/FMA/F16C on x86-64), picked at run
 //! time and bit-identical to the scalar twins; [`attn`] the f32×f16 helpers for attention.
@@ -242,6 +245,42 @@ pub fn vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
 /// for bit, whatever kernel it picks).
 pub fn scalar_vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
     kernels(ty)?.vec_dot
+}
+
+/// ggml's *generic* C dot product for `ty`, operation for operation. For the K-quants and
+/// float types this is [`scalar_vec_dot_fn`]; for the 32-element formats (Q4_0, Q4_1,
+/// Q5_0, Q5_1, Q8_0), Q4_K and Q6_K [`vec_dot`] instead follows ggml's x86 SIMD summation order (eight
+/// fused-multiply-add lanes), which differs from the generic C code in the last bits.
+/// Kept to prove the integer parts against ggml's reference outputs.
+pub fn ggml_generic_vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType as T;
+    Some(match ty {
+        T::Q4_0 => q4_0::vec_dot_q8_0_ref,
+        T::Q4_1 => q4_1::vec_dot_q8_1_ref,
+        T::Q5_0 => q5_0::vec_dot_q8_0_ref,
+        T::Q5_1 => q5_1::vec_dot_q8_1_ref,
+        T::Q8_0 => q8_0::vec_dot_q8_0_ref,
+        T::Q4_K => q4_k::vec_dot_q8k_ref,
+        T::Q6_K => q6_k::vec_dot_q8k_ref,
+        _ => return scalar_vec_dot_fn(ty),
+    })
+}
+
+/// Most activation rows one [`DotManyFn`] call takes.
+pub const DOT_MANY_MAX: usize = 8;
+
+/// One weight row against `out.len()` (1..=[`DOT_MANY_MAX`]) activation rows that start
+/// `a_stride` bytes apart in `a`: `out[c] = dot(w, a[c * a_stride..])`. The weight block
+/// is unpacked once and reused for every activation row (the prompt-processing tile), and
+/// each `out[c]` is bit-identical to [`vec_dot`] on that row alone, so results never
+/// depend on how many rows were batched together. Activation bytes must come from
+/// [`quantize_activations`] (quants in `-127..=127`). Panics on inconsistent lengths.
+pub type DotManyFn = fn(w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]);
+
+/// The multi-row kernel for weights of type `ty` at the [`simd_level`], if there is one
+/// (None: call [`vec_dot_fn`]'s kernel per row, which gives the same bits).
+pub fn vec_dot_many_fn(ty: GgmlType) -> Option<DotManyFn> {
+    arch::active_vec_dot_many(ty)
 }
 
 /// The instruction set [`vec_dot`] and [`attn`] use: `"avx2"` or `"scalar"` (forced by

@@ -1,7 +1,9 @@
 //! Q4_0: 32 values as `(q - 8) * d` with 4-bit `q`, one f16 scale (4.5 bits/weight).
 //! Element `j` sits in the low nibble of byte `j`, element `j + 16` in its high nibble.
 
-use crate::common::{check_dot, dequantize_with, quantize_with, rd_arr, rd_u16, Block};
+use crate::common::{
+    check_dot, dequantize_with, hsum_lanes, lanes_add_block, quantize_with, rd_arr, rd_u16, Block,
+};
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::q8_0::BlockQ8_0;
 use crate::GgmlType;
@@ -83,7 +85,30 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
 }
 
 /// `ggml_vec_dot_q4_0_q8_0_generic`.
+/// Dot with a Q8_0 activation row in ggml's x86 SIMD order (see
+/// [`crate::common::lanes_add_block`]); what [`crate::vec_dot`] computes.
 pub fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ4_0, BlockQ8_0>(w, a);
+    let mut acc = [0.0f32; 8];
+    for i in 0..nb {
+        let x = BlockQ4_0::read(&w[i * BlockQ4_0::BYTES..]);
+        let y = BlockQ8_0::read(&a[i * BlockQ8_0::BYTES..]);
+        let xv = |j: usize| {
+            let q = if j < QK / 2 {
+                x.qs[j] & 0x0f
+            } else {
+                x.qs[j - QK / 2] >> 4
+            };
+            q as i32 - 8
+        };
+        let d = f16_to_f32(x.d) * f16_to_f32(y.d);
+        lanes_add_block(&mut acc, d, |j| xv(j) * y.qs[j] as i32);
+    }
+    hsum_lanes(&acc)
+}
+
+/// ggml's generic (reference) `ggml_vec_dot_q4_0_q8_0`, operation for operation.
+pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ4_0, BlockQ8_0>(w, a);
     let mut sumf = 0.0f32;
     for i in 0..nb {

@@ -1,6 +1,8 @@
 //! Q4_1: 32 values as `q * d + m` with 4-bit `q`, f16 scale and minimum (5 bits/weight).
 
-use crate::common::{check_dot, dequantize_with, quantize_with, rd_arr, rd_u16, Block};
+use crate::common::{
+    check_dot, dequantize_with, hsum_lanes, lanes_add_block, quantize_with, rd_arr, rd_u16, Block,
+};
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::q8_1::BlockQ8_1;
 use crate::GgmlType;
@@ -86,7 +88,34 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
 }
 
 /// `ggml_vec_dot_q4_1_q8_1_generic`: the minimum contributes `m * s` through Q8_1's sum.
+/// Dot with a Q8_1 activation row in ggml's x86 SIMD order (see
+/// [`crate::common::lanes_add_block`]; the `m * s` terms go to a separate running sum,
+/// fused-multiply-added, and are added after the lanes are folded); what
+/// [`crate::vec_dot`] computes.
 pub fn vec_dot_q8_1(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ4_1, BlockQ8_1>(w, a);
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ4_1::read(&w[i * BlockQ4_1::BYTES..]);
+        let y = BlockQ8_1::read(&a[i * BlockQ8_1::BYTES..]);
+        summs = f16_to_f32(x.m).mul_add(f16_to_f32(y.s), summs);
+        let xv = |j: usize| {
+            let q = if j < QK / 2 {
+                x.qs[j] & 0x0f
+            } else {
+                x.qs[j - QK / 2] >> 4
+            };
+            q as i32
+        };
+        let d = f16_to_f32(x.d) * f16_to_f32(y.d);
+        lanes_add_block(&mut acc, d, |j| xv(j) * y.qs[j] as i32);
+    }
+    hsum_lanes(&acc) + summs
+}
+
+/// ggml's generic (reference) `ggml_vec_dot_q4_1_q8_1`, operation for operation.
+pub fn vec_dot_q8_1_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ4_1, BlockQ8_1>(w, a);
     let mut sumf = 0.0f32;
     for i in 0..nb {

@@ -5,8 +5,8 @@
 //! `ql[l+32]` elements `l+32` and `l+96`; `qh[l]` holds the top 2 bits of all four.
 
 use crate::common::{
-    check_dot, dequantize_with, nearest_int, quantize_with, rd_arr, rd_i8_arr, rd_u16, wr_i8_arr,
-    Block, QK_K,
+    check_dot, dequantize_with, hsum_lanes, nearest_int, quantize_with, rd_arr, rd_i8_arr, rd_u16,
+    wr_i8_arr, Block, QK_K,
 };
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::q8_k::BlockQ8K;
@@ -154,8 +154,39 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
 }
 
 /// `ggml_vec_dot_q6_K_q8_K_generic`: per-16 signed scales, 8 integer lanes per block,
-/// 8 float lanes across blocks.
+/// Dot with a Q8_K activation row in ggml's x86 AVX2 order; what [`crate::vec_dot`]
+/// computes. Per super-block: eight exact i32 lanes, lane `l` summing over the eight
+/// 32-element chunks `c` the unsigned 6-bit quants times activations of elements
+/// `32c + 4l..+4`, each times its 16-element scale, minus `32 * (bsums[2l] * sc[2l] +
+/// bsums[2l+1] * sc[2l+1])` (the -32 offset); then `acc[l] = fma(y.d * d, lane, acc[l])`
+/// and `hsum_lanes` at the end.
 pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ6K, BlockQ8K>(w, a);
+    let mut acc = [0.0f32; 8];
+    for i in 0..nb {
+        let x = BlockQ6K::read(&w[i * BlockQ6K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let q = x.unpack();
+        let d = y.d * f16_to_f32(x.d);
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let mut sumi = 0i32;
+            for c in 0..8 {
+                let e0 = 32 * c + 4 * l;
+                let s: i32 = (e0..e0 + 4)
+                    .map(|e| (q[e] as i32 + 32) * y.qs[e] as i32)
+                    .sum();
+                sumi += x.scales[e0 / 16] as i32 * s;
+            }
+            let sub = y.bsums[2 * l] as i32 * x.scales[2 * l] as i32
+                + y.bsums[2 * l + 1] as i32 * x.scales[2 * l + 1] as i32;
+            *acc = d.mul_add(sumi.wrapping_sub(sub << 5) as f32, *acc);
+        }
+    }
+    hsum_lanes(&acc)
+}
+
+/// 8 float lanes across blocks.
+pub fn vec_dot_q8k_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ6K, BlockQ8K>(w, a);
     let mut sums = [0.0f32; 8];
     for i in 0..nb {

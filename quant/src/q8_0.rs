@@ -3,7 +3,8 @@
 //! Used both as a weight format and as the activation format dotted with Q4_0/Q5_0/Q8_0.
 
 use crate::common::{
-    c_max, check_dot, dequantize_with, quantize_with, rd_i8_arr, rd_u16, wr_i8_arr, Block,
+    c_max, check_dot, dequantize_with, hsum_lanes, lanes_add_block, quantize_with, rd_i8_arr,
+    rd_u16, wr_i8_arr, Block,
 };
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::GgmlType;
@@ -102,7 +103,22 @@ pub fn quantize_activations(src: &[f32], dst: &mut [u8]) {
 }
 
 /// `ggml_vec_dot_q8_0_q8_0_generic`: integer dot per block, scaled by `dx*dy`.
+/// Dot with a Q8_0 activation row in ggml's x86 SIMD order (see
+/// [`crate::common::lanes_add_block`]); what [`crate::vec_dot`] computes.
 pub fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ8_0, BlockQ8_0>(w, a);
+    let mut acc = [0.0f32; 8];
+    for i in 0..nb {
+        let x = BlockQ8_0::read(&w[i * 34..]);
+        let y = BlockQ8_0::read(&a[i * 34..]);
+        let d = f16_to_f32(x.d) * f16_to_f32(y.d);
+        lanes_add_block(&mut acc, d, |j| x.qs[j] as i32 * y.qs[j] as i32);
+    }
+    hsum_lanes(&acc)
+}
+
+/// ggml's generic (reference) `ggml_vec_dot_q8_0_q8_0`, operation for operation.
+pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ8_0, BlockQ8_0>(w, a);
     let mut sumf = 0.0f32;
     for i in 0..nb {

@@ -40,7 +40,7 @@ fn force_scalar_env_selects_scalar_kernels() {
             quant::scalar_vec_dot_fn(ty).unwrap() as usize,
             "{ty}"
         );
-        if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
+        if let Some(simd) = quant::arch::avx2_vec_dot(ty, false) {
             // Still reachable explicitly, and still the same bits.
             assert_eq!(simd(&w, &a).to_bits(), scalar.to_bits(), "{ty}");
         }

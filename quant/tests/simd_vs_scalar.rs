@@ -117,16 +117,59 @@ fn quantized(ty: GgmlType, x: &[f32], activations: bool) -> Vec<u8> {
     out
 }
 
-/// Checks SIMD kernel, dispatcher and `vec_dot_fn` against the scalar twin on one pair.
+/// The 32-element activation formats' quants are in -127..=127 by contract (what
+/// `quantize_activations` produces; the SIMD kernels negate activations): raw bytes of
+/// -128 become -127.
+fn legal_activations(ty: GgmlType, a: &[u8]) -> Vec<u8> {
+    let mut a = a.to_vec();
+    let (bs, qs) = match vec_dot_type(ty) {
+        GgmlType::Q8_0 => (34, 2),
+        GgmlType::Q8_1 => (36, 4),
+        _ => return a,
+    };
+    for b in a.chunks_exact_mut(bs) {
+        for q in &mut b[qs..] {
+            if *q == 0x80 {
+                *q = 0x81;
+            }
+        }
+    }
+    a
+}
+
+/// Checks SIMD kernels (plain AVX2 and AVX-512 VNNI, single- and multi-row), dispatcher
+/// and `vec_dot_fn` against the scalar twin on one pair.
 fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
+    let a = &legal_activations(ty, a)[..];
     let scalar = quant::scalar_vec_dot_fn(ty).unwrap()(w, a);
-    if let Some(simd) = quant::arch::avx2_vec_dot(ty) {
-        let got = simd(w, a);
-        assert_eq!(
-            got.to_bits(),
-            scalar.to_bits(),
-            "{ty} {what} n={n}: avx2 {got:e} vs scalar {scalar:e}"
-        );
+    for vnni in [false, true] {
+        if let Some(simd) = quant::arch::avx2_vec_dot(ty, vnni) {
+            let got = simd(w, a);
+            assert_eq!(
+                got.to_bits(),
+                scalar.to_bits(),
+                "{ty} {what} n={n}: avx2 (vnni {vnni}) {got:e} vs scalar {scalar:e}"
+            );
+        }
+        if let Some(many) = quant::arch::avx2_vec_dot_many(ty, vnni) {
+            // The same row in every slot, with a stride larger than the row.
+            let stride = a.len() + 7;
+            let mut buf = vec![0u8; 8 * stride];
+            for c in 0..8 {
+                buf[c * stride..c * stride + a.len()].copy_from_slice(a);
+            }
+            for rows in 1..=quant::DOT_MANY_MAX {
+                let mut out = vec![f32::NAN; rows];
+                many(w, &buf, stride, &mut out);
+                for (c, got) in out.iter().enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        scalar.to_bits(),
+                        "{ty} {what} n={n}: many (vnni {vnni}) rows={rows} slot {c}"
+                    );
+                }
+            }
+        }
     }
     let dispatched = vec_dot(ty, n, w, a).unwrap();
     assert_eq!(
@@ -141,6 +184,50 @@ fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
         "{ty} {what} n={n}: vec_dot_fn"
     );
     scalar
+}
+
+/// The multi-row kernels on distinct activation rows: each output equals the scalar twin
+/// on its own row, for every row count and both instruction variants.
+#[test]
+fn many_rows_match_single_rows() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for ty in TYPES {
+        let aty = vec_dot_type(ty);
+        for blocks in [1usize, 3, 28, 152] {
+            let n = blocks * ty.block_size();
+            let w = quantized(ty, &random_f32s(&mut rng, n), false);
+            let rows: Vec<Vec<u8>> = (0..8)
+                .map(|_| quantized(aty, &random_f32s(&mut rng, n), true))
+                .collect();
+            let buf: Vec<u8> = rows.concat();
+            let stride = rows[0].len();
+            let want: Vec<f32> = rows
+                .iter()
+                .map(|a| quant::scalar_vec_dot_fn(ty).unwrap()(&w, a))
+                .collect();
+            for vnni in [false, true] {
+                let Some(many) = quant::arch::avx2_vec_dot_many(ty, vnni) else {
+                    continue;
+                };
+                for k in 1..=8 {
+                    let mut out = vec![0.0f32; k];
+                    many(&w, &buf, stride, &mut out);
+                    for c in 0..k {
+                        assert_eq!(
+                            out[c].to_bits(),
+                            want[c].to_bits(),
+                            "{ty} n={n} k={k} c={c}"
+                        );
+                    }
+                }
+            }
+            if let Some(many) = quant::vec_dot_many_fn(ty) {
+                let mut out = vec![0.0f32; 8];
+                many(&w, &buf, stride, &mut out);
+                assert_eq!(out, want, "{ty} dispatched");
+            }
+        }
+    }
 }
 
 fn check_type(ty: GgmlType, seed: u64) {
@@ -337,7 +424,7 @@ fn simd_level_is_reported() {
     } else {
         for ty in TYPES {
             assert!(
-                quant::arch::avx2_vec_dot(ty).is_some(),
+                quant::arch::avx2_vec_dot(ty, false).is_some(),
                 "{ty} has no AVX2 kernel"
             );
         }

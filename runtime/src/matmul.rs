@@ -69,17 +69,41 @@ pub fn matmul(
     let out = SharedMut::new(y);
     let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
     let dot = quant::vec_dot_fn(w.ty).expect("weight types are checked at load");
+    let many = quant::vec_dot_many_fn(w.ty);
     let wrb = w.row_bytes();
     pool.run(n_tasks, &|task| {
         let o0 = task * ROWS_PER_TASK;
         let o1 = (o0 + ROWS_PER_TASK).min(n_out);
-        for t in 0..n_tok {
-            let a = &xq[t * xrb..(t + 1) * xrb];
-            // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
-            let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
-            for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
-                *yv = dot(&w.data[o * wrb..(o + 1) * wrb], a);
+        let Some(many) = many else {
+            for t in 0..n_tok {
+                let a = &xq[t * xrb..(t + 1) * xrb];
+                // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
+                let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
+                for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
+                    *yv = dot(&w.data[o * wrb..(o + 1) * wrb], a);
+                }
             }
+            return;
+        };
+        // Tiles of up to DOT_MANY_MAX token rows: each weight row is unpacked once per
+        // tile instead of once per token. Each result is bit-identical to the one-row dot.
+        let mut t = 0;
+        while t < n_tok {
+            let k = (n_tok - t).min(quant::DOT_MANY_MAX);
+            let a = &xq[t * xrb..(t + k) * xrb];
+            let mut ys: [&mut [f32]; quant::DOT_MANY_MAX] = Default::default();
+            for (c, ys) in ys.iter_mut().enumerate().take(k) {
+                // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
+                *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
+            }
+            let mut r = [0.0f32; quant::DOT_MANY_MAX];
+            for o in o0..o1 {
+                many(&w.data[o * wrb..(o + 1) * wrb], a, xrb, &mut r[..k]);
+                for c in 0..k {
+                    ys[c][o - o0] = r[c];
+                }
+            }
+            t += k;
         }
     });
 }

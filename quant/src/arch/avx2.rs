@@ -1,20 +1,20 @@
-//! AVX2 (+FMA, F16C) kernels, bit-exact with their scalar twins.
+//! AVX2 (+FMA, F16C; optionally AVX-512 VNNI) kernels, bit-exact with their scalar twins.
 //!
 //! How exactness is kept:
 //!
 //! * Integer parts are exact. `_mm256_maddubs_epi16` multiplies an *unsigned* byte by a
-//!   signed one and adds adjacent pairs into a saturating i16; every call here has an
-//!   unsigned weight operand of at most 63 and an activation byte in `-128..=127`, so a
-//!   pair is at most 2·63·128 = 16128 and never saturates, even for arbitrary (untrusted)
-//!   bytes. Signed weights are written as `u - c` with `u` unsigned and the `c·y` part
-//!   subtracted through a second `maddubs` with a constant (no `sign`/`abs` trick, which
-//!   breaks for an activation of -128). Q8_0·Q8_0 widens to i16 instead.
-//! * Float parts follow the twin operation for operation: legacy formats reduce each
-//!   block's integer sum to one i32, then run the twin's scalar expression per block in
-//!   block order; K-quants keep the twin's eight lanes (element `e` of a super-block
-//!   feeds lane `e % 8`), so the integer sums are formed per lane — bytes are shuffled so
-//!   that `maddubs` pairs elements `e` and `e + 8`, which share a lane — and the float
-//!   update `sums[l] += d * aux32[l]` is a lane-wise multiply then add, never an FMA.
+//!   signed one and adds adjacent pairs into a saturating i16; every call here stays below
+//!   the saturation bound (weights' unsigned operand at most 128 with activations in
+//!   -127..=127 for the 32-element formats, at most 63 against any byte for the K-quants).
+//!   `vpdpbusd` (VNNI) forms the same i32 lanes without the i16 step.
+//! * Float parts follow the twin operation for operation. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
+//!   Q4_K and Q6_K use ggml's x86 AVX2 order (eight i32 lanes per block, converted and
+//!   fused-multiply-added into eight float lanes, `hsum_float_8` at the end), which the
+//!   twins spell out with `f32::mul_add`. Q2_K/Q3_K/Q5_K keep ggml's generic order (lane
+//!   `e % 8` per element, multiply then add), reproduced here with byte shuffles.
+//! * The multi-row kernels (`DotManyFn`) unpack a weight block once and run the one-row
+//!   operation sequence for each activation row, so a row's result never depends on how
+//!   many rows were computed with it; the one-row entry points are their N = 1 instances.
 
 use core::arch::x86_64::*;
 
@@ -32,24 +32,29 @@ use crate::q6_k::BlockQ6K;
 use crate::q8_0::BlockQ8_0;
 use crate::q8_1::BlockQ8_1;
 use crate::q8_k::BlockQ8K;
-use crate::{Block, DotFn, GgmlType};
+use crate::{Block, DotFn, DotManyFn, GgmlType};
 use half::f16;
 
 /// The AVX2 kernel for weights of type `ty`. Only call after AVX2, FMA and F16C were
 /// detected (`super::detected()`); the returned functions rely on it.
-pub(crate) fn vec_dot_kernel(ty: GgmlType) -> Option<DotFn> {
+pub(crate) fn vec_dot_kernel(ty: GgmlType, vnni: bool) -> Option<DotFn> {
     use GgmlType as T;
-    Some(match ty {
-        T::Q4_0 => q4_0_q8_0 as DotFn,
-        T::Q4_1 => q4_1_q8_1 as DotFn,
-        T::Q5_0 => q5_0_q8_0 as DotFn,
-        T::Q5_1 => q5_1_q8_1 as DotFn,
-        T::Q8_0 => q8_0_q8_0 as DotFn,
-        T::Q2_K => q2_k_q8_k as DotFn,
-        T::Q3_K => q3_k_q8_k as DotFn,
-        T::Q4_K => q4_k_q8_k as DotFn,
-        T::Q5_K => q5_k_q8_k as DotFn,
-        T::Q6_K => q6_k_q8_k as DotFn,
+    Some(match (ty, vnni) {
+        (T::Q4_0, false) => q4_0_q8_0 as DotFn,
+        (T::Q4_1, false) => q4_1_q8_1 as DotFn,
+        (T::Q5_0, false) => q5_0_q8_0 as DotFn,
+        (T::Q5_1, false) => q5_1_q8_1 as DotFn,
+        (T::Q8_0, false) => q8_0_q8_0 as DotFn,
+        (T::Q4_0, true) => q4_0_q8_0_vnni as DotFn,
+        (T::Q4_1, true) => q4_1_q8_1_vnni as DotFn,
+        (T::Q5_0, true) => q5_0_q8_0_vnni as DotFn,
+        (T::Q5_1, true) => q5_1_q8_1_vnni as DotFn,
+        (T::Q8_0, true) => q8_0_q8_0_vnni as DotFn,
+        (T::Q2_K, _) => q2_k_q8_k as DotFn,
+        (T::Q3_K, _) => q3_k_q8_k as DotFn,
+        (T::Q4_K, _) => q4_k_q8_k as DotFn,
+        (T::Q5_K, _) => q5_k_q8_k as DotFn,
+        (T::Q6_K, _) => q6_k_q8_k as DotFn,
         _ => return None,
     })
 }
@@ -72,16 +77,9 @@ macro_rules! safe_entry {
     };
 }
 
-safe_entry!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, legacy::<Q4_0>);
-safe_entry!(q4_1_q8_1, BlockQ4_1, BlockQ8_1, legacy::<Q4_1>);
-safe_entry!(q5_0_q8_0, BlockQ5_0, BlockQ8_0, legacy::<Q5_0>);
-safe_entry!(q5_1_q8_1, BlockQ5_1, BlockQ8_1, legacy::<Q5_1>);
-safe_entry!(q8_0_q8_0, BlockQ8_0, BlockQ8_0, legacy::<Q8_0>);
 safe_entry!(q2_k_q8_k, BlockQ2K, BlockQ8K, q2_k_impl);
 safe_entry!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_impl);
-safe_entry!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_impl);
 safe_entry!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_impl);
-safe_entry!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_impl);
 
 // ---------------------------------------------------------------------------------------
 // Small helpers.
@@ -156,23 +154,6 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// The eight lane sums of eight vectors: element `k` of the result is the sum of `v[k]`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum8_i32(v: &[__m256i; 8]) -> __m256i {
-    // Per 128-bit half: [a0+a1, a2+a3, b0+b1, b2+b3].
-    let h01 = _mm256_hadd_epi32(v[0], v[1]);
-    let h23 = _mm256_hadd_epi32(v[2], v[3]);
-    let h45 = _mm256_hadd_epi32(v[4], v[5]);
-    let h67 = _mm256_hadd_epi32(v[6], v[7]);
-    // Low half: the low-half sums of v0..v3, high half: their high-half sums.
-    let a = _mm256_hadd_epi32(h01, h23);
-    let b = _mm256_hadd_epi32(h45, h67);
-    let lo = _mm256_permute2x128_si256::<0x20>(a, b);
-    let hi = _mm256_permute2x128_si256::<0x31>(a, b);
-    _mm256_add_epi32(lo, hi)
-}
-
 /// Per 128-bit half, reorders bytes `0..16` as `0, 8, 1, 9, ..., 7, 15`, so that
 /// `maddubs` adds elements `e` and `e + 8`, which belong to the same K-quant lane `e % 8`.
 /// After it, i16 `p` of each half of a `maddubs` result belongs to lane `p`.
@@ -233,225 +214,455 @@ unsafe fn lanes_array(v: __m256) -> [f32; 8] {
 }
 
 // ---------------------------------------------------------------------------------------
-// Legacy 32-element formats: exact block sums, then the twin's float expression.
+// Legacy 32-element formats, one weight row against up to eight activation rows.
+//
+// Per block: the weight quants are unpacked once into 32 bytes; for signed weights the
+// unsigned operand is |x| and each activation gets x's sign (`sign_epi8`), which is exact
+// because activation quants are in -127..=127 (the `DotManyFn` contract); `maddubs` pairs
+// never saturate (|x| <= 128, |y| <= 127). The eight i32 lanes (elements 4l..4l+4) are the
+// twin's `lanes_add_block` sums; with AVX-512 VNNI one `vpdpbusd` forms them directly.
 
 /// One legacy weight format dotted with its 32-element activation format.
 trait Legacy {
-    /// Weight block bytes.
+    /// Weight / activation block bytes.
     const WB: usize;
-    /// Activation block bytes.
     const AB: usize;
-    /// i32 lanes whose (wrapping) sum is the block's integer dot product.
+    /// Offset of the activation quants in its block (Q8_0: 2, Q8_1: 4).
+    const A_QS: usize;
+    /// Weights are signed (Q4_0, Q5_0, Q8_0) rather than unsigned with a min (Q4_1, Q5_1).
+    const SIGNED: bool;
+    /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
+    /// when `SIGNED`, else unsigned.
     ///
     /// # Safety
-    /// AVX2 available; `w`/`a` point to a whole weight/activation block.
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i;
-    /// The per-block terms the scalar twin adds to its running sum, for up to eight
-    /// consecutive blocks at once (lane `k`: block `k`), with the twin's operations in the
-    /// twin's order, lane by lane. `sumi` holds `sumi as f32`; `w` and `a` the two f16
-    /// fields at the start of each weight/activation block (`d` and `m` or `s`).
-    ///
-    /// # Safety
-    /// AVX2 available.
-    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256;
+    /// AVX2 available; `w` points to a whole weight block.
+    unsafe fn unpack(w: *const u8) -> __m256i;
 }
 
-/// The u32 at byte `off` of each of `cnt <= 8` blocks `stride` bytes apart (lanes past
-/// `cnt` are 0).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gather_u32(p: *const u8, stride: usize, off: usize, cnt: usize) -> __m256i {
-    let at = |k: usize| p.add(k * stride + off).cast::<u32>().read_unaligned() as i32;
-    if cnt == 8 {
-        let q = |k: usize| {
-            let lo = _mm_unpacklo_epi32(_mm_cvtsi32_si128(at(k)), _mm_cvtsi32_si128(at(k + 1)));
-            let hi = _mm_unpacklo_epi32(_mm_cvtsi32_si128(at(k + 2)), _mm_cvtsi32_si128(at(k + 3)));
-            _mm_unpacklo_epi64(lo, hi)
-        };
-        _mm256_set_m128i(q(4), q(0))
-    } else {
-        let mut v = [0i32; 8];
-        for (k, v) in v.iter_mut().enumerate().take(cnt) {
-            *v = at(k);
-        }
-        _mm256_loadu_si256(v.as_ptr().cast())
-    }
-}
-
-/// Splits eight u32 lanes holding two f16s each into the widened low halves and high
-/// halves (exact).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn split_f16_pairs(g: __m256i) -> (__m256, __m256) {
-    // Per 128-bit half: [lo0..lo3, hi0..hi3] as u16; then gather the halves' lows/highs.
-    let p = _mm256_packus_epi32(
-        _mm256_and_si256(g, _mm256_set1_epi32(0xffff)),
-        _mm256_srli_epi32::<16>(g),
-    );
-    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(p);
-    (
-        _mm256_cvtph_ps(_mm256_castsi256_si128(p)),
-        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p)),
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy<T: Legacy>(w: &[u8], a: &[u8], nb: usize) -> f32 {
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut sumf = 0.0f32;
-    let mut t = [0.0f32; 8];
-    let mut i = 0;
-    while i < nb {
-        let cnt = (nb - i).min(8);
-        let (wi, ai) = (wp.add(i * T::WB), ap.add(i * T::AB));
-        let mut v = [_mm256_setzero_si256(); 8];
-        if cnt == 8 {
-            for (k, v) in v.iter_mut().enumerate() {
-                *v = T::isum(wi.add(k * T::WB), ai.add(k * T::AB));
-            }
-        } else {
-            for (k, v) in v.iter_mut().enumerate().take(cnt) {
-                *v = T::isum(wi.add(k * T::WB), ai.add(k * T::AB));
-            }
-        }
-        let sumi = _mm256_cvtepi32_ps(hsum8_i32(&v));
-        let wh = split_f16_pairs(gather_u32(wi, T::WB, 0, cnt));
-        let ah = split_f16_pairs(gather_u32(ai, T::AB, 0, cnt));
-        _mm256_storeu_ps(t.as_mut_ptr(), T::terms(sumi, wh, ah));
-        // The twin's running sum, one block at a time.
-        if cnt == 8 {
-            for &t in &t {
-                sumf += t;
-            }
-        } else {
-            for &t in &t[..cnt] {
-                sumf += t;
-            }
-        }
-        i += cnt;
-    }
-    sumf
-}
-
+/// Q4_0 / Q5_0 / Q8_0 with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
 struct Q4_0;
+struct Q4_1;
+struct Q5_0;
+struct Q5_1;
+struct Q8_0;
+
 impl Legacy for Q4_0 {
     const WB: usize = BlockQ4_0::BYTES;
     const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
-        // sum((q - 8) * y) = sum(q * y) - sum(8 * y).
-        let x = nibbles32(w.add(2));
-        let y = ld256(a.add(2));
-        let p = _mm256_maddubs_epi16(x, y);
-        let c = _mm256_maddubs_epi16(_mm256_set1_epi8(8), y);
-        _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
-        // Twin: `sumf += sumi as f32 * d(x) * d(y)`.
-        _mm256_mul_ps(_mm256_mul_ps(sumi, dx), dy)
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        _mm256_sub_epi8(nibbles32(w.add(2)), _mm256_set1_epi8(8))
     }
 }
 
-/// Twin of Q4_1 and Q5_1: `sumf += (d(x) * d(y)) * sumi as f32 + m(x) * s(y)`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn terms_with_min(
-    sumi: __m256,
-    (dx, mx): (__m256, __m256),
-    (dy, sy): (__m256, __m256),
-) -> __m256 {
-    _mm256_add_ps(
-        _mm256_mul_ps(_mm256_mul_ps(dx, dy), sumi),
-        _mm256_mul_ps(mx, sy),
-    )
-}
-
-struct Q4_1;
 impl Legacy for Q4_1 {
     const WB: usize = BlockQ4_1::BYTES;
     const AB: usize = BlockQ8_1::BYTES;
+    const A_QS: usize = 4;
+    const SIGNED: bool = false;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
-        let x = nibbles32(w.add(4));
-        let y = ld256(a.add(4));
-        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256 {
-        terms_with_min(sumi, w, a)
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        nibbles32(w.add(4))
     }
 }
 
-struct Q5_0;
 impl Legacy for Q5_0 {
     const WB: usize = BlockQ5_0::BYTES;
     const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
-        // Fifth bit of element j is bit j of qh; sum((q - 16) * y) = sum(q*y) - sum(16*y).
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        // q - 16 = low nibble | 0xf0 (as i8) where the fifth bit is clear, else the nibble.
         let qh = w.add(2).cast::<u32>().read_unaligned().to_le();
-        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let x = _mm256_or_si256(nibbles32(w.add(6)), hb);
-        let y = ld256(a.add(2));
-        let p = _mm256_maddubs_epi16(x, y);
-        let c = _mm256_maddubs_epi16(_mm256_set1_epi8(16), y);
-        _mm256_madd_epi16(_mm256_sub_epi16(p, c), _mm256_set1_epi16(1))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
-        // Twin: `sumf += (d(x) * d(y)) * sumi as f32`.
-        _mm256_mul_ps(_mm256_mul_ps(dx, dy), sumi)
+        let hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+        _mm256_or_si256(nibbles32(w.add(6)), hi)
     }
 }
 
-struct Q5_1;
 impl Legacy for Q5_1 {
     const WB: usize = BlockQ5_1::BYTES;
     const AB: usize = BlockQ8_1::BYTES;
+    const A_QS: usize = 4;
+    const SIGNED: bool = false;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
+    unsafe fn unpack(w: *const u8) -> __m256i {
         let qh = w.add(4).cast::<u32>().read_unaligned().to_le();
         let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        let x = _mm256_or_si256(nibbles32(w.add(8)), hb);
-        let y = ld256(a.add(4));
-        _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn terms(sumi: __m256, w: (__m256, __m256), a: (__m256, __m256)) -> __m256 {
-        terms_with_min(sumi, w, a)
+        _mm256_or_si256(nibbles32(w.add(8)), hb)
     }
 }
 
-struct Q8_0;
 impl Legacy for Q8_0 {
     const WB: usize = BlockQ8_0::BYTES;
     const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn isum(w: *const u8, a: *const u8) -> __m256i {
-        // Both operands are signed and may be -128: widen to i16 (exact for all bytes).
-        let x0 = _mm256_cvtepi8_epi16(ld128(w.add(2)));
-        let x1 = _mm256_cvtepi8_epi16(ld128(w.add(18)));
-        let y0 = _mm256_cvtepi8_epi16(ld128(a.add(2)));
-        let y1 = _mm256_cvtepi8_epi16(ld128(a.add(18)));
-        _mm256_add_epi32(_mm256_madd_epi16(x0, y0), _mm256_madd_epi16(x1, y1))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn terms(sumi: __m256, (dx, _): (__m256, __m256), (dy, _): (__m256, __m256)) -> __m256 {
-        // Twin: `sumf += sumi as f32 * (d(x) * d(y))`.
-        _mm256_mul_ps(sumi, _mm256_mul_ps(dx, dy))
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        ld256(w.add(2))
     }
 }
+
+/// ggml's `hsum_float_8` (the twin's `hsum_lanes`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn isum_maddubs(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn isum_vnni(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+}
+
+/// The multi-row kernel body, instantiated for plain AVX2 and for AVX-512 VNNI (which only
+/// changes how the exact i32 lanes are formed).
+macro_rules! legacy_many {
+    ($name:ident, $feat:literal, $isum:ident) => {
+        /// # Safety
+        /// The features named are available; `w` holds `nb` weight blocks and `a` holds `N`
+        /// rows of `nb` activation blocks, `stride` bytes apart; `out` has `N` slots.
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<T: Legacy, const N: usize>(
+            w: *const u8,
+            a: *const u8,
+            stride: usize,
+            nb: usize,
+            out: *mut f32,
+        ) {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut summs = [0.0f32; N];
+            for i in 0..nb {
+                let wb = w.add(i * T::WB);
+                let x = T::unpack(wb);
+                let u = if T::SIGNED { _mm256_sign_epi8(x, x) } else { x };
+                let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                    wb.cast::<u32>().read_unaligned().to_le() as i32
+                ));
+                let dx = _mm_cvtss_f32(wd);
+                let mx = _mm_cvtss_f32(_mm_movehdup_ps(wd));
+                for c in 0..N {
+                    let ab = a.add(c * stride + i * T::AB);
+                    let y = ld256(ab.add(T::A_QS));
+                    let s = if T::SIGNED { _mm256_sign_epi8(y, x) } else { y };
+                    let p = _mm256_cvtepi32_ps($isum(u, s));
+                    let ad = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                        ab.cast::<u32>().read_unaligned().to_le() as i32,
+                    ));
+                    let dy = _mm_cvtss_f32(ad);
+                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy), p, acc[c]);
+                    if !T::SIGNED {
+                        let sy = _mm_cvtss_f32(_mm_movehdup_ps(ad));
+                        summs[c] = mx.mul_add(sy, summs[c]);
+                    }
+                }
+            }
+            for c in 0..N {
+                let h = hsum_ps(acc[c]);
+                *out.add(c) = if T::SIGNED { h } else { h + summs[c] };
+            }
+        }
+    };
+}
+
+legacy_many!(legacy_avx2, "avx2,fma,f16c", isum_maddubs);
+legacy_many!(legacy_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", isum_vnni);
+
+/// Validates a `DotManyFn` call and returns the block count.
+fn check_many<W: Block, A: Block>(w: &[u8], a: &[u8], stride: usize, n: usize) -> usize {
+    assert!(
+        (1..=crate::DOT_MANY_MAX).contains(&n),
+        "vec_dot_many: {n} activation rows (1..={} allowed)",
+        crate::DOT_MANY_MAX
+    );
+    assert!(
+        w.len().is_multiple_of(W::BYTES),
+        "vec_dot_many {}: {} weight bytes are not whole blocks",
+        W::TYPE,
+        w.len()
+    );
+    let nb = w.len() / W::BYTES;
+    let row = nb * A::BYTES;
+    assert!(
+        (n == 1 || stride >= row) && a.len() >= (n - 1) * stride + row,
+        "vec_dot_many {}x{}: {} activation bytes, stride {stride}, cannot hold {n} rows of {row}",
+        W::TYPE,
+        A::TYPE,
+        a.len()
+    );
+    nb
+}
+
+/// Dispatches a call to the `N`-row instantiation.
+macro_rules! many_entry {
+    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
+        fn $name(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+            let n = out.len();
+            let nb = check_many::<$w, $a>(w, a, stride, n);
+            let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+            // SAFETY: handed out by `vec_dot_many_kernel` only after the features were
+            // detected; `check_many` validated every byte the kernel reads and `out`'s size.
+            unsafe {
+                match n {
+                    1 => $imp::<$ty, 1>(wp, ap, stride, nb, op),
+                    2 => $imp::<$ty, 2>(wp, ap, stride, nb, op),
+                    3 => $imp::<$ty, 3>(wp, ap, stride, nb, op),
+                    4 => $imp::<$ty, 4>(wp, ap, stride, nb, op),
+                    5 => $imp::<$ty, 5>(wp, ap, stride, nb, op),
+                    6 => $imp::<$ty, 6>(wp, ap, stride, nb, op),
+                    7 => $imp::<$ty, 7>(wp, ap, stride, nb, op),
+                    _ => $imp::<$ty, 8>(wp, ap, stride, nb, op),
+                }
+            }
+        }
+    };
+}
+
+many_entry!(q4_0_many, Q4_0, BlockQ4_0, BlockQ8_0, legacy_avx2);
+many_entry!(q4_1_many, Q4_1, BlockQ4_1, BlockQ8_1, legacy_avx2);
+many_entry!(q5_0_many, Q5_0, BlockQ5_0, BlockQ8_0, legacy_avx2);
+many_entry!(q5_1_many, Q5_1, BlockQ5_1, BlockQ8_1, legacy_avx2);
+many_entry!(q8_0_many, Q8_0, BlockQ8_0, BlockQ8_0, legacy_avx2);
+many_entry!(q4_0_many_vnni, Q4_0, BlockQ4_0, BlockQ8_0, legacy_vnni);
+many_entry!(q4_1_many_vnni, Q4_1, BlockQ4_1, BlockQ8_1, legacy_vnni);
+many_entry!(q5_0_many_vnni, Q5_0, BlockQ5_0, BlockQ8_0, legacy_vnni);
+many_entry!(q5_1_many_vnni, Q5_1, BlockQ5_1, BlockQ8_1, legacy_vnni);
+many_entry!(q8_0_many_vnni, Q8_0, BlockQ8_0, BlockQ8_0, legacy_vnni);
+
+/// The multi-row kernel for weights of type `ty`; `vnni` picks the AVX-512 VNNI variant
+/// (only after `avx512vnni` and `avx512vl` were detected).
+pub(crate) fn vec_dot_many_kernel(ty: GgmlType, vnni: bool) -> Option<DotManyFn> {
+    use GgmlType as T;
+    Some(match (ty, vnni) {
+        (T::Q4_0, false) => q4_0_many as DotManyFn,
+        (T::Q4_1, false) => q4_1_many as DotManyFn,
+        (T::Q5_0, false) => q5_0_many as DotManyFn,
+        (T::Q5_1, false) => q5_1_many as DotManyFn,
+        (T::Q8_0, false) => q8_0_many as DotManyFn,
+        (T::Q4_0, true) => q4_0_many_vnni as DotManyFn,
+        (T::Q4_1, true) => q4_1_many_vnni as DotManyFn,
+        (T::Q5_0, true) => q5_0_many_vnni as DotManyFn,
+        (T::Q5_1, true) => q5_1_many_vnni as DotManyFn,
+        (T::Q8_0, true) => q8_0_many_vnni as DotManyFn,
+        (T::Q4_K, _) => q4_k_many_entry as DotManyFn,
+        (T::Q6_K, _) => q6_k_many_entry as DotManyFn,
+        _ => return None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Q4_K and Q6_K, one weight row against up to eight Q8_K activation rows, in ggml's AVX2
+// order (the twins `q4_k::vec_dot_q8k`, `q6_k::vec_dot_q8k`). Q8_K: d (f32) at 0, qs at
+// 4..260, bsums (16 x i16) at 260..292.
+
+const Q8K_BYTES: usize = 292;
+
+/// Byte shuffle broadcasting i16 scale pair `k` (bytes 2k, 2k+1) to every i16 slot.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_bcast_k4(k: i8) -> __m256i {
+    _mm256_set1_epi16(((2 * k + 1) as i16) << 8 | (2 * k) as i16)
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` Q4_K blocks, `a` `N` rows of `nb` Q8_K blocks `stride`
+/// bytes apart, `out` `N` slots.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_many<const N: usize>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for i in 0..nb {
+        let x = w.add(i * BlockQ4K::BYTES);
+        let xb = std::slice::from_raw_parts(x, BlockQ4K::BYTES);
+        let (xd, xdmin) = f16x2_at(xb, 0);
+        let u = |k: usize| {
+            u32::from_le_bytes([xb[4 + 4 * k], xb[5 + 4 * k], xb[6 + 4 * k], xb[7 + 4 * k]])
+        };
+        let (u0, u1, u2) = (u(0), u(1), u(2));
+        let (km1, km2, km3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let t3 = ((u2 >> 4) & km2) | (((u1 >> 6) & km3) << 4);
+        let t2 = u1 & km1;
+        let t1 = (u2 & km2) | (((u0 >> 6) & km3) << 4);
+        let t0 = u0 & km1;
+        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(t3 as i32, t2 as i32, t1 as i32, t0 as i32));
+        let mins16 = _mm256_extracti128_si256::<1>(ms);
+        let sc128 = _mm256_castsi256_si128(ms);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut q4 = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let bits = ld256(x.add(16 + 32 * j));
+            q4[2 * j] = _mm256_and_si256(bits, m4);
+            q4[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            sc[2 * j] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8));
+            sc[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8 + 1));
+        }
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let d = yd * xd;
+            let dmin = -yd * xdmin;
+            let q8sums = ld256(y.add(Q8K_BSUMS));
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(q8sums),
+                _mm256_extracti128_si256::<1>(q8sums),
+            );
+            let prod = _mm_madd_epi16(mins16, q8s);
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+            let mut sumi = _mm256_setzero_si256();
+            for b in 0..8 {
+                let q8 = ld256(y.add(Q8K_QS + 32 * b));
+                let p = _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for c in 0..N {
+        let m = acc_m[c];
+        let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(m);
+    }
+}
+
+/// # Safety
+/// As [`q4_k_many`], with Q6_K weights.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_many<const N: usize>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        let x = w.add(i * BlockQ6K::BYTES);
+        let xb = std::slice::from_raw_parts(x, BlockQ6K::BYTES);
+        let xd = f16_at(xb, 208);
+        let scales = ld128(x.add(192));
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        let mut q6 = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for j in 0..2 {
+            let b1 = ld256(x.add(64 * j));
+            let b2 = ld256(x.add(64 * j + 32));
+            let bh = ld256(x.add(128 + 32 * j));
+            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
+            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
+            let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
+            q6[4 * j] = _mm256_or_si256(_mm256_and_si256(b1, m15), h0);
+            q6[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(b2, m15), h1);
+            q6[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2);
+            q6[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3);
+        }
+        for (m, sc) in sc.iter_mut().enumerate() {
+            // Scales 2m (first 16 elements of chunk m) and 2m + 1, each widened 8 times.
+            let lo = _mm_set1_epi16(*xb.get_unchecked(192 + 2 * m) as i8 as i16);
+            let hi = _mm_set1_epi16(*xb.get_unchecked(193 + 2 * m) as i8 as i16);
+            *sc = _mm256_set_m128i(hi, lo);
+        }
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let d = y.cast::<f32>().read_unaligned() * xd;
+            let q8sums = ld256(y.add(Q8K_BSUMS));
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+            let mut sumi = _mm256_setzero_si256();
+            for m in 0..8 {
+                let q8 = ld256(y.add(Q8K_QS + 32 * m));
+                let p = _mm256_madd_epi16(sc[m], _mm256_maddubs_epi16(q6[m], q8));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            let sumi = _mm256_sub_epi32(sumi, sub);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = hsum_ps(acc[c]);
+    }
+}
+
+/// Dispatches a call to the `N`-row instantiation of a K-quant kernel.
+macro_rules! many_entry_k {
+    ($name:ident, $w:ty, $imp:ident) => {
+        fn $name(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+            let n = out.len();
+            let nb = check_many::<$w, BlockQ8K>(w, a, stride, n);
+            let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+            // SAFETY: as in `many_entry`.
+            unsafe {
+                match n {
+                    1 => $imp::<1>(wp, ap, stride, nb, op),
+                    2 => $imp::<2>(wp, ap, stride, nb, op),
+                    3 => $imp::<3>(wp, ap, stride, nb, op),
+                    4 => $imp::<4>(wp, ap, stride, nb, op),
+                    5 => $imp::<5>(wp, ap, stride, nb, op),
+                    6 => $imp::<6>(wp, ap, stride, nb, op),
+                    7 => $imp::<7>(wp, ap, stride, nb, op),
+                    _ => $imp::<8>(wp, ap, stride, nb, op),
+                }
+            }
+        }
+    };
+}
+
+many_entry_k!(q4_k_many_entry, BlockQ4K, q4_k_many);
+many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many);
+
+/// Single-row entry points: the one-row instantiation of the multi-row kernels (so a row
+/// alone and a row in a batch give the same bits by construction).
+macro_rules! single_from_many {
+    ($name:ident, $w:ty, $a:ty, $many:ident) => {
+        fn $name(w: &[u8], a: &[u8]) -> f32 {
+            check_dot::<$w, $a>(w, a);
+            let mut out = [0.0f32];
+            $many(w, a, a.len(), &mut out);
+            out[0]
+        }
+    };
+}
+
+single_from_many!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, q4_0_many);
+single_from_many!(q4_1_q8_1, BlockQ4_1, BlockQ8_1, q4_1_many);
+single_from_many!(q5_0_q8_0, BlockQ5_0, BlockQ8_0, q5_0_many);
+single_from_many!(q5_1_q8_1, BlockQ5_1, BlockQ8_1, q5_1_many);
+single_from_many!(q8_0_q8_0, BlockQ8_0, BlockQ8_0, q8_0_many);
+single_from_many!(q4_0_q8_0_vnni, BlockQ4_0, BlockQ8_0, q4_0_many_vnni);
+single_from_many!(q4_1_q8_1_vnni, BlockQ4_1, BlockQ8_1, q4_1_many_vnni);
+single_from_many!(q5_0_q8_0_vnni, BlockQ5_0, BlockQ8_0, q5_0_many_vnni);
+single_from_many!(q5_1_q8_1_vnni, BlockQ5_1, BlockQ8_1, q5_1_many_vnni);
+single_from_many!(q8_0_q8_0_vnni, BlockQ8_0, BlockQ8_0, q8_0_many_vnni);
+single_from_many!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_many_entry);
+single_from_many!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_many_entry);
 
 // ---------------------------------------------------------------------------------------
 // K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
@@ -583,70 +794,8 @@ unsafe fn q45_k_impl<const WB: usize, const QS: usize, const QH: usize, const HA
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
-    q45_k_impl::<{ BlockQ4K::BYTES }, 16, 0, false>(w, a, nb)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q5_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
     q45_k_impl::<{ BlockQ5K::BYTES }, 48, 16, true>(w, a, nb)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
-    let perm = lane_pairs();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let c32 = _mm256_set1_epi8(32);
-    let mut sums = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = &w[i * BlockQ6K::BYTES..(i + 1) * BlockQ6K::BYTES];
-        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        // ql at 0..128, qh at 128..192, i8 scales at 192..208, d at 208.
-        let s = scale_pairs_16(_mm256_cvtepi8_epi16(ld128(xp.add(192))));
-        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for h in 0..2 {
-            let l0 = _mm256_shuffle_epi8(ld256(xp.add(64 * h)), perm);
-            let l1 = _mm256_shuffle_epi8(ld256(xp.add(64 * h + 32)), perm);
-            let qh = _mm256_shuffle_epi8(ld256(xp.add(128 + 32 * h)), perm);
-            let v = [
-                _mm256_or_si256(
-                    _mm256_and_si256(l0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03))),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(l1, m4),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c))),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), _mm256_set1_epi8(0x30)),
-                ),
-            ];
-            let mut p = [_mm256_setzero_si256(); 4];
-            for (c, p) in p.iter_mut().enumerate() {
-                let yv = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 128 * h + 32 * c)), perm);
-                // sum((q - 32) * y) = sum(q * y) - sum(32 * y), per lane pair.
-                *p = _mm256_sub_epi16(
-                    _mm256_maddubs_epi16(v[c], yv),
-                    _mm256_maddubs_epi16(c32, yv),
-                );
-            }
-            acc = scale_pairs(acc, p[0], p[1], s[2 * h]);
-            acc = scale_pairs(acc, p[2], p[3], s[2 * h + 1]);
-        }
-        let d = f16_at(x, 208) * f32_at(y, 0);
-        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
-    }
-    let mut sumf = 0.0f32;
-    for s in lanes_array(sums) {
-        sumf += s;
-    }
-    sumf
 }
 
 /// Q3_K's 16 six-bit scales (`q3_k::unpack_scales`) as 16 bytes, little-endian.

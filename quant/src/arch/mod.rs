@@ -2,8 +2,8 @@
 //!
 //! Every SIMD kernel here has a scalar twin elsewhere in the crate and returns exactly the
 //! same bits: integer sums are computed exactly (their order does not matter), and all
-//! float arithmetic is done in the twin's order with the twin's operations (no FMA where
-//! the twin multiplies then adds). A model's output therefore does not depend on which
+//! float arithmetic is done in the twin's order with the twin's operations (an FMA exactly
+//! where the twin uses `mul_add`, never where it multiplies then adds). A model's output therefore does not depend on which
 //! kernel ran, and `RLLAMA_FORCE_SCALAR=1` is purely a speed switch.
 //!
 //! The kernels are compiled with `#[target_feature]` and only handed out after
@@ -13,7 +13,7 @@
 
 use std::sync::OnceLock;
 
-use crate::{DotFn, GgmlType};
+use crate::{DotFn, DotManyFn, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -76,18 +76,53 @@ pub fn active() -> SimdLevel {
     })
 }
 
+/// True when this CPU has AVX-512 VNNI with 256-bit forms (`vpdpbusd` on ymm), which the
+/// 32-element-format kernels use to form their exact integer lanes in one instruction.
+/// Results are the same bits either way. `RLLAMA_NO_VNNI=1` turns it off (read once).
+pub fn vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let off = std::env::var("RLLAMA_NO_VNNI").is_ok_and(|v| v.trim() == "1");
+            if !off
+                && detected() == SimdLevel::Avx2
+                && std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx512vl")
+            {
+                return true;
+            }
+        }
+        false
+    })
+}
+
 /// The AVX2 dot-product kernel for weights of type `ty`, if there is one and this CPU can
 /// run it (regardless of `RLLAMA_FORCE_SCALAR`). Same contract as the scalar kernel
 /// (weight bytes, activation bytes in `vec_dot_type(ty)`; panics on inconsistent lengths)
-/// and bit-identical results. Meant for tests and benchmarks; use [`crate::vec_dot`].
-pub fn avx2_vec_dot(ty: GgmlType) -> Option<DotFn> {
+/// and bit-identical results. `vnni` asks for the AVX-512 VNNI variant where one exists
+/// (None when the CPU lacks it). Meant for tests and benchmarks; use [`crate::vec_dot`].
+pub fn avx2_vec_dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
-        if detected() == SimdLevel::Avx2 {
-            return avx2::vec_dot_kernel(ty);
+        if detected() == SimdLevel::Avx2 && (!vnni || self::vnni()) {
+            return avx2::vec_dot_kernel(ty, vnni);
         }
     }
-    let _ = ty;
+    let _ = (ty, vnni);
+    None
+}
+
+/// The multi-row AVX2 kernel for weights of type `ty` (see [`crate::DotManyFn`]), as
+/// [`avx2_vec_dot`].
+pub fn avx2_vec_dot_many(ty: GgmlType, vnni: bool) -> Option<DotManyFn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if detected() == SimdLevel::Avx2 && (!vnni || self::vnni()) {
+            return avx2::vec_dot_many_kernel(ty, vnni);
+        }
+    }
+    let _ = (ty, vnni);
     None
 }
 
@@ -96,6 +131,15 @@ pub fn avx2_vec_dot(ty: GgmlType) -> Option<DotFn> {
 pub(crate) fn active_vec_dot(ty: GgmlType) -> Option<DotFn> {
     match active() {
         SimdLevel::Scalar => None,
-        SimdLevel::Avx2 => avx2_vec_dot(ty),
+        SimdLevel::Avx2 => avx2_vec_dot(ty, vnni()),
+    }
+}
+
+/// The multi-row kernel for `ty` at the [`active`] level.
+#[inline]
+pub(crate) fn active_vec_dot_many(ty: GgmlType) -> Option<DotManyFn> {
+    match active() {
+        SimdLevel::Scalar => None,
+        SimdLevel::Avx2 => avx2_vec_dot_many(ty, vnni()),
     }
 }
