@@ -275,7 +275,39 @@ pub const DOT_MANY_MAX: usize = 8;
 /// each `out[c]` is bit-identical to [`vec_dot`] on that row alone, so results never
 /// depend on how many rows were batched together. Activation bytes must come from
 /// [`quantize_activations`] (quants in `-127..=127`). Panics on inconsistent lengths.
-pub type DotManyFn = fn(w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]);
+///
+/// `a_scales` is either empty (scales are read from the activation blocks) or, for Q8_0
+/// and Q8_1 activations, every row's block scales widened to f32 by
+/// [`activation_scales`] (rows back to back), which saves the conversion in every call of
+/// a matrix product; the results are the same bits. K-quant kernels ignore it.
+pub type DotManyFn = fn(w: &[u8], a: &[u8], a_stride: usize, a_scales: &[f32], out: &mut [f32]);
+
+/// f32 scales per block that [`activation_scales`] writes for activation type `ty`:
+/// 1 for Q8_0 (`d`), 2 for Q8_1 (`d`, `s`), 0 otherwise.
+pub fn activation_scales_per_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q8_0 => 1,
+        GgmlType::Q8_1 => 2,
+        _ => 0,
+    }
+}
+
+/// Appends the f16 block scales of one quantized activation row `a` (type `ty`) widened
+/// to f32 (exact) to `out`, in the layout [`DotManyFn`] takes.
+pub fn activation_scales(ty: GgmlType, a: &[u8], out: &mut Vec<f32>) {
+    let per = activation_scales_per_block(ty);
+    if per == 0 {
+        return;
+    }
+    for b in a.chunks_exact(ty.type_size()) {
+        for k in 0..per {
+            out.push(f16::f16_to_f32(u16::from_le_bytes([
+                b[2 * k],
+                b[2 * k + 1],
+            ])));
+        }
+    }
+}
 
 /// The multi-row kernel for weights of type `ty` at the [`simd_level`], if there is one
 /// (None: call [`vec_dot_fn`]'s kernel per row, which gives the same bits).

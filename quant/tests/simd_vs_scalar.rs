@@ -160,7 +160,7 @@ fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
             }
             for rows in 1..=quant::DOT_MANY_MAX {
                 let mut out = vec![f32::NAN; rows];
-                many(w, &buf, stride, &mut out);
+                many(w, &buf, stride, &[], &mut out);
                 for (c, got) in out.iter().enumerate() {
                     assert_eq!(
                         got.to_bits(),
@@ -210,20 +210,27 @@ fn many_rows_match_single_rows() {
                     continue;
                 };
                 for k in 1..=8 {
-                    let mut out = vec![0.0f32; k];
-                    many(&w, &buf, stride, &mut out);
-                    for c in 0..k {
-                        assert_eq!(
-                            out[c].to_bits(),
-                            want[c].to_bits(),
-                            "{ty} n={n} k={k} c={c}"
-                        );
+                    let mut scales = Vec::new();
+                    for r in &rows[..k] {
+                        quant::activation_scales(aty, r, &mut scales);
+                    }
+                    for ad in [&[][..], &scales[..]] {
+                        let mut out = vec![0.0f32; k];
+                        many(&w, &buf, stride, ad, &mut out);
+                        for c in 0..k {
+                            assert_eq!(
+                                out[c].to_bits(),
+                                want[c].to_bits(),
+                                "{ty} n={n} k={k} c={c} precomputed scales {}",
+                                !ad.is_empty()
+                            );
+                        }
                     }
                 }
             }
             if let Some(many) = quant::vec_dot_many_fn(ty) {
                 let mut out = vec![0.0f32; 8];
-                many(&w, &buf, stride, &mut out);
+                many(&w, &buf, stride, &[], &mut out);
                 assert_eq!(out, want, "{ty} dispatched");
             }
         }

@@ -71,6 +71,17 @@ pub fn matmul(
     let dot = quant::vec_dot_fn(w.ty).expect("weight types are checked at load");
     let many = quant::vec_dot_many_fn(w.ty);
     let wrb = w.row_bytes();
+    // For token tiles, the activation block scales are widened to f32 once here instead of
+    // in every weight row's kernel call (same bits either way).
+    let spr = quant::activation_scales_per_block(vt) * (w.n_in / vt.block_size());
+    let mut scales = SCALES.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    scales.clear();
+    if many.is_some() && n_tok > 1 && spr > 0 {
+        for t in 0..n_tok {
+            quant::activation_scales(vt, &xq[t * xrb..(t + 1) * xrb], &mut scales);
+        }
+    }
+    let sc: &[f32] = &scales;
     pool.run(n_tasks, &|task| {
         let o0 = task * ROWS_PER_TASK;
         let o1 = (o0 + ROWS_PER_TASK).min(n_out);
@@ -91,6 +102,11 @@ pub fn matmul(
         while t < n_tok {
             let k = (n_tok - t).min(quant::DOT_MANY_MAX);
             let a = &xq[t * xrb..(t + k) * xrb];
+            let ad = if sc.is_empty() {
+                &[][..]
+            } else {
+                &sc[t * spr..(t + k) * spr]
+            };
             let mut ys: [&mut [f32]; quant::DOT_MANY_MAX] = Default::default();
             for (c, ys) in ys.iter_mut().enumerate().take(k) {
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
@@ -98,7 +114,7 @@ pub fn matmul(
             }
             let mut r = [0.0f32; quant::DOT_MANY_MAX];
             for o in o0..o1 {
-                many(&w.data[o * wrb..(o + 1) * wrb], a, xrb, &mut r[..k]);
+                many(&w.data[o * wrb..(o + 1) * wrb], a, xrb, ad, &mut r[..k]);
                 for c in 0..k {
                     ys[c][o - o0] = r[c];
                 }
@@ -106,6 +122,12 @@ pub fn matmul(
             t += k;
         }
     });
+    SCALES.with(|s| *s.borrow_mut() = scales);
+}
+
+thread_local! {
+    /// Scratch for the widened activation scales, kept between calls on this thread.
+    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

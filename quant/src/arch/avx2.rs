@@ -339,17 +339,22 @@ macro_rules! legacy_many {
     ($name:ident, $feat:literal, $isum:ident) => {
         /// # Safety
         /// The features named are available; `w` holds `nb` weight blocks and `a` holds `N`
-        /// rows of `nb` activation blocks, `stride` bytes apart; `out` has `N` slots.
+        /// rows of `nb` activation blocks, `stride` bytes apart; `out` has `N` slots. With
+        /// `PRE`, `ad` holds each row's block scales as f32 (`nb` per row for Q8_0, `2 nb`
+        /// for Q8_1's `(d, s)` pairs), rows `ad_stride` floats apart.
         #[target_feature(enable = $feat)]
-        unsafe fn $name<T: Legacy, const N: usize>(
+        unsafe fn $name<T: Legacy, const N: usize, const PRE: bool>(
             w: *const u8,
             a: *const u8,
             stride: usize,
+            ad: *const f32,
+            ad_stride: usize,
             nb: usize,
             out: *mut f32,
         ) {
             let mut acc = [_mm256_setzero_ps(); N];
             let mut summs = [0.0f32; N];
+            let per = if T::SIGNED { 1 } else { 2 };
             for i in 0..nb {
                 let wb = w.add(i * T::WB);
                 let x = T::unpack(wb);
@@ -359,18 +364,25 @@ macro_rules! legacy_many {
                 ));
                 let dx = _mm_cvtss_f32(wd);
                 let mx = _mm_cvtss_f32(_mm_movehdup_ps(wd));
+                let dxv = _mm256_set1_ps(dx);
                 for c in 0..N {
                     let ab = a.add(c * stride + i * T::AB);
                     let y = ld256(ab.add(T::A_QS));
                     let s = if T::SIGNED { _mm256_sign_epi8(y, x) } else { y };
                     let p = _mm256_cvtepi32_ps($isum(u, s));
-                    let ad = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                        ab.cast::<u32>().read_unaligned().to_le() as i32,
-                    ));
-                    let dy = _mm_cvtss_f32(ad);
-                    acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy), p, acc[c]);
+                    let (d, sy) = if PRE {
+                        let q = ad.add(c * ad_stride + i * per);
+                        let sy = if T::SIGNED { 0.0 } else { *q.add(1) };
+                        (_mm256_mul_ps(dxv, _mm256_broadcast_ss(&*q)), sy)
+                    } else {
+                        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                            ab.cast::<u32>().read_unaligned().to_le() as i32,
+                        ));
+                        let dy = _mm_cvtss_f32(v);
+                        (_mm256_set1_ps(dx * dy), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                    };
+                    acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
                     if !T::SIGNED {
-                        let sy = _mm_cvtss_f32(_mm_movehdup_ps(ad));
                         summs[c] = mx.mul_add(sy, summs[c]);
                     }
                 }
@@ -386,8 +398,15 @@ macro_rules! legacy_many {
 legacy_many!(legacy_avx2, "avx2,fma,f16c", isum_maddubs);
 legacy_many!(legacy_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", isum_vnni);
 
-/// Validates a `DotManyFn` call and returns the block count.
-fn check_many<W: Block, A: Block>(w: &[u8], a: &[u8], stride: usize, n: usize) -> usize {
+/// Validates a `DotManyFn` call and returns the block count and the scale row stride
+/// (0 when `ad` is empty).
+fn check_many<W: Block, A: Block>(
+    w: &[u8],
+    a: &[u8],
+    stride: usize,
+    ad: &[f32],
+    n: usize,
+) -> (usize, usize) {
     assert!(
         (1..=crate::DOT_MANY_MAX).contains(&n),
         "vec_dot_many: {n} activation rows (1..={} allowed)",
@@ -408,28 +427,49 @@ fn check_many<W: Block, A: Block>(w: &[u8], a: &[u8], stride: usize, n: usize) -
         A::TYPE,
         a.len()
     );
-    nb
+    let per = crate::activation_scales_per_block(A::TYPE);
+    let ad_stride = if ad.is_empty() || per == 0 {
+        0
+    } else {
+        assert!(
+            ad.len() == n * nb * per,
+            "vec_dot_many {}: {} activation scales for {n} rows of {nb} blocks",
+            W::TYPE,
+            ad.len()
+        );
+        nb * per
+    };
+    (nb, ad_stride)
 }
 
 /// Dispatches a call to the `N`-row instantiation.
 macro_rules! many_entry {
     ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
-        fn $name(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+        fn $name(w: &[u8], a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
             let n = out.len();
-            let nb = check_many::<$w, $a>(w, a, stride, n);
-            let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
+            let (nb, ads) = check_many::<$w, $a>(w, a, stride, ad, n);
+            let (wp, ap, dp, op) = (w.as_ptr(), a.as_ptr(), ad.as_ptr(), out.as_mut_ptr());
+            macro_rules! go {
+                ($n:literal) => {
+                    if ads != 0 {
+                        $imp::<$ty, $n, true>(wp, ap, stride, dp, ads, nb, op)
+                    } else {
+                        $imp::<$ty, $n, false>(wp, ap, stride, dp, ads, nb, op)
+                    }
+                };
+            }
             // SAFETY: handed out by `vec_dot_many_kernel` only after the features were
             // detected; `check_many` validated every byte the kernel reads and `out`'s size.
             unsafe {
                 match n {
-                    1 => $imp::<$ty, 1>(wp, ap, stride, nb, op),
-                    2 => $imp::<$ty, 2>(wp, ap, stride, nb, op),
-                    3 => $imp::<$ty, 3>(wp, ap, stride, nb, op),
-                    4 => $imp::<$ty, 4>(wp, ap, stride, nb, op),
-                    5 => $imp::<$ty, 5>(wp, ap, stride, nb, op),
-                    6 => $imp::<$ty, 6>(wp, ap, stride, nb, op),
-                    7 => $imp::<$ty, 7>(wp, ap, stride, nb, op),
-                    _ => $imp::<$ty, 8>(wp, ap, stride, nb, op),
+                    1 => go!(1),
+                    2 => go!(2),
+                    3 => go!(3),
+                    4 => go!(4),
+                    5 => go!(5),
+                    6 => go!(6),
+                    7 => go!(7),
+                    _ => go!(8),
                 }
             }
         }
@@ -614,9 +654,9 @@ unsafe fn q6_k_many<const N: usize>(
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident) => {
-        fn $name(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+        fn $name(w: &[u8], a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
             let n = out.len();
-            let nb = check_many::<$w, BlockQ8K>(w, a, stride, n);
+            let (nb, _) = check_many::<$w, BlockQ8K>(w, a, stride, ad, n);
             let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
             // SAFETY: as in `many_entry`.
             unsafe {
@@ -645,7 +685,7 @@ macro_rules! single_from_many {
         fn $name(w: &[u8], a: &[u8]) -> f32 {
             check_dot::<$w, $a>(w, a);
             let mut out = [0.0f32];
-            $many(w, a, a.len(), &mut out);
+            $many(w, a, a.len(), &[], &mut out);
             out[0]
         }
     };
