@@ -135,6 +135,7 @@ fn json_output_has_llama_bench_fields_and_statistics() {
         assert!(u(r, "kv_tokens") >= ctx);
         assert!(u(r, "kv_bytes") > 0);
         assert!(r["test_time"].as_str().unwrap().ends_with('Z'));
+        assert!(r["pinned"].is_boolean(), "pinned: {r}");
         check_stats(r, 2);
     }
     assert_eq!((u(&rows[0], "n_prompt"), u(&rows[0], "n_gen")), (16, 0));
@@ -162,12 +163,14 @@ fn jsonl_is_one_object_per_line() {
         "-o",
         "jsonl",
         "--no-warmup",
+        "--no-pin",
     ]);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     for l in &lines {
         let v: Value = serde_json::from_str(l).expect("each line is a JSON object");
         assert!(v.is_object());
+        assert_eq!(v["pinned"], false, "--no-pin");
         check_stats(&v, 1);
         assert_eq!(v["stddev_ts"], 0.0);
     }
@@ -269,6 +272,7 @@ fn csv_has_header_and_quoted_rows() {
         "engine",
         "kv_bytes",
         "kv_tokens",
+        "pinned",
     ] {
         assert!(header.contains(&k), "{k} in CSV header");
     }

@@ -1,6 +1,6 @@
 //! Result output: llama-bench's markdown table (plus our memory columns), CSV, JSON and
 //! JSONL with llama-bench's field names (plus `engine`, `model_bytes`, `kv_bytes`,
-//! `kv_tokens`), and the side-by-side ratio table.
+//! `kv_tokens`, `pinned`), and the side-by-side ratio table.
 
 use std::io::{self, Write};
 
@@ -136,6 +136,7 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("model_bytes", json!(r.model_bytes)),
         ("kv_bytes", opt(r.kv_bytes)),
         ("kv_tokens", opt(r.kv_tokens)),
+        ("pinned", json!(r.pinned)),
     ]
 }
 
@@ -502,4 +503,5 @@ pub const CSV_FIELDS: &[&str] = &[
     "model_bytes",
     "kv_bytes",
     "kv_tokens",
+    "pinned",
 ];
