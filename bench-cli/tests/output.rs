@@ -239,6 +239,19 @@ fn markdown_table_shape() {
         cells[8].parse::<f64>().unwrap();
         cells[9].parse::<u64>().unwrap();
     }
+    // One roofline note per tg test: weights x t/s.
+    let notes: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("tg roofline: model weights "))
+        .collect();
+    assert_eq!(notes.len(), 2, "{stdout}");
+    for n in notes {
+        let (_, rest) = n.split_once(" = ").unwrap();
+        let gbps: f64 = rest.split_once(" GB/s").unwrap().0.parse().unwrap();
+        assert!(gbps > 0.0, "{n}");
+        assert!(n.contains("rbench membw -t 1"), "{n}");
+    }
     let last = lines.last().unwrap();
     assert!(
         last.starts_with("build: ") && last.ends_with(&format!("({})", env!("CARGO_PKG_VERSION"))),
