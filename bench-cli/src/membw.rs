@@ -26,6 +26,7 @@ use crate::stats;
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "rbench membw",
+    bin_name = "rbench membw",
     about = "Memory read bandwidth with rllama's thread pool (the decode roofline)"
 )]
 pub struct MembwArgs {
