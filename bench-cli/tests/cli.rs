@@ -51,6 +51,8 @@ fn defaults_match_llama_bench() {
     assert_eq!(p.output, OutputFormat::Md);
     assert!(p.warmup);
     assert_eq!(p.engines, vec![Engine::Rllama]);
+    assert!(p.pin, "threads are pinned unless --no-pin");
+    assert!(!params(&["--no-pin"]).pin);
     let names: Vec<String> = p.tests().iter().map(TestSpec::name).collect();
     assert_eq!(names, ["pp512", "tg128"]);
     // Prompts are evaluated in ubatch-sized forward passes.

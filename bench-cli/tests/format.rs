@@ -1,7 +1,7 @@
 //! Number formats, timestamps, the SIMD guard and the engine checks (no model needed).
 
 use bench_cli::engine::cli::Params;
-use bench_cli::engine::report::{format_params, format_size, load_note};
+use bench_cli::engine::report::{format_params, format_size, load_note, tg_read_gbps};
 use bench_cli::engine::run::{check_supported, format_utc, missing_reference_simd, size_label};
 
 #[test]
@@ -68,4 +68,12 @@ fn busy_machine_is_flagged() {
     assert_eq!(load_note(Some(0.2), 2), None);
     let n = load_note(Some(3.5), 2).unwrap();
     assert!(n.contains("3.50 on 2 CPUs") && n.contains("noisy"), "{n}");
+}
+
+#[test]
+fn tg_roofline_is_weights_times_tokens_per_second() {
+    // 100 MiB of weights read 50 times a second.
+    let g = tg_read_gbps(100 << 20, 50.0);
+    assert!((g - 5.242_88).abs() < 1e-9, "{g}");
+    assert_eq!(tg_read_gbps(0, 50.0), 0.0);
 }

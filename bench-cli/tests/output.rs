@@ -135,6 +135,7 @@ fn json_output_has_llama_bench_fields_and_statistics() {
         assert!(u(r, "kv_tokens") >= ctx);
         assert!(u(r, "kv_bytes") > 0);
         assert!(r["test_time"].as_str().unwrap().ends_with('Z'));
+        assert!(r["pinned"].is_boolean(), "pinned: {r}");
         check_stats(r, 2);
     }
     assert_eq!((u(&rows[0], "n_prompt"), u(&rows[0], "n_gen")), (16, 0));
@@ -162,12 +163,14 @@ fn jsonl_is_one_object_per_line() {
         "-o",
         "jsonl",
         "--no-warmup",
+        "--no-pin",
     ]);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     for l in &lines {
         let v: Value = serde_json::from_str(l).expect("each line is a JSON object");
         assert!(v.is_object());
+        assert_eq!(v["pinned"], false, "--no-pin");
         check_stats(&v, 1);
         assert_eq!(v["stddev_ts"], 0.0);
     }
@@ -236,6 +239,19 @@ fn markdown_table_shape() {
         cells[8].parse::<f64>().unwrap();
         cells[9].parse::<u64>().unwrap();
     }
+    // One roofline note per tg test: weights x t/s.
+    let notes: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("tg roofline: model weights "))
+        .collect();
+    assert_eq!(notes.len(), 2, "{stdout}");
+    for n in notes {
+        let (_, rest) = n.split_once(" = ").unwrap();
+        let gbps: f64 = rest.split_once(" GB/s").unwrap().0.parse().unwrap();
+        assert!(gbps > 0.0, "{n}");
+        assert!(n.contains("rbench membw -t 1"), "{n}");
+    }
     let last = lines.last().unwrap();
     assert!(
         last.starts_with("build: ") && last.ends_with(&format!("({})", env!("CARGO_PKG_VERSION"))),
@@ -269,6 +285,7 @@ fn csv_has_header_and_quoted_rows() {
         "engine",
         "kv_bytes",
         "kv_tokens",
+        "pinned",
     ] {
         assert!(header.contains(&k), "{k} in CSV header");
     }

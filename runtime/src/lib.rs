@@ -1,6 +1,7 @@
 //! The inference runtime: GGUF loading, model registry, tokenizers, architectures,
 //! sampling, KV cache and the batched forward pass.
 
+pub mod affinity;
 pub mod chat;
 pub mod gguf;
 pub mod kv;

@@ -5,11 +5,21 @@
 //! Workers spin briefly on the job generation, then yield, then park on a condvar: the many
 //! small ops of one decode step do not pay a futex wake-up each, and a machine with more
 //! runnable threads than cores is not starved by spinners (yielding hands the core over).
+//!
+//! By default each compute thread is pinned to its own CPU (Linux): thread i, the caller
+//! being thread 0, gets the i-th CPU the caller is allowed to run on, so `taskset` and
+//! `numactl` are honoured. With more threads than allowed CPUs nothing is pinned (two
+//! pinned busy threads must never share a core). Pinning failures are ignored. The caller's
+//! own mask is put back when the pool is dropped, since pools are also created on
+//! long-lived threads (the server's engine thread). `RLLAMA_NO_PIN=1` or
+//! `PoolOptions { pin: false }` turns pinning off.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+
+use crate::affinity::{self, SavedAffinity};
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -41,6 +51,38 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
+    /// CPU of each thread (caller first), when every thread was pinned.
+    pinned: Option<Vec<usize>>,
+    /// The caller's mask before it was pinned, put back on drop.
+    caller_affinity: Option<SavedAffinity>,
+}
+
+/// How a pool places its threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// Pin each compute thread to its own CPU (when there are enough CPUs). The environment
+    /// variable `RLLAMA_NO_PIN` overrides this to off.
+    pub pin: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> PoolOptions {
+        PoolOptions { pin: true }
+    }
+}
+
+/// The environment variable that turns pinning off for every pool.
+pub const NO_PIN_ENV: &str = "RLLAMA_NO_PIN";
+
+/// Whether a value of `RLLAMA_NO_PIN` turns pinning off: anything but unset, empty or `0`.
+pub fn no_pin_requested(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The CPUs for `n_threads` pinned threads out of the `allowed` ones, or `None` when there
+/// are not enough for one each.
+fn pin_plan(n_threads: usize, allowed: &[usize]) -> Option<Vec<usize>> {
+    (n_threads <= allowed.len()).then(|| allowed[..n_threads].to_vec())
 }
 
 /// Busy-wait iterations before yielding, and yields before parking.
@@ -63,9 +105,26 @@ fn backoff(step: &mut u32) -> bool {
 }
 
 impl ThreadPool {
-    /// A pool with `n_threads` compute threads in total, the caller included.
+    /// A pool with `n_threads` compute threads in total, the caller included, pinned to
+    /// their own CPUs where possible (see the module docs).
     pub fn new(n_threads: usize) -> ThreadPool {
+        ThreadPool::with_options(n_threads, PoolOptions::default())
+    }
+
+    /// A pool with `n_threads` compute threads in total, the caller included.
+    pub fn with_options(n_threads: usize, options: PoolOptions) -> ThreadPool {
         let n_threads = n_threads.max(1);
+        let pin = options.pin && !no_pin_requested(std::env::var(NO_PIN_ENV).ok().as_deref());
+        let caller_affinity = if pin {
+            SavedAffinity::of_current_thread()
+        } else {
+            None
+        };
+        let plan = caller_affinity
+            .as_ref()
+            .and_then(|a| pin_plan(n_threads, &a.set().cpus()));
+        // Only a pinned caller has anything to put back.
+        let caller_affinity = caller_affinity.filter(|_| plan.is_some());
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -76,20 +135,46 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
         });
+        // Workers pin themselves first thing and report whether it took.
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<bool>();
         let workers = (1..n_threads)
             .map(|i| {
                 let shared = shared.clone();
+                let cpu = plan.as_ref().map(|p| p[i]);
+                let pinned_tx = pinned_tx.clone();
                 std::thread::Builder::new()
                     .name(format!("rllama-worker-{i}"))
-                    .spawn(move || worker(shared))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            let _ = pinned_tx.send(affinity::pin_current_thread(cpu));
+                        }
+                        drop(pinned_tx);
+                        worker(shared)
+                    })
                     .expect("spawn worker thread")
             })
             .collect();
+        drop(pinned_tx);
+        let pinned = plan.filter(|p| {
+            let caller = affinity::pin_current_thread(p[0]);
+            // Every worker sends once before it starts waiting for jobs.
+            let workers = (1..n_threads).all(|_| pinned_rx.recv().unwrap_or(false));
+            caller && workers
+        });
         ThreadPool {
             shared,
             workers,
             n_threads,
+            pinned,
+            caller_affinity,
         }
+    }
+
+    /// The CPU of each compute thread (the caller's first) when the pool pinned them all;
+    /// `None` when pinning was off, not possible (more threads than allowed CPUs, not
+    /// Linux) or failed for any thread.
+    pub fn pinned_cpus(&self) -> Option<Vec<usize>> {
+        self.pinned.clone()
     }
 
     pub fn n_threads(&self) -> usize {
@@ -207,6 +292,9 @@ impl Drop for ThreadPool {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+        if let Some(a) = &self.caller_affinity {
+            a.restore();
+        }
     }
 }
 
@@ -256,6 +344,109 @@ mod tests {
             });
         }
         assert_eq!(total.load(Ordering::Relaxed), 20_000 * 6);
+    }
+
+    /// The pinning tests expect the default; a developer's `RLLAMA_NO_PIN` turns them off.
+    fn pinning_enabled() -> bool {
+        !no_pin_requested(std::env::var(NO_PIN_ENV).ok().as_deref())
+    }
+
+    fn allowed_cpus() -> Vec<usize> {
+        affinity::CpuSet::of_current_thread().map_or_else(Vec::new, |s| s.cpus())
+    }
+
+    #[test]
+    fn pins_threads_to_distinct_allowed_cpus() {
+        let allowed = allowed_cpus();
+        let pool = ThreadPool::new(2);
+        if !(cfg!(target_os = "linux") && allowed.len() >= 2 && pinning_enabled()) {
+            assert_eq!(pool.pinned_cpus(), None);
+            return;
+        }
+        let cpus = pool.pinned_cpus().expect("2 threads fit this machine");
+        assert_eq!(cpus, &allowed[..2], "the first allowed CPUs, caller first");
+        // Both threads take part: the caller's task waits until the worker has one too.
+        let started = AtomicUsize::new(0);
+        let seen = Mutex::new(Vec::new());
+        pool.run(2, &|_| {
+            started.fetch_add(1, Ordering::SeqCst);
+            while started.load(Ordering::SeqCst) < 2 {
+                std::hint::spin_loop();
+            }
+            let mask = affinity::CpuSet::of_current_thread().unwrap().cpus();
+            seen.lock().unwrap().push(mask);
+        });
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        assert_eq!(seen, [vec![cpus[0]], vec![cpus[1]]], "one CPU per thread");
+    }
+
+    #[test]
+    fn more_threads_than_cpus_are_not_pinned() {
+        let before = affinity::CpuSet::of_current_thread();
+        let n = allowed_cpus().len() + 1;
+        let pool = ThreadPool::new(n);
+        assert_eq!(pool.pinned_cpus(), None);
+        assert_eq!(
+            affinity::CpuSet::of_current_thread(),
+            before,
+            "caller untouched"
+        );
+        let total = AtomicUsize::new(0);
+        pool.run(1000, &|i| {
+            total.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 999 * 1000 / 2);
+    }
+
+    #[test]
+    fn caller_affinity_is_restored_on_drop() {
+        let before = affinity::CpuSet::of_current_thread();
+        for n in [1, 2] {
+            let pool = ThreadPool::new(n);
+            if let Some(cpus) = pool.pinned_cpus() {
+                let now = affinity::CpuSet::of_current_thread().unwrap().cpus();
+                assert_eq!(now, [cpus[0]], "caller pinned while the pool lives");
+            }
+            pool.run(8, &|_| {});
+            drop(pool);
+            assert_eq!(affinity::CpuSet::of_current_thread(), before);
+        }
+    }
+
+    #[test]
+    fn pinning_can_be_turned_off() {
+        let before = affinity::CpuSet::of_current_thread();
+        let pool = ThreadPool::with_options(1, PoolOptions { pin: false });
+        assert_eq!(pool.pinned_cpus(), None);
+        assert_eq!(affinity::CpuSet::of_current_thread(), before);
+        assert!(!no_pin_requested(None));
+        assert!(!no_pin_requested(Some("")));
+        assert!(!no_pin_requested(Some("0")));
+        assert!(no_pin_requested(Some("1")));
+        assert!(no_pin_requested(Some("yes")));
+        assert_eq!(pin_plan(2, &[3, 5, 7]), Some(vec![3, 5]));
+        assert_eq!(pin_plan(3, &[3, 5]), None);
+    }
+
+    /// The child half of `env_var_turns_pinning_off`; a no-op unless the variable is set.
+    #[test]
+    fn env_var_child() {
+        if std::env::var_os(NO_PIN_ENV).is_some() {
+            assert_eq!(ThreadPool::new(1).pinned_cpus(), None);
+        }
+    }
+
+    #[test]
+    fn env_var_turns_pinning_off() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "pool::tests::env_var_child", "--test-threads=1"])
+            .env(NO_PIN_ENV, "1")
+            .output()
+            .expect("run the test binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(stdout.contains("1 passed"), "the child test ran: {stdout}");
     }
 
     #[test]

@@ -32,11 +32,17 @@ pub enum FinishReason {
 }
 
 impl Runner {
+    /// A runner with its own pool of `n_threads` (pinned by default, see `pool`).
     pub fn new(model: Arc<Model>, n_threads: usize, n_ctx: usize) -> Runner {
+        Runner::with_pool(model, ThreadPool::new(n_threads), n_ctx)
+    }
+
+    /// A runner on a pool the caller built (e.g. without pinning).
+    pub fn with_pool(model: Arc<Model>, pool: ThreadPool, n_ctx: usize) -> Runner {
         let kv = KvCache::new(model.kv_layout(n_ctx, 16));
         Runner {
             model,
-            pool: ThreadPool::new(n_threads),
+            pool,
             kv,
             ws: Workspace::default(),
             n_ctx,

@@ -163,6 +163,10 @@ pub struct Cli {
     /// Suppress the progress lines on stderr
     #[arg(long = "no-progress")]
     pub no_progress: bool,
+    /// Do not pin rllama's compute threads to their own CPUs (pinned by default, when
+    /// there are enough CPUs; RLLAMA_NO_PIN=1 does the same)
+    #[arg(long = "no-pin")]
+    pub no_pin: bool,
 }
 
 /// Rewrites llama-bench's multi-letter single-dash flags into clap's long form
@@ -327,6 +331,8 @@ pub struct Params {
     pub cpu_mask: Option<String>,
     pub engines: Vec<Engine>,
     pub progress: bool,
+    /// Pin rllama's compute threads (`--no-pin` turns it off).
+    pub pin: bool,
 }
 
 pub const DEFAULT_N_PROMPT: usize = 512;
@@ -434,6 +440,7 @@ impl Params {
             cpu_mask,
             engines,
             progress: !cli.no_progress,
+            pin: !cli.no_pin,
         };
         if p.tests().is_empty() {
             bail!("nothing to run: every test has 0 tokens (check -p, -n and -pg)");

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 
 use cli::{Engine, Params};
 use report::{Printer, RunInfo};
-use run::{LoadedModel, Progress, TestResult};
+use run::{LoadedModel, Progress, RunOptions, TestResult};
 
 /// Short git hash of this build, from the build script.
 pub const BUILD_COMMIT: &str = env!("RBENCH_GIT_COMMIT");
@@ -62,6 +62,7 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
     let mut progress = Progress::new(params.progress);
     let mut results: Vec<TestResult> = Vec::new();
     let mut loaded: Option<LoadedModel> = None;
+    let run_opts = RunOptions::from_params(params);
     let outcome = (|| -> Result<()> {
         for (i, spec) in tests.iter().enumerate() {
             let path = &paths
@@ -77,16 +78,7 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
             if i > 0 {
                 run::delay(params.delay);
             }
-            let rs = run::run_test(
-                spec,
-                i,
-                tests.len(),
-                model,
-                &params.engines,
-                params.repetitions,
-                params.warmup,
-                &mut progress,
-            )?;
+            let rs = run::run_test(spec, i, tests.len(), model, &run_opts, &mut progress)?;
             for r in &rs {
                 printer.test(r)?;
             }

@@ -1,6 +1,6 @@
 //! Result output: llama-bench's markdown table (plus our memory columns), CSV, JSON and
 //! JSONL with llama-bench's field names (plus `engine`, `model_bytes`, `kv_bytes`,
-//! `kv_tokens`), and the side-by-side ratio table.
+//! `kv_tokens`, `pinned`), the side-by-side ratio table and the tg roofline notes.
 
 use std::io::{self, Write};
 
@@ -136,6 +136,7 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("model_bytes", json!(r.model_bytes)),
         ("kv_bytes", opt(r.kv_bytes)),
         ("kv_tokens", opt(r.kv_tokens)),
+        ("pinned", json!(r.pinned)),
     ]
 }
 
@@ -356,9 +357,11 @@ impl<W: Write> Printer<W> {
     }
 
     /// Closes the output. For markdown, also the ratio table (with two engines), llama.cpp's
-    /// system info and the build line; other formats put those on stderr.
+    /// system info, the tg roofline notes and the build line; other formats put those on
+    /// stderr.
     pub fn footer(&mut self, results: &[TestResult]) -> io::Result<()> {
         let ratio = self.ratio_table(results);
+        let roofline = roofline_notes(results);
         let sysinfo = self
             .info
             .llamacpp_system_info
@@ -371,6 +374,9 @@ impl<W: Write> Printer<W> {
                 }
                 if let Some(s) = &sysinfo {
                     writeln!(self.out, "\n{s}")?;
+                }
+                if !roofline.is_empty() {
+                    writeln!(self.out, "\n{}", roofline.join("\n"))?;
                 }
                 if let Some(n) = &self.info.load_note {
                     writeln!(self.out, "\n{n}")?;
@@ -397,6 +403,9 @@ impl<W: Write> Printer<W> {
             }
             if let Some(s) = &sysinfo {
                 writeln!(e, "{s}")?;
+            }
+            for n in &roofline {
+                writeln!(e, "{n}")?;
             }
         }
         Ok(())
@@ -451,6 +460,34 @@ impl<W: Write> Printer<W> {
     }
 }
 
+/// The bytes a tg test streams per second if every generated token reads all weights once:
+/// model bytes x t/s, in GB/s (1e9 bytes). Decode is bound by memory bandwidth, so this is
+/// the figure to hold against `rbench membw` with the same threads.
+pub fn tg_read_gbps(model_bytes: u64, tg_ts: f64) -> f64 {
+    model_bytes as f64 * tg_ts / 1e9
+}
+
+/// One note per tg-only test (pp tests are compute-bound; the KV cache read is left out).
+pub fn roofline_notes(results: &[TestResult]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|r| r.spec.n_prompt == 0 && r.spec.n_gen > 0)
+        .map(|r| {
+            let ts = r.avg_ts();
+            format!(
+                "tg roofline: model weights {} MiB x {ts:.2} t/s = {:.2} GB/s read per token \
+                 stream ({}, {}, t={}; compare with `rbench membw -t {}`)",
+                mib(r.model_bytes),
+                tg_read_gbps(r.model_bytes, ts),
+                r.spec.name(),
+                r.engine.display(),
+                r.spec.threads,
+                r.spec.threads,
+            )
+        })
+        .collect()
+}
+
 /// Pairs each rllama result with the llama.cpp result of the same test.
 pub fn ratio_rows(results: &[TestResult]) -> Vec<(&TestResult, &TestResult)> {
     results
@@ -502,4 +539,5 @@ pub const CSV_FIELDS: &[&str] = &[
     "model_bytes",
     "kv_bytes",
     "kv_tokens",
+    "pinned",
 ];

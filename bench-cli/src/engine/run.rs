@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use datasets::fixed::{random_tokens, TokenSpace};
 use runtime::gguf::GgufFile;
 use runtime::model::Model;
+use runtime::pool::{PoolOptions, ThreadPool};
 use runtime::reference::{RefModel, RefOptions};
 use runtime::runner::Runner;
 use runtime::tokenizer::Tokenizer;
@@ -47,6 +48,9 @@ pub struct TestResult {
     pub test_time: String,
     /// Timed nanoseconds per repetition.
     pub samples_ns: Vec<u64>,
+    /// Whether every compute thread was pinned to its own CPU (llama.cpp: never, its
+    /// default `cpu_strict` is off).
+    pub pinned: bool,
 }
 
 impl TestResult {
@@ -139,10 +143,15 @@ struct OursInstance {
 }
 
 impl OursInstance {
-    fn new(model: Arc<Model>, spec: &TestSpec) -> OursInstance {
-        let mut runner = Runner::new(model, spec.threads, spec.n_ctx());
+    fn new(model: Arc<Model>, spec: &TestSpec, pin: bool) -> OursInstance {
+        let pool = ThreadPool::with_options(spec.threads, PoolOptions { pin });
+        let mut runner = Runner::with_pool(model, pool, spec.n_ctx());
         runner.n_batch = spec.our_chunk();
         OursInstance { runner }
+    }
+
+    fn pinned(&self) -> bool {
+        self.runner.pool.pinned_cpus().is_some()
     }
 
     fn warmup(&mut self, t: &RepTokens) -> Result<()> {
@@ -445,20 +454,44 @@ pub fn format_utc(secs: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
+/// How every test of a run is carried out.
+#[derive(Debug, Clone)]
+pub struct RunOptions<'a> {
+    pub engines: &'a [Engine],
+    pub repetitions: usize,
+    pub warmup: bool,
+    /// Pin rllama's compute threads to their own CPUs.
+    pub pin: bool,
+}
+
+impl<'a> RunOptions<'a> {
+    pub fn from_params(params: &'a Params) -> RunOptions<'a> {
+        RunOptions {
+            engines: &params.engines,
+            repetitions: params.repetitions,
+            warmup: params.warmup,
+            pin: params.pin,
+        }
+    }
+}
+
 /// Runs one test on every engine: warmup on each, then the repetitions alternating
 /// between engines (rllama rep 1, llama.cpp rep 1, rllama rep 2, ...) so that machine
 /// drift affects both alike. Returns one result per engine, in `engines` order.
-#[allow(clippy::too_many_arguments)]
 pub fn run_test(
     spec: &TestSpec,
     test_idx: usize,
     n_tests: usize,
     model: &LoadedModel,
-    engines: &[Engine],
-    repetitions: usize,
-    warmup: bool,
+    opts: &RunOptions<'_>,
     progress: &mut Progress,
 ) -> Result<Vec<TestResult>> {
+    let RunOptions {
+        engines,
+        repetitions,
+        warmup,
+        pin,
+    } = *opts;
     let name = spec.name();
     let test_time = utc_now();
     let label = format!("test {}/{n_tests} {name} t={}", test_idx + 1, spec.threads);
@@ -471,7 +504,7 @@ pub fn run_test(
     for &e in engines {
         progress.update(&format!("{label} [{e}] loading"));
         insts.push(match e {
-            Engine::Rllama => Inst::Ours(Box::new(OursInstance::new(model.ours()?, spec))),
+            Engine::Rllama => Inst::Ours(Box::new(OursInstance::new(model.ours()?, spec, pin))),
             Engine::LlamaCpp => Inst::Ref(
                 RefInstance::new(&model.path, spec)
                     .with_context(|| format!("llama.cpp: {}", model.path.display()))?,
@@ -512,14 +545,14 @@ pub fn run_test(
         .map(|m| m.kv_layout(1, 1).bytes_per_token() as u64);
     let mut out = Vec::with_capacity(engines.len());
     for ((inst, &engine), samples_ns) in insts.iter().zip(engines).zip(samples) {
-        let (info, model_bytes, kv_bytes, kv_tokens, flash_attn) = match inst {
+        let (info, model_bytes, kv_bytes, kv_tokens, flash_attn, pinned) = match inst {
             Inst::Ours(o) => {
                 let (b, t) = o.kv();
                 let w = model
                     .ours
                     .as_ref()
                     .map_or(model.info.size, |m| m.weight_bytes());
-                (model.info.clone(), w, Some(b), Some(t), 0)
+                (model.info.clone(), w, Some(b), Some(t), 0, o.pinned())
             }
             Inst::Ref(r) => {
                 let n_ctx = r.m.n_ctx() as u64;
@@ -532,7 +565,7 @@ pub fn run_test(
                 // llama.cpp's default cache is f16 K and V for every position, the same
                 // per-token size as ours (models with sliding-window layers allocate less).
                 let kv_bytes = ours_bpt.map(|b| b * n_ctx);
-                (info, r.m.model_size(), kv_bytes, Some(n_ctx), -1)
+                (info, r.m.model_size(), kv_bytes, Some(n_ctx), -1, false)
             }
         };
         out.push(TestResult {
@@ -545,6 +578,7 @@ pub fn run_test(
             flash_attn,
             test_time: test_time.clone(),
             samples_ns,
+            pinned,
         });
     }
     Ok(out)

@@ -1,0 +1,322 @@
+//! `rbench membw`: main-memory read bandwidth, the ceiling of decode speed (every generated
+//! token streams all the weights once; the tg roofline note of `rbench -m …` gives the
+//! bandwidth a model actually reached).
+//!
+//! ```text
+//! rbench membw [-t N] [--size-mib M] [-r R] [--no-pin]
+//! ```
+//!
+//! The threads are our own `runtime::pool::ThreadPool`, pinned as the engine pins them, and
+//! they share out the buffer the way the engine shares out matmul rows: small tasks handed
+//! out from an atomic counter. Each task sums its slice of one large buffer (far above the
+//! caches; written first so every page is resident) with AVX2 loads where the CPU has them.
+//! GB = 1e9 bytes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use runtime::pool::{PoolOptions, SharedMut, ThreadPool};
+
+use crate::engine::cli::default_threads;
+use crate::engine::report::{load_average, load_note};
+use crate::stats;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "rbench membw",
+    bin_name = "rbench membw",
+    about = "Memory read bandwidth with rllama's thread pool (the decode roofline)"
+)]
+pub struct MembwArgs {
+    /// Threads [default: available cores, as for the engine benchmark]
+    #[arg(short = 't', long = "threads", value_name = "N")]
+    pub threads: Option<usize>,
+    /// Buffer size in MiB (shared by all threads; keep it well above the caches)
+    #[arg(long = "size-mib", value_name = "M", default_value_t = 1024)]
+    pub size_mib: usize,
+    /// Timed passes over the buffer
+    #[arg(
+        short = 'r',
+        long = "repetitions",
+        value_name = "R",
+        default_value_t = 5
+    )]
+    pub repetitions: usize,
+    /// Do not pin the threads to their own CPUs
+    #[arg(long = "no-pin")]
+    pub no_pin: bool,
+}
+
+/// Bytes per task: large enough that handing out tasks costs nothing next to reading them,
+/// small enough that the threads finish together.
+const TASK_BYTES: usize = 1 << 20;
+const TASK_WORDS: usize = TASK_BYTES / 8;
+
+/// The summing kernel in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Scalar,
+    Avx2,
+}
+
+impl Kernel {
+    /// The best kernel this CPU runs.
+    pub fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+        }
+    }
+
+    /// Wrapping sum of `xs`.
+    pub fn sum(self, xs: &[u64]) -> u64 {
+        match self {
+            Kernel::Scalar => sum_scalar(xs),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only chosen by `detect` when the CPU has AVX2 (tests do the same).
+            Kernel::Avx2 => unsafe { sum_avx2(xs) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 => unreachable!("AVX2 is never detected off x86_64"),
+        }
+    }
+}
+
+/// The scalar twin: a plain wrapping sum.
+pub fn sum_scalar(xs: &[u64]) -> u64 {
+    xs.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// Four independent 256-bit accumulators keep several loads in flight per thread.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(xs: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let blocks = xs.chunks_exact(16);
+    let rest = blocks.remainder();
+    for b in blocks {
+        let p = b.as_ptr() as *const __m256i;
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `b` holds 16 u64 = four 32-byte vectors; unaligned loads.
+            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(k)));
+        }
+    }
+    let v = _mm256_add_epi64(
+        _mm256_add_epi64(acc[0], acc[1]),
+        _mm256_add_epi64(acc[2], acc[3]),
+    );
+    let mut lanes = [0u64; 4];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, v);
+    lanes
+        .iter()
+        .chain(rest)
+        .fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// One bandwidth measurement.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    pub threads: usize,
+    pub bytes: u64,
+    pub kernel: Kernel,
+    /// The CPUs the threads were pinned to, caller first.
+    pub pinned: Option<Vec<usize>>,
+    /// GB/s of each timed pass.
+    pub samples_gbps: Vec<f64>,
+}
+
+impl Measurement {
+    pub fn median(&self) -> f64 {
+        stats::percentile(&self.samples_gbps, 50.0)
+    }
+
+    pub fn min(&self) -> f64 {
+        self.samples_gbps
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    pub fn max(&self) -> f64 {
+        self.samples_gbps
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// Reads a `size_mib` buffer `repetitions` times with `threads` pool threads.
+pub fn measure(
+    threads: usize,
+    size_mib: usize,
+    repetitions: usize,
+    pin: bool,
+) -> Result<Measurement> {
+    if threads == 0 || size_mib == 0 || repetitions == 0 {
+        bail!("threads, --size-mib and repetitions must be > 0");
+    }
+    let bytes = size_mib
+        .checked_mul(1 << 20)
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| anyhow::anyhow!("--size-mib {size_mib} is too large"))?;
+    let words = bytes / 8;
+    let n_tasks = words.div_ceil(TASK_WORDS);
+    let task = |t: usize| t * TASK_WORDS..((t + 1) * TASK_WORDS).min(words);
+
+    let pool = ThreadPool::with_options(threads, PoolOptions { pin });
+    let kernel = Kernel::detect();
+
+    // Untouched pages would all read the shared zero page: write every word first, from the
+    // pool so each page is first touched by a thread that reads it (NUMA-local, mostly).
+    let mut buf = vec![0u64; words];
+    let out = SharedMut::new(&mut buf);
+    pool.run(n_tasks, &|t| {
+        let r = task(t);
+        // SAFETY: tasks cover disjoint ranges within the buffer.
+        let dst = unsafe { out.slice(r.start, r.len()) };
+        for (j, w) in r.zip(dst) {
+            *w = j as u64;
+        }
+    });
+    // The sum of 0..words, wrapped as the kernels wrap: proves every word was read once.
+    let expect = ((words as u128) * (words as u128).saturating_sub(1) / 2) as u64;
+
+    let pass = || -> Result<f64> {
+        let total = AtomicU64::new(0);
+        let t0 = Instant::now();
+        pool.run(n_tasks, &|t| {
+            let s = kernel.sum(&buf[task(t)]);
+            total.fetch_add(s, Ordering::Relaxed);
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        let got = total.into_inner();
+        if got != expect {
+            bail!("checksum mismatch: {got} != {expect} (a task was lost or repeated)");
+        }
+        Ok(bytes as f64 / secs.max(1e-9) / 1e9)
+    };
+    pass()?; // untimed: wakes the workers and warms the TLB
+    let samples_gbps = (0..repetitions)
+        .map(|_| pass())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Measurement {
+        threads,
+        bytes: bytes as u64,
+        kernel,
+        pinned: pool.pinned_cpus(),
+        samples_gbps,
+    })
+}
+
+/// The result as a markdown table.
+pub fn markdown(m: &Measurement) -> String {
+    let pinned = m.pinned.as_ref().map_or_else(
+        || "no".to_string(),
+        |c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+    );
+    let cols = [
+        ("threads", m.threads.to_string()),
+        ("pinned CPUs", pinned),
+        ("buffer MiB", (m.bytes >> 20).to_string()),
+        ("kernel", m.kernel.name().to_string()),
+        ("reps", m.samples_gbps.len().to_string()),
+        ("median GB/s", format!("{:.2}", m.median())),
+        ("min GB/s", format!("{:.2}", m.min())),
+        ("max GB/s", format!("{:.2}", m.max())),
+    ];
+    let w: Vec<usize> = cols.iter().map(|(h, v)| h.len().max(v.len())).collect();
+    let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    let mut s = row(cols
+        .iter()
+        .zip(&w)
+        .map(|((h, _), &w)| format!("{h:>w$}"))
+        .collect());
+    s += &row(w
+        .iter()
+        .map(|&w| format!("{}:", "-".repeat(w - 1)))
+        .collect());
+    s += &row(cols
+        .iter()
+        .zip(&w)
+        .map(|((_, v), &w)| format!("{v:>w$}"))
+        .collect());
+    s
+}
+
+/// Entry point for `rbench membw …` (`args[0]` is `membw`).
+pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
+    let a = match MembwArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return std::process::ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    if let Some(n) = load_note(load_average(), default_threads()) {
+        eprintln!("rbench: {n}");
+    }
+    let threads = a.threads.unwrap_or_else(default_threads);
+    match measure(threads, a.size_mib, a.repetitions, !a.no_pin) {
+        Ok(m) => {
+            print!("{}", markdown(&m));
+            println!(
+                "\nread bandwidth: {} MiB summed by {} thread(s) in {} KiB tasks, median of {} \
+                 passes; GB = 1e9 bytes. Compare with the tg roofline note of `rbench -m MODEL \
+                 -t {}`.",
+                m.bytes >> 20,
+                m.threads,
+                TASK_BYTES >> 10,
+                m.samples_gbps.len(),
+                m.threads,
+            );
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rbench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn kernels_agree_with_the_scalar_twin() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for len in [0, 1, 15, 16, 17, 63, 64, 1000, 4099] {
+            let xs: Vec<u64> = (0..len).map(|_| rng.gen()).collect();
+            let want = sum_scalar(&xs);
+            assert_eq!(Kernel::detect().sum(&xs), want, "len {len}");
+            // Unaligned starts too.
+            if len > 3 {
+                assert_eq!(Kernel::detect().sum(&xs[3..]), sum_scalar(&xs[3..]));
+            }
+        }
+    }
+
+    #[test]
+    fn small_measurement_is_positive_and_checked() {
+        let m = measure(2, 8, 2, true).unwrap();
+        assert_eq!(m.samples_gbps.len(), 2);
+        assert!(m.samples_gbps.iter().all(|&g| g.is_finite() && g > 0.0));
+        assert!(m.min() <= m.median() && m.median() <= m.max());
+        let t = markdown(&m);
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(t
+            .lines()
+            .all(|l| l.chars().count() == t.lines().next().unwrap().chars().count()));
+    }
+}

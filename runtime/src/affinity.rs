@@ -1,0 +1,204 @@
+//! Thread CPU affinity, for pinning the pool's compute threads (`pool.rs`).
+//!
+//! Linux only (`sched_getaffinity` / `sched_setaffinity`); elsewhere every query answers
+//! `None` and every change reports failure, so callers simply do not pin. Nothing here
+//! panics or returns an error: pinning is an optimization, never a reason to fail.
+
+/// A set of CPUs, as the kernel's fixed-size `cpu_set_t` (1024 CPUs). A machine with more
+/// CPUs makes `sched_getaffinity` fail with this size, which reads as "unknown": no pinning.
+#[derive(Clone, Copy)]
+pub struct CpuSet {
+    #[cfg(target_os = "linux")]
+    raw: libc::cpu_set_t,
+}
+
+impl std::fmt::Debug for CpuSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.cpus()).finish()
+    }
+}
+
+impl PartialEq for CpuSet {
+    fn eq(&self, other: &CpuSet) -> bool {
+        self.cpus() == other.cpus()
+    }
+}
+
+impl Eq for CpuSet {}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use super::CpuSet;
+
+    const SET_BYTES: usize = std::mem::size_of::<libc::cpu_set_t>();
+    pub(super) const MAX_CPUS: usize = 8 * SET_BYTES;
+
+    pub(super) fn empty() -> CpuSet {
+        // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+        CpuSet {
+            raw: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    pub(super) fn of_thread(tid: libc::pid_t) -> Option<CpuSet> {
+        let mut set = empty();
+        // SAFETY: the kernel writes at most SET_BYTES into a valid cpu_set_t.
+        let rc = unsafe { libc::sched_getaffinity(tid, SET_BYTES, &mut set.raw) };
+        (rc == 0).then_some(set)
+    }
+
+    pub(super) fn apply(set: &CpuSet, tid: libc::pid_t) -> bool {
+        // SAFETY: the kernel reads SET_BYTES from a valid cpu_set_t.
+        unsafe { libc::sched_setaffinity(tid, SET_BYTES, &set.raw) == 0 }
+    }
+
+    pub(super) fn insert(set: &mut CpuSet, cpu: usize) {
+        assert!(cpu < MAX_CPUS);
+        // SAFETY: a bit inside the set (checked above).
+        unsafe { libc::CPU_SET(cpu, &mut set.raw) };
+    }
+
+    pub(super) fn contains(set: &CpuSet, cpu: usize) -> bool {
+        // SAFETY: CPU_ISSET only reads; callers ask for cpu < MAX_CPUS.
+        cpu < MAX_CPUS && unsafe { libc::CPU_ISSET(cpu, &set.raw) }
+    }
+
+    pub(super) fn tid() -> libc::pid_t {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
+    }
+}
+
+impl CpuSet {
+    /// The CPUs the calling thread may run on; `None` where that is unknown (not Linux, or
+    /// the syscall failed).
+    pub fn of_current_thread() -> Option<CpuSet> {
+        #[cfg(target_os = "linux")]
+        return imp::of_thread(0);
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// The set holding just `cpu`; `None` beyond the supported range or off Linux.
+    pub fn single(cpu: usize) -> Option<CpuSet> {
+        #[cfg(target_os = "linux")]
+        {
+            if cpu >= imp::MAX_CPUS {
+                return None;
+            }
+            let mut s = imp::empty();
+            imp::insert(&mut s, cpu);
+            Some(s)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = cpu;
+            None
+        }
+    }
+
+    /// The CPU indices in the set, ascending.
+    pub fn cpus(&self) -> Vec<usize> {
+        #[cfg(target_os = "linux")]
+        return (0..imp::MAX_CPUS)
+            .filter(|&c| imp::contains(self, c))
+            .collect();
+        #[cfg(not(target_os = "linux"))]
+        Vec::new()
+    }
+
+    /// Restricts the calling thread to this set. Returns whether the kernel accepted it.
+    pub fn apply_to_current_thread(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return imp::apply(self, 0);
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+}
+
+/// Pins the calling thread to `cpu`. Returns whether it took.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    CpuSet::single(cpu).is_some_and(|s| s.apply_to_current_thread())
+}
+
+/// A thread's affinity saved so it can be put back later, also from another thread (a pool
+/// may be dropped on a different thread than the one that created it).
+#[derive(Debug)]
+pub struct SavedAffinity {
+    set: CpuSet,
+    thread: std::thread::ThreadId,
+    #[cfg(target_os = "linux")]
+    tid: libc::pid_t,
+}
+
+impl SavedAffinity {
+    /// The calling thread's current affinity; `None` where it cannot be read.
+    pub fn of_current_thread() -> Option<SavedAffinity> {
+        Some(SavedAffinity {
+            set: CpuSet::of_current_thread()?,
+            thread: std::thread::current().id(),
+            #[cfg(target_os = "linux")]
+            tid: imp::tid(),
+        })
+    }
+
+    pub fn set(&self) -> &CpuSet {
+        &self.set
+    }
+
+    /// Puts the saved mask back on the thread it was read from. From another thread this
+    /// only happens while that thread id still names a thread of this process, so a
+    /// recycled id can never reach into another process. Returns whether it took.
+    pub fn restore(&self) -> bool {
+        if std::thread::current().id() == self.thread {
+            return self.set.apply_to_current_thread();
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let ours = std::path::Path::new(&format!("/proc/self/task/{}", self.tid)).exists();
+            ours && imp::apply(&self.set, self.tid)
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pin_and_restore_on_linux() {
+        let before = SavedAffinity::of_current_thread().expect("sched_getaffinity works");
+        let allowed = before.set().cpus();
+        assert!(!allowed.is_empty());
+        let last = *allowed.last().unwrap();
+        assert!(pin_current_thread(last));
+        assert_eq!(CpuSet::of_current_thread().unwrap().cpus(), [last]);
+        assert!(before.restore());
+        assert_eq!(CpuSet::of_current_thread().unwrap(), *before.set());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn restore_from_another_thread() {
+        let before = SavedAffinity::of_current_thread().unwrap();
+        let first = before.set().cpus()[0];
+        assert!(pin_current_thread(first));
+        let restored = std::thread::scope(|s| s.spawn(|| before.restore()).join().unwrap());
+        assert!(restored, "restored through the thread id");
+        assert_eq!(CpuSet::of_current_thread().unwrap(), *before.set());
+    }
+
+    #[test]
+    fn single_sets() {
+        if cfg!(target_os = "linux") {
+            assert_eq!(CpuSet::single(3).unwrap().cpus(), [3]);
+            assert!(CpuSet::single(1 << 20).is_none());
+        } else {
+            assert!(CpuSet::single(3).is_none());
+            assert!(!pin_current_thread(0));
+        }
+    }
+}
