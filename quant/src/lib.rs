@@ -268,19 +268,24 @@ pub fn ggml_generic_vec_dot_fn(ty: GgmlType) -> Option<DotFn> {
 
 /// Most activation rows one [`DotManyFn`] call takes.
 pub const DOT_MANY_MAX: usize = 8;
+/// Most weight rows one [`DotManyFn`] call takes.
+pub const DOT_MANY_ROWS: usize = 2;
 
-/// One weight row against `out.len()` (1..=[`DOT_MANY_MAX`]) activation rows that start
-/// `a_stride` bytes apart in `a`: `out[c] = dot(w, a[c * a_stride..])`. The weight block
-/// is unpacked once and reused for every activation row (the prompt-processing tile), and
-/// each `out[c]` is bit-identical to [`vec_dot`] on that row alone, so results never
-/// depend on how many rows were batched together. Activation bytes must come from
-/// [`quantize_activations`] (quants in `-127..=127`). Panics on inconsistent lengths.
+/// `w_rows` (1..=[`DOT_MANY_ROWS`]) consecutive weight rows (`w` holds them back to back)
+/// against `n` (1..=[`DOT_MANY_MAX`]) activation rows that start `a_stride` bytes apart in
+/// `a`: `out[r * n + c] = dot(w row r, a[c * a_stride..])`, `out.len() = w_rows * n`. Each
+/// weight block is unpacked once and reused for every activation row, each activation
+/// block loaded once for both weight rows (the prompt-processing tile), and each output is
+/// bit-identical to [`vec_dot`] on that pair alone, so results never depend on how rows
+/// were batched. Activation bytes must come from [`quantize_activations`] (quants in
+/// `-127..=127`). Panics on inconsistent lengths.
 ///
 /// `a_scales` is either empty (scales are read from the activation blocks) or, for Q8_0
 /// and Q8_1 activations, every row's block scales widened to f32 by
 /// [`activation_scales`] (rows back to back), which saves the conversion in every call of
 /// a matrix product; the results are the same bits. K-quant kernels ignore it.
-pub type DotManyFn = fn(w: &[u8], a: &[u8], a_stride: usize, a_scales: &[f32], out: &mut [f32]);
+pub type DotManyFn =
+    fn(w: &[u8], w_rows: usize, a: &[u8], a_stride: usize, a_scales: &[f32], out: &mut [f32]);
 
 /// f32 scales per block that [`activation_scales`] writes for activation type `ty`:
 /// 1 for Q8_0 (`d`), 2 for Q8_1 (`d`, `s`), 0 otherwise.

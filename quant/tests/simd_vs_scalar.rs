@@ -160,7 +160,7 @@ fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
             }
             for rows in 1..=quant::DOT_MANY_MAX {
                 let mut out = vec![f32::NAN; rows];
-                many(w, &buf, stride, &[], &mut out);
+                many(w, 1, &buf, stride, &[], &mut out);
                 for (c, got) in out.iter().enumerate() {
                     assert_eq!(
                         got.to_bits(),
@@ -205,6 +205,12 @@ fn many_rows_match_single_rows() {
                 .iter()
                 .map(|a| quant::scalar_vec_dot_fn(ty).unwrap()(&w, a))
                 .collect();
+            let w1 = quantized(ty, &random_f32s(&mut rng, n), false);
+            let w2 = [w.clone(), w1.clone()].concat();
+            let want1: Vec<f32> = rows
+                .iter()
+                .map(|a| quant::scalar_vec_dot_fn(ty).unwrap()(&w1, a))
+                .collect();
             for vnni in [false, true] {
                 let Some(many) = quant::arch::avx2_vec_dot_many(ty, vnni) else {
                     continue;
@@ -216,7 +222,7 @@ fn many_rows_match_single_rows() {
                     }
                     for ad in [&[][..], &scales[..]] {
                         let mut out = vec![0.0f32; k];
-                        many(&w, &buf, stride, ad, &mut out);
+                        many(&w, 1, &buf, stride, ad, &mut out);
                         for c in 0..k {
                             assert_eq!(
                                 out[c].to_bits(),
@@ -225,12 +231,23 @@ fn many_rows_match_single_rows() {
                                 !ad.is_empty()
                             );
                         }
+                        // Two weight rows: the second row's results match too.
+                        let mut out = vec![0.0f32; 2 * k];
+                        many(&w2, 2, &buf, stride, ad, &mut out);
+                        for c in 0..k {
+                            assert_eq!(out[c].to_bits(), want[c].to_bits(), "{ty} 2 rows r0 c={c}");
+                            assert_eq!(
+                                out[k + c].to_bits(),
+                                want1[c].to_bits(),
+                                "{ty} n={n} 2 rows k={k} r1 c={c}"
+                            );
+                        }
                     }
                 }
             }
             if let Some(many) = quant::vec_dot_many_fn(ty) {
                 let mut out = vec![0.0f32; 8];
-                many(&w, &buf, stride, &[], &mut out);
+                many(&w, 1, &buf, stride, &[], &mut out);
                 assert_eq!(out, want, "{ty} dispatched");
             }
         }

@@ -49,6 +49,8 @@ pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, ou
 
 /// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
+/// Token rows per multi-row kernel call.
+const TILE: usize = 8;
 
 /// `y = x · Wᵀ` for `n_tok` activation rows. `xq` is scratch for the quantized activations.
 pub fn matmul(
@@ -100,7 +102,7 @@ pub fn matmul(
         // tile instead of once per token. Each result is bit-identical to the one-row dot.
         let mut t = 0;
         while t < n_tok {
-            let k = (n_tok - t).min(quant::DOT_MANY_MAX);
+            let k = (n_tok - t).min(TILE);
             let a = &xq[t * xrb..(t + k) * xrb];
             let ad = if sc.is_empty() {
                 &[][..]
@@ -112,12 +114,18 @@ pub fn matmul(
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
             }
-            let mut r = [0.0f32; quant::DOT_MANY_MAX];
-            for o in o0..o1 {
-                many(&w.data[o * wrb..(o + 1) * wrb], a, xrb, ad, &mut r[..k]);
-                for c in 0..k {
-                    ys[c][o - o0] = r[c];
+            let mut r = [0.0f32; quant::DOT_MANY_ROWS * quant::DOT_MANY_MAX];
+            let mut o = o0;
+            while o < o1 {
+                let rows = (o1 - o).min(quant::DOT_MANY_ROWS);
+                let wr = &w.data[o * wrb..(o + rows) * wrb];
+                many(wr, rows, a, xrb, ad, &mut r[..rows * k]);
+                for q in 0..rows {
+                    for c in 0..k {
+                        ys[c][o + q - o0] = r[q * k + c];
+                    }
                 }
+                o += rows;
             }
             t += k;
         }

@@ -338,13 +338,16 @@ unsafe fn isum_vnni(u: __m256i, s: __m256i) -> __m256i {
 macro_rules! legacy_many {
     ($name:ident, $feat:literal, $isum:ident) => {
         /// # Safety
-        /// The features named are available; `w` holds `nb` weight blocks and `a` holds `N`
-        /// rows of `nb` activation blocks, `stride` bytes apart; `out` has `N` slots. With
-        /// `PRE`, `ad` holds each row's block scales as f32 (`nb` per row for Q8_0, `2 nb`
-        /// for Q8_1's `(d, s)` pairs), rows `ad_stride` floats apart.
+        /// The features named are available; `w` holds `R` weight rows of `nb` blocks,
+        /// `wstride` bytes apart, and `a` holds `N` rows of `nb` activation blocks, `stride`
+        /// bytes apart; `out` has `R * N` slots (`out[r * N + c]`). With `PRE`, `ad` holds
+        /// each activation row's block scales as f32 (`nb` per row for Q8_0, `2 nb` for
+        /// Q8_1's `(d, s)` pairs), rows `ad_stride` floats apart.
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $feat)]
-        unsafe fn $name<T: Legacy, const N: usize, const PRE: bool>(
+        unsafe fn $name<T: Legacy, const R: usize, const N: usize, const PRE: bool>(
             w: *const u8,
+            wstride: usize,
             a: *const u8,
             stride: usize,
             ad: *const f32,
@@ -352,44 +355,59 @@ macro_rules! legacy_many {
             nb: usize,
             out: *mut f32,
         ) {
-            let mut acc = [_mm256_setzero_ps(); N];
-            let mut summs = [0.0f32; N];
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut summs = [[0.0f32; N]; R];
             let per = if T::SIGNED { 1 } else { 2 };
             for i in 0..nb {
-                let wb = w.add(i * T::WB);
-                let x = T::unpack(wb);
-                let u = if T::SIGNED { _mm256_sign_epi8(x, x) } else { x };
-                let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                    wb.cast::<u32>().read_unaligned().to_le() as i32
-                ));
-                let dx = _mm_cvtss_f32(wd);
-                let mx = _mm_cvtss_f32(_mm_movehdup_ps(wd));
-                let dxv = _mm256_set1_ps(dx);
+                let mut x = [_mm256_setzero_si256(); R];
+                let mut u = [_mm256_setzero_si256(); R];
+                let mut dx = [0.0f32; R];
+                let mut mx = [0.0f32; R];
+                for r in 0..R {
+                    let wb = w.add(r * wstride + i * T::WB);
+                    x[r] = T::unpack(wb);
+                    u[r] = if T::SIGNED {
+                        _mm256_sign_epi8(x[r], x[r])
+                    } else {
+                        x[r]
+                    };
+                    let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                        wb.cast::<u32>().read_unaligned().to_le() as i32,
+                    ));
+                    dx[r] = _mm_cvtss_f32(wd);
+                    mx[r] = _mm_cvtss_f32(_mm_movehdup_ps(wd));
+                }
                 for c in 0..N {
                     let ab = a.add(c * stride + i * T::AB);
                     let y = ld256(ab.add(T::A_QS));
-                    let s = if T::SIGNED { _mm256_sign_epi8(y, x) } else { y };
-                    let p = _mm256_cvtepi32_ps($isum(u, s));
-                    let (d, sy) = if PRE {
+                    let (dy, sy) = if PRE {
                         let q = ad.add(c * ad_stride + i * per);
-                        let sy = if T::SIGNED { 0.0 } else { *q.add(1) };
-                        (_mm256_mul_ps(dxv, _mm256_broadcast_ss(&*q)), sy)
+                        (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
                     } else {
                         let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
                             ab.cast::<u32>().read_unaligned().to_le() as i32,
                         ));
-                        let dy = _mm_cvtss_f32(v);
-                        (_mm256_set1_ps(dx * dy), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
                     };
-                    acc[c] = _mm256_fmadd_ps(d, p, acc[c]);
-                    if !T::SIGNED {
-                        summs[c] = mx.mul_add(sy, summs[c]);
+                    for r in 0..R {
+                        let s = if T::SIGNED {
+                            _mm256_sign_epi8(y, x[r])
+                        } else {
+                            y
+                        };
+                        let p = _mm256_cvtepi32_ps($isum(u[r], s));
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), p, acc[r][c]);
+                        if !T::SIGNED {
+                            summs[r][c] = mx[r].mul_add(sy, summs[r][c]);
+                        }
                     }
                 }
             }
-            for c in 0..N {
-                let h = hsum_ps(acc[c]);
-                *out.add(c) = if T::SIGNED { h } else { h + summs[c] };
+            for r in 0..R {
+                for c in 0..N {
+                    let h = hsum_ps(acc[r][c]);
+                    *out.add(r * N + c) = if T::SIGNED { h } else { h + summs[r][c] };
+                }
             }
         }
     };
@@ -398,27 +416,43 @@ macro_rules! legacy_many {
 legacy_many!(legacy_avx2, "avx2,fma,f16c", isum_maddubs);
 legacy_many!(legacy_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", isum_vnni);
 
-/// Validates a `DotManyFn` call and returns the block count and the scale row stride
-/// (0 when `ad` is empty).
+/// A validated `DotManyFn` call: block count, weight row stride in bytes, activation
+/// rows, scale row stride in floats (0 when no scales were passed).
+struct ManyCall {
+    nb: usize,
+    wstride: usize,
+    rows: usize,
+    cols: usize,
+    ad_stride: usize,
+}
+
+/// Validates a `DotManyFn` call.
 fn check_many<W: Block, A: Block>(
     w: &[u8],
+    rows: usize,
     a: &[u8],
     stride: usize,
     ad: &[f32],
-    n: usize,
-) -> (usize, usize) {
+    out_len: usize,
+) -> ManyCall {
+    assert!(
+        (1..=crate::DOT_MANY_ROWS).contains(&rows) && out_len.is_multiple_of(rows),
+        "vec_dot_many: {rows} weight rows, {out_len} outputs"
+    );
+    let n = out_len / rows;
     assert!(
         (1..=crate::DOT_MANY_MAX).contains(&n),
         "vec_dot_many: {n} activation rows (1..={} allowed)",
         crate::DOT_MANY_MAX
     );
     assert!(
-        w.len().is_multiple_of(W::BYTES),
-        "vec_dot_many {}: {} weight bytes are not whole blocks",
+        w.len().is_multiple_of(rows) && (w.len() / rows).is_multiple_of(W::BYTES),
+        "vec_dot_many {}: {} weight bytes are not {rows} rows of whole blocks",
         W::TYPE,
         w.len()
     );
-    let nb = w.len() / W::BYTES;
+    let wstride = w.len() / rows;
+    let nb = wstride / W::BYTES;
     let row = nb * A::BYTES;
     assert!(
         (n == 1 || stride >= row) && a.len() >= (n - 1) * stride + row,
@@ -439,53 +473,131 @@ fn check_many<W: Block, A: Block>(
         );
         nb * per
     };
-    (nb, ad_stride)
+    ManyCall {
+        nb,
+        wstride,
+        rows,
+        cols: n,
+        ad_stride,
+    }
 }
 
-/// Dispatches a call to the `N`-row instantiation.
+/// Dispatches a call to the `R x N` instantiation. Without VNNI (16 vector registers) two
+/// weight rows take at most four activation rows at a time.
 macro_rules! many_entry {
-    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
-        fn $name(w: &[u8], a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
-            let n = out.len();
-            let (nb, ads) = check_many::<$w, $a>(w, a, stride, ad, n);
-            let (wp, ap, dp, op) = (w.as_ptr(), a.as_ptr(), ad.as_ptr(), out.as_mut_ptr());
-            macro_rules! go {
-                ($n:literal) => {
-                    if ads != 0 {
-                        $imp::<$ty, $n, true>(wp, ap, stride, dp, ads, nb, op)
-                    } else {
-                        $imp::<$ty, $n, false>(wp, ap, stride, dp, ads, nb, op)
-                    }
+    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $wide:literal) => {
+        fn $name(w: &[u8], rows: usize, a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
+            let k = check_many::<$w, $a>(w, rows, a, stride, ad, out.len());
+            let (wp, dp, op) = (w.as_ptr(), ad.as_ptr(), out.as_mut_ptr());
+            let mut c0 = 0;
+            while c0 < k.cols {
+                let n = if k.rows == 2 && !$wide {
+                    (k.cols - c0).min(4)
+                } else {
+                    k.cols - c0
                 };
-            }
-            // SAFETY: handed out by `vec_dot_many_kernel` only after the features were
-            // detected; `check_many` validated every byte the kernel reads and `out`'s size.
-            unsafe {
-                match n {
-                    1 => go!(1),
-                    2 => go!(2),
-                    3 => go!(3),
-                    4 => go!(4),
-                    5 => go!(5),
-                    6 => go!(6),
-                    7 => go!(7),
-                    _ => go!(8),
+                let ap = a.as_ptr().wrapping_add(c0 * stride);
+                let dp = dp.wrapping_add(c0 * k.ad_stride);
+                let mut tmp = [0.0f32; 2 * crate::DOT_MANY_MAX];
+                let tp = tmp.as_mut_ptr();
+                macro_rules! go {
+                    ($r:literal, $n:literal) => {
+                        if k.ad_stride != 0 {
+                            $imp::<$ty, $r, $n, true>(
+                                wp,
+                                k.wstride,
+                                ap,
+                                stride,
+                                dp,
+                                k.ad_stride,
+                                k.nb,
+                                tp,
+                            )
+                        } else {
+                            $imp::<$ty, $r, $n, false>(wp, k.wstride, ap, stride, dp, 0, k.nb, tp)
+                        }
+                    };
                 }
+                // SAFETY: handed out by `vec_dot_many_kernel` only after the features were
+                // detected; `check_many` validated every byte the kernel reads, and `tmp`
+                // holds R * N results.
+                unsafe {
+                    match (k.rows, n) {
+                        (1, 1) => go!(1, 1),
+                        (1, 2) => go!(1, 2),
+                        (1, 3) => go!(1, 3),
+                        (1, 4) => go!(1, 4),
+                        (1, 5) => go!(1, 5),
+                        (1, 6) => go!(1, 6),
+                        (1, 7) => go!(1, 7),
+                        (1, _) => go!(1, 8),
+                        (_, 1) => go!(2, 1),
+                        (_, 2) => go!(2, 2),
+                        (_, 3) => go!(2, 3),
+                        (_, 4) => go!(2, 4),
+                        (_, 5) => go!(2, 5),
+                        (_, 6) => go!(2, 6),
+                        (_, 7) => go!(2, 7),
+                        (_, _) => go!(2, 8),
+                    }
+                }
+                for r in 0..k.rows {
+                    for c in 0..n {
+                        // SAFETY: r * cols + c0 + c < rows * cols = out.len().
+                        unsafe { *op.add(r * k.cols + c0 + c) = tmp[r * n + c] };
+                    }
+                }
+                c0 += n;
             }
         }
     };
 }
 
-many_entry!(q4_0_many, Q4_0, BlockQ4_0, BlockQ8_0, legacy_avx2);
-many_entry!(q4_1_many, Q4_1, BlockQ4_1, BlockQ8_1, legacy_avx2);
-many_entry!(q5_0_many, Q5_0, BlockQ5_0, BlockQ8_0, legacy_avx2);
-many_entry!(q5_1_many, Q5_1, BlockQ5_1, BlockQ8_1, legacy_avx2);
-many_entry!(q8_0_many, Q8_0, BlockQ8_0, BlockQ8_0, legacy_avx2);
-many_entry!(q4_0_many_vnni, Q4_0, BlockQ4_0, BlockQ8_0, legacy_vnni);
-many_entry!(q4_1_many_vnni, Q4_1, BlockQ4_1, BlockQ8_1, legacy_vnni);
-many_entry!(q5_0_many_vnni, Q5_0, BlockQ5_0, BlockQ8_0, legacy_vnni);
-many_entry!(q5_1_many_vnni, Q5_1, BlockQ5_1, BlockQ8_1, legacy_vnni);
-many_entry!(q8_0_many_vnni, Q8_0, BlockQ8_0, BlockQ8_0, legacy_vnni);
+many_entry!(q4_0_many, Q4_0, BlockQ4_0, BlockQ8_0, legacy_avx2, false);
+many_entry!(q4_1_many, Q4_1, BlockQ4_1, BlockQ8_1, legacy_avx2, false);
+many_entry!(q5_0_many, Q5_0, BlockQ5_0, BlockQ8_0, legacy_avx2, false);
+many_entry!(q5_1_many, Q5_1, BlockQ5_1, BlockQ8_1, legacy_avx2, false);
+many_entry!(q8_0_many, Q8_0, BlockQ8_0, BlockQ8_0, legacy_avx2, false);
+many_entry!(
+    q4_0_many_vnni,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
+many_entry!(
+    q4_1_many_vnni,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    legacy_vnni,
+    true
+);
+many_entry!(
+    q5_0_many_vnni,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
+many_entry!(
+    q5_1_many_vnni,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    legacy_vnni,
+    true
+);
+many_entry!(
+    q8_0_many_vnni,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
 
 /// The multi-row kernel for weights of type `ty`; `vnni` picks the AVX-512 VNNI variant
 /// (only after `avx512vnni` and `avx512vl` were detected).
@@ -654,21 +766,24 @@ unsafe fn q6_k_many<const N: usize>(
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident) => {
-        fn $name(w: &[u8], a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
-            let n = out.len();
-            let (nb, _) = check_many::<$w, BlockQ8K>(w, a, stride, ad, n);
-            let (wp, ap, op) = (w.as_ptr(), a.as_ptr(), out.as_mut_ptr());
-            // SAFETY: as in `many_entry`.
-            unsafe {
-                match n {
-                    1 => $imp::<1>(wp, ap, stride, nb, op),
-                    2 => $imp::<2>(wp, ap, stride, nb, op),
-                    3 => $imp::<3>(wp, ap, stride, nb, op),
-                    4 => $imp::<4>(wp, ap, stride, nb, op),
-                    5 => $imp::<5>(wp, ap, stride, nb, op),
-                    6 => $imp::<6>(wp, ap, stride, nb, op),
-                    7 => $imp::<7>(wp, ap, stride, nb, op),
-                    _ => $imp::<8>(wp, ap, stride, nb, op),
+        fn $name(w: &[u8], rows: usize, a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
+            let k = check_many::<$w, BlockQ8K>(w, rows, a, stride, ad, out.len());
+            let ap = a.as_ptr();
+            for r in 0..k.rows {
+                let wp = w[r * k.wstride..].as_ptr();
+                let op = out[r * k.cols..].as_mut_ptr();
+                // SAFETY: as in `many_entry`.
+                unsafe {
+                    match k.cols {
+                        1 => $imp::<1>(wp, ap, stride, k.nb, op),
+                        2 => $imp::<2>(wp, ap, stride, k.nb, op),
+                        3 => $imp::<3>(wp, ap, stride, k.nb, op),
+                        4 => $imp::<4>(wp, ap, stride, k.nb, op),
+                        5 => $imp::<5>(wp, ap, stride, k.nb, op),
+                        6 => $imp::<6>(wp, ap, stride, k.nb, op),
+                        7 => $imp::<7>(wp, ap, stride, k.nb, op),
+                        _ => $imp::<8>(wp, ap, stride, k.nb, op),
+                    }
                 }
             }
         }
@@ -685,7 +800,7 @@ macro_rules! single_from_many {
         fn $name(w: &[u8], a: &[u8]) -> f32 {
             check_dot::<$w, $a>(w, a);
             let mut out = [0.0f32];
-            $many(w, a, a.len(), &[], &mut out);
+            $many(w, 1, a, a.len(), &[], &mut out);
             out[0]
         }
     };
