@@ -2,7 +2,9 @@
 //!
 //! Tests use this module to compare our engine with llama.cpp on the same GGUF file
 //! (tokenization, logits, greedy generations), and the benchmark tool uses it for
-//! side-by-side speed runs. All FFI with llama.cpp lives in this one module.
+//! side-by-side speed runs. [`GgmlKernel`] exposes ggml's own CPU dot-product kernels for
+//! the kernel micro-benchmarks (`runtime/benches/kernels.rs`). All FFI with llama.cpp and
+//! ggml lives in this one module.
 //!
 //! llama.cpp is linked only with the cargo feature `llamacpp` (it is built from source by
 //! `llama-cpp-sys-2`). Without the feature the same public types exist so that callers
@@ -121,13 +123,14 @@ fn argmax(row: &[f32]) -> usize {
     best
 }
 
-pub use imp::{system_info, RefModel};
+pub use imp::{system_info, GgmlKernel, RefModel};
 
 #[cfg(feature = "llamacpp")]
 mod imp {
     use super::{argmax, default_threads, RefError, RefOptions};
     use llama_cpp_sys_2 as sys;
-    use std::ffi::{c_char, c_void, CStr, CString};
+    use quant::GgmlType;
+    use std::ffi::{c_char, c_int, c_void, CStr, CString};
     use std::io::Read;
     use std::path::Path;
     use std::ptr::NonNull;
@@ -185,6 +188,156 @@ mod imp {
             .to_string_lossy()
             .trim()
             .to_string()
+    }
+
+    /// ggml's own CPU kernels for one weight type: the `vec_dot` of its
+    /// `ggml_get_type_traits_cpu` entry, and the `from_float` of its `vec_dot_type`'s entry
+    /// (how ggml quantizes activations before a matrix product). For kernel benchmarks and
+    /// cross-checks of `quant` against ggml, one row at a time.
+    #[derive(Clone, Copy)]
+    pub struct GgmlKernel {
+        ty: GgmlType,
+        vec_dot_type: GgmlType,
+        /// log2 of the block size, shared by the weight and activation types.
+        block_shift: u32,
+        type_size: usize,
+        vec_dot_type_size: usize,
+        vec_dot: VecDotFn,
+        from_float: FromFloatFn,
+    }
+
+    type VecDotFn = unsafe extern "C" fn(
+        c_int,
+        *mut f32,
+        usize,
+        *const c_void,
+        usize,
+        *const c_void,
+        usize,
+        c_int,
+    );
+    type FromFloatFn = unsafe extern "C" fn(*const f32, *mut c_void, i64);
+
+    /// `ty`'s block size and bytes per block as ggml sees them, checked against `quant`'s
+    /// table (the wrapper bounds-checks rows with `quant`'s numbers).
+    fn ggml_geometry(ty: GgmlType) -> Result<(usize, usize), RefError> {
+        // SAFETY: every `GgmlType` id is a valid `ggml_type` (< GGML_TYPE_COUNT).
+        let (blck, size) = unsafe {
+            (
+                sys::ggml_blck_size(ty as sys::ggml_type),
+                sys::ggml_type_size(ty as sys::ggml_type),
+            )
+        };
+        if usize::try_from(blck) != Ok(ty.block_size()) || size != ty.type_size() {
+            return Err(RefError::InvalidArgument(format!(
+                "{ty}: ggml's block geometry ({blck} elements, {size} bytes) differs from quant's"
+            )));
+        }
+        Ok((ty.block_size(), size))
+    }
+
+    impl GgmlKernel {
+        /// ggml's kernels for weights of type `ty`; fails when ggml has no CPU `vec_dot` for
+        /// it or its block geometry differs from `quant`'s.
+        pub fn new(ty: GgmlType) -> Result<GgmlKernel, RefError> {
+            init();
+            let unsupported =
+                || RefError::InvalidArgument(format!("ggml has no CPU vec_dot for {ty}"));
+            // SAFETY: sets up ggml-cpu's lookup tables; idempotent and thread-safe.
+            unsafe { sys::ggml_cpu_init() };
+            // SAFETY: valid type id (see `ggml_geometry`); the table is static.
+            let traits = unsafe { sys::ggml_get_type_traits_cpu(ty as sys::ggml_type).as_ref() }
+                .ok_or_else(unsupported)?;
+            let vec_dot = traits.vec_dot.ok_or_else(unsupported)?;
+            let vec_dot_type = GgmlType::from_u32(traits.vec_dot_type).ok_or_else(unsupported)?;
+            // SAFETY: as above.
+            let from_float =
+                unsafe { sys::ggml_get_type_traits_cpu(vec_dot_type as sys::ggml_type).as_ref() }
+                    .and_then(|t| t.from_float)
+                    .ok_or_else(unsupported)?;
+            let (block, type_size) = ggml_geometry(ty)?;
+            let (vblock, vec_dot_type_size) = ggml_geometry(vec_dot_type)?;
+            if block != vblock || !block.is_power_of_two() {
+                return Err(unsupported());
+            }
+            Ok(GgmlKernel {
+                ty,
+                vec_dot_type,
+                block_shift: block.trailing_zeros(),
+                type_size,
+                vec_dot_type_size,
+                vec_dot,
+                from_float,
+            })
+        }
+
+        /// The weight type.
+        pub fn weight_type(&self) -> GgmlType {
+            self.ty
+        }
+
+        /// The type ggml quantizes activations to for this weight type.
+        pub fn vec_dot_type(&self) -> GgmlType {
+            self.vec_dot_type
+        }
+
+        /// Number of blocks in `n` elements, if `n` is a whole number of blocks that fits a
+        /// C `int`.
+        fn blocks(&self, n: usize) -> Option<usize> {
+            let whole = n & ((1 << self.block_shift) - 1) == 0;
+            (whole && n <= c_int::MAX as usize).then_some(n >> self.block_shift)
+        }
+
+        fn size_error(&self, what: &str, n: usize, len: usize) -> RefError {
+            RefError::InvalidArgument(format!(
+                "ggml {}: {len} bytes of {what} do not hold {n} elements",
+                self.ty
+            ))
+        }
+
+        /// Quantizes `x` into `out` (exactly `x.len()` elements of [`Self::vec_dot_type`])
+        /// with ggml's CPU quantizer.
+        pub fn quantize_activations(&self, x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
+            let n = x.len();
+            match self.blocks(n) {
+                Some(nb) if nb * self.vec_dot_type_size == out.len() => {}
+                _ => return Err(self.size_error("activations", n, out.len())),
+            }
+            // SAFETY: `out` holds exactly the blocks for `n` floats (checked above).
+            unsafe { (self.from_float)(x.as_ptr(), out.as_mut_ptr().cast(), n as i64) };
+            Ok(())
+        }
+
+        /// Dot product of weight row `w` and activation row `a`, `n` elements each, with
+        /// ggml's CPU kernel.
+        #[inline]
+        pub fn vec_dot(&self, n: usize, w: &[u8], a: &[u8]) -> Result<f32, RefError> {
+            let nb = self
+                .blocks(n)
+                .ok_or_else(|| self.size_error("weights", n, w.len()))?;
+            if nb * self.type_size != w.len() {
+                return Err(self.size_error("weights", n, w.len()));
+            }
+            if nb * self.vec_dot_type_size != a.len() {
+                return Err(self.size_error("activations", n, a.len()));
+            }
+            let mut s = 0f32;
+            // SAFETY: both rows hold exactly `n` elements of their types (checked above);
+            // one row (nrc = 1), so the strides are unused.
+            unsafe {
+                (self.vec_dot)(
+                    n as c_int,
+                    &mut s,
+                    0,
+                    w.as_ptr().cast(),
+                    0,
+                    a.as_ptr().cast(),
+                    0,
+                    1,
+                )
+            };
+            Ok(s)
+        }
     }
 
     /// Reusable storage behind a `llama_batch` (single sequence, id 0).
@@ -957,12 +1110,40 @@ mod imp {
 #[cfg(not(feature = "llamacpp"))]
 mod imp {
     use super::{RefError, RefOptions};
+    use quant::GgmlType;
     use std::convert::Infallible;
     use std::path::Path;
 
     /// llama.cpp's system info; without the `llamacpp` feature, a note saying so.
     pub fn system_info() -> String {
         "llama.cpp reference engine not compiled (build with --features runtime/llamacpp)".into()
+    }
+
+    /// Placeholder for ggml's CPU kernels: built without the `llamacpp` feature, so it can
+    /// never be constructed ([`GgmlKernel::new`] always fails).
+    #[derive(Clone, Copy)]
+    pub struct GgmlKernel {
+        never: Infallible,
+    }
+
+    #[allow(unused_variables, missing_docs)]
+    impl GgmlKernel {
+        /// Always fails with [`RefError::NotCompiled`].
+        pub fn new(ty: GgmlType) -> Result<GgmlKernel, RefError> {
+            Err(RefError::NotCompiled)
+        }
+        pub fn weight_type(&self) -> GgmlType {
+            match self.never {}
+        }
+        pub fn vec_dot_type(&self) -> GgmlType {
+            match self.never {}
+        }
+        pub fn quantize_activations(&self, x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
+            match self.never {}
+        }
+        pub fn vec_dot(&self, n: usize, w: &[u8], a: &[u8]) -> Result<f32, RefError> {
+            match self.never {}
+        }
     }
 
     /// Placeholder for the llama.cpp model: built without the `llamacpp` feature, so it can
@@ -1097,6 +1278,53 @@ mod tests {
     fn missing_file_is_an_error() {
         let e = RefModel::load(Path::new("/nonexistent/model.gguf"), &RefOptions::default());
         assert!(e.is_err());
+    }
+
+    #[cfg(not(feature = "llamacpp"))]
+    #[test]
+    fn ggml_kernel_needs_the_feature() {
+        assert!(matches!(
+            GgmlKernel::new(quant::GgmlType::Q4_K),
+            Err(RefError::NotCompiled)
+        ));
+    }
+
+    /// ggml's kernels and ours agree on the same bytes (to float summation order), and
+    /// the wrapper rejects rows of the wrong size instead of letting C read past them.
+    #[cfg(feature = "llamacpp")]
+    #[test]
+    fn ggml_kernel_matches_quant() {
+        use quant::GgmlType as T;
+        let n = 512;
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let y: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 30.0)
+            .collect();
+        for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q8_0, T::Q4_K, T::Q6_K] {
+            let g = GgmlKernel::new(ty).unwrap();
+            let at = quant::vec_dot_type(ty);
+            assert_eq!(g.vec_dot_type(), at, "{ty}");
+            let mut w = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+            quant::quantize_row(ty, &x, &mut w).unwrap();
+            let mut a = vec![0u8; at.row_bytes(n as u64).unwrap() as usize];
+            g.quantize_activations(&y, &mut a).unwrap();
+            let ours = quant::vec_dot(ty, n, &w, &a).unwrap();
+            let theirs = g.vec_dot(n, &w, &a).unwrap();
+            assert!(
+                (ours - theirs).abs() <= 1e-3 * ours.abs().max(1.0),
+                "{ty}: {ours} vs {theirs}"
+            );
+            assert!(g.vec_dot(n, &w[1..], &a).is_err());
+            assert!(g.vec_dot(n, &w, &a[1..]).is_err());
+            assert!(g.vec_dot(n + 1, &w, &a).is_err());
+            assert!(g.quantize_activations(&y[1..], &mut a).is_err());
+        }
+        assert!(
+            GgmlKernel::new(T::Q8_K).is_err(),
+            "Q8_K is an activation type only"
+        );
     }
 
     #[cfg(not(feature = "llamacpp"))]
