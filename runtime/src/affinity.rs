@@ -62,11 +62,6 @@ mod imp {
         // SAFETY: CPU_ISSET only reads; callers ask for cpu < MAX_CPUS.
         cpu < MAX_CPUS && unsafe { libc::CPU_ISSET(cpu, &set.raw) }
     }
-
-    pub(super) fn tid() -> libc::pid_t {
-        // SAFETY: gettid takes no arguments and cannot fail.
-        unsafe { libc::syscall(libc::SYS_gettid) as libc::pid_t }
-    }
 }
 
 impl CpuSet {
@@ -121,74 +116,24 @@ pub fn pin_current_thread(cpu: usize) -> bool {
     CpuSet::single(cpu).is_some_and(|s| s.apply_to_current_thread())
 }
 
-/// A thread's affinity saved so it can be put back later, also from another thread (a pool
-/// may be dropped on a different thread than the one that created it).
-#[derive(Debug)]
-pub struct SavedAffinity {
-    set: CpuSet,
-    thread: std::thread::ThreadId,
-    #[cfg(target_os = "linux")]
-    tid: libc::pid_t,
-}
-
-impl SavedAffinity {
-    /// The calling thread's current affinity; `None` where it cannot be read.
-    pub fn of_current_thread() -> Option<SavedAffinity> {
-        Some(SavedAffinity {
-            set: CpuSet::of_current_thread()?,
-            thread: std::thread::current().id(),
-            #[cfg(target_os = "linux")]
-            tid: imp::tid(),
-        })
-    }
-
-    pub fn set(&self) -> &CpuSet {
-        &self.set
-    }
-
-    /// Puts the saved mask back on the thread it was read from. From another thread this
-    /// only happens while that thread id still names a thread of this process, so a
-    /// recycled id can never reach into another process. Returns whether it took.
-    pub fn restore(&self) -> bool {
-        if std::thread::current().id() == self.thread {
-            return self.set.apply_to_current_thread();
-        }
-        #[cfg(target_os = "linux")]
-        {
-            let ours = std::path::Path::new(&format!("/proc/self/task/{}", self.tid)).exists();
-            ours && imp::apply(&self.set, self.tid)
-        }
-        #[cfg(not(target_os = "linux"))]
-        false
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn pin_and_restore_on_linux() {
-        let before = SavedAffinity::of_current_thread().expect("sched_getaffinity works");
-        let allowed = before.set().cpus();
+    fn pin_on_linux() {
+        let allowed = CpuSet::of_current_thread().expect("sched_getaffinity works").cpus();
         assert!(!allowed.is_empty());
         let last = *allowed.last().unwrap();
-        assert!(pin_current_thread(last));
-        assert_eq!(CpuSet::of_current_thread().unwrap().cpus(), [last]);
-        assert!(before.restore());
-        assert_eq!(CpuSet::of_current_thread().unwrap(), *before.set());
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn restore_from_another_thread() {
-        let before = SavedAffinity::of_current_thread().unwrap();
-        let first = before.set().cpus()[0];
-        assert!(pin_current_thread(first));
-        let restored = std::thread::scope(|s| s.spawn(|| before.restore()).join().unwrap());
-        assert!(restored, "restored through the thread id");
-        assert_eq!(CpuSet::of_current_thread().unwrap(), *before.set());
+        // On a fresh thread, so the test thread's own mask is untouched.
+        let now = std::thread::spawn(move || {
+            assert!(pin_current_thread(last));
+            CpuSet::of_current_thread().unwrap().cpus()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(now, [last]);
     }
 
     #[test]

@@ -69,7 +69,14 @@ pub fn matmul(
     let xq: &[u8] = xq;
     let n_out = w.n_out;
     let out = SharedMut::new(y);
-    let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
+    // Few tokens: the weights stream from memory, and longer contiguous runs per task keep
+    // the hardware prefetchers on one stream (as long as every thread still gets several
+    // tasks to balance). Many tokens: small tasks, the tile is compute-bound.
+    let mut rows_per_task = if n_tok <= 2 { 4 * ROWS_PER_TASK } else { ROWS_PER_TASK };
+    while rows_per_task > ROWS_PER_TASK && n_out < 4 * pool.n_threads() * rows_per_task {
+        rows_per_task /= 2;
+    }
+    let n_tasks = n_out.div_ceil(rows_per_task);
     let dot = quant::vec_dot_fn(w.ty).expect("weight types are checked at load");
     let many = quant::vec_dot_many_fn(w.ty);
     let wrb = w.row_bytes();
@@ -85,8 +92,8 @@ pub fn matmul(
     }
     let sc: &[f32] = &scales;
     pool.run(n_tasks, &|task| {
-        let o0 = task * ROWS_PER_TASK;
-        let o1 = (o0 + ROWS_PER_TASK).min(n_out);
+        let o0 = task * rows_per_task;
+        let o1 = (o0 + rows_per_task).min(n_out);
         let Some(many) = many else {
             for t in 0..n_tok {
                 let a = &xq[t * xrb..(t + 1) * xrb];
