@@ -311,6 +311,20 @@ impl Legacy for Q8_0 {
     }
 }
 
+/// How far ahead (bytes) the decode kernels prefetch weights.
+const PREFETCH: usize = 1024;
+
+/// Prefetches the cache lines of the `bytes`-long block `PREFETCH` bytes past `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off).cast());
+        off += 64;
+    }
+}
+
 /// ggml's `hsum_float_8` (the twin's `hsum_lanes`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -365,6 +379,10 @@ macro_rules! legacy_many {
                 let mut mx = [0.0f32; R];
                 for r in 0..R {
                     let wb = w.add(r * wstride + i * T::WB);
+                    if N <= 2 {
+                        // Decode streams weights from memory: ask for them well ahead.
+                        _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                    }
                     x[r] = T::unpack(wb);
                     u[r] = if T::SIGNED {
                         _mm256_sign_epi8(x[r], x[r])
@@ -650,6 +668,9 @@ unsafe fn q4_k_many<const N: usize>(
     let mut acc_m = [_mm_setzero_ps(); N];
     for i in 0..nb {
         let x = w.add(i * BlockQ4K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ4K::BYTES);
+        }
         let xb = std::slice::from_raw_parts(x, BlockQ4K::BYTES);
         let (xd, xdmin) = f16x2_at(xb, 0);
         let u = |k: usize| {
@@ -718,6 +739,9 @@ unsafe fn q6_k_many<const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..nb {
         let x = w.add(i * BlockQ6K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ6K::BYTES);
+        }
         let xb = std::slice::from_raw_parts(x, BlockQ6K::BYTES);
         let xd = f16_at(xb, 208);
         let scales = ld128(x.add(192));
