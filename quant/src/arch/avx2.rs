@@ -375,7 +375,7 @@ macro_rules! legacy_many {
             for i in 0..nb {
                 let mut x = [_mm256_setzero_si256(); R];
                 let mut u = [_mm256_setzero_si256(); R];
-                let mut dx = [0.0f32; R];
+                let mut dx = [_mm256_setzero_ps(); R];
                 let mut mx = [0.0f32; R];
                 for r in 0..R {
                     let wb = w.add(r * wstride + i * T::WB);
@@ -392,20 +392,25 @@ macro_rules! legacy_many {
                     let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
                         wb.cast::<u32>().read_unaligned().to_le() as i32,
                     ));
-                    dx[r] = _mm_cvtss_f32(wd);
+                    dx[r] = _mm256_broadcastss_ps(wd);
                     mx[r] = _mm_cvtss_f32(_mm_movehdup_ps(wd));
                 }
                 for c in 0..N {
                     let ab = a.add(c * stride + i * T::AB);
                     let y = ld256(ab.add(T::A_QS));
+                    // dy broadcast once per activation block; `dx * dy` is then one
+                    // lane-wise multiply per weight row (the same rounding as a scalar one).
                     let (dy, sy) = if PRE {
                         let q = ad.add(c * ad_stride + i * per);
-                        (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+                        (
+                            _mm256_broadcast_ss(&*q),
+                            if T::SIGNED { 0.0 } else { *q.add(1) },
+                        )
                     } else {
                         let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
                             ab.cast::<u32>().read_unaligned().to_le() as i32,
                         ));
-                        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                        (_mm256_broadcastss_ps(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
                     };
                     for r in 0..R {
                         let s = if T::SIGNED {
@@ -414,7 +419,7 @@ macro_rules! legacy_many {
                             y
                         };
                         let p = _mm256_cvtepi32_ps($isum(u[r], s));
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r] * dy), p, acc[r][c]);
+                        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dy), p, acc[r][c]);
                         if !T::SIGNED {
                             summs[r][c] = mx[r].mul_add(sy, summs[r][c]);
                         }
