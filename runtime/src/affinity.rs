@@ -123,7 +123,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn pin_on_linux() {
-        let allowed = CpuSet::of_current_thread().expect("sched_getaffinity works").cpus();
+        let allowed = CpuSet::of_current_thread()
+            .expect("sched_getaffinity works")
+            .cpus();
         assert!(!allowed.is_empty());
         let last = *allowed.last().unwrap();
         // On a fresh thread, so the test thread's own mask is untouched.

@@ -72,7 +72,11 @@ pub fn matmul(
     // Few tokens: the weights stream from memory, and longer contiguous runs per task keep
     // the hardware prefetchers on one stream (as long as every thread still gets several
     // tasks to balance). Many tokens: small tasks, the tile is compute-bound.
-    let mut rows_per_task = if n_tok <= 2 { 4 * ROWS_PER_TASK } else { ROWS_PER_TASK };
+    let mut rows_per_task = if n_tok <= 2 {
+        4 * ROWS_PER_TASK
+    } else {
+        ROWS_PER_TASK
+    };
     while rows_per_task > ROWS_PER_TASK && n_out < 4 * pool.n_threads() * rows_per_task {
         rows_per_task /= 2;
     }

@@ -353,7 +353,11 @@ mod tests {
             return;
         }
         let cpus = pool.pinned_cpus().expect("2 threads fit this machine");
-        assert_eq!(cpus, &allowed[..2], "the first allowed CPUs, caller's first");
+        assert_eq!(
+            cpus,
+            &allowed[..2],
+            "the first allowed CPUs, caller's first"
+        );
         assert_eq!(
             affinity::CpuSet::of_current_thread(),
             before,
@@ -371,8 +375,14 @@ mod tests {
             seen.lock().unwrap().push(mask);
         });
         let seen = seen.into_inner().unwrap();
-        assert!(seen.contains(&vec![cpus[1]]), "the worker runs on its CPU: {seen:?}");
-        assert!(seen.contains(&allowed), "the caller keeps its mask: {seen:?}");
+        assert!(
+            seen.contains(&vec![cpus[1]]),
+            "the worker runs on its CPU: {seen:?}"
+        );
+        assert!(
+            seen.contains(&allowed),
+            "the caller keeps its mask: {seen:?}"
+        );
     }
 
     #[test]
