@@ -112,3 +112,88 @@ pub fn avx2_axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) -> bool {
     let _ = alpha;
     false
 }
+
+/// `out[i] = Σ_s ps[s] * rows[s][i]` for the f16 rows `rows[s] = cache[slots[s] * stride +
+/// offset..][..out.len()]`, accumulated for each element in slot order exactly as
+/// `out.fill(0.0)` followed by [`axpy_f16`] per slot would (multiply, then add), so the
+/// result is the same bits; the SIMD version keeps a block of `out` in registers across all
+/// slots instead of reloading and storing the whole row for every slot.
+pub fn weighted_rows_f16_scalar(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    assert_eq!(
+        ps.len(),
+        slots.len(),
+        "weighted_rows_f16: one weight per slot"
+    );
+    let n = out.len();
+    out.fill(0.0);
+    for (&p, &slot) in ps.iter().zip(slots) {
+        let row = &cache[slot * stride + offset..slot * stride + offset + n];
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o += p * v.to_f32();
+        }
+    }
+}
+
+/// [`weighted_rows_f16_scalar`], with the SIMD kernel when available (same bits).
+#[inline]
+pub fn weighted_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    assert_eq!(
+        ps.len(),
+        slots.len(),
+        "weighted_rows_f16: one weight per slot"
+    );
+    let n = out.len();
+    for &s in slots {
+        assert!(
+            s * stride + offset + n <= cache.len(),
+            "weighted_rows_f16: slot {s} out of range"
+        );
+    }
+    match arch::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `active()` reports Avx2 only after AVX2, FMA and F16C were detected; every
+        // row read was bounds-checked above.
+        SimdLevel::Avx2 => unsafe {
+            arch::avx2::weighted_rows_f16(out, ps, cache, slots, stride, offset)
+        },
+        _ => weighted_rows_f16_scalar(out, ps, cache, slots, stride, offset),
+    }
+}
+
+/// The AVX2 [`weighted_rows_f16`] if this CPU has it (for tests); false without AVX2.
+pub fn avx2_weighted_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) -> bool {
+    assert_eq!(ps.len(), slots.len());
+    for &s in slots {
+        assert!(s * stride + offset + out.len() <= cache.len());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if arch::detected() == SimdLevel::Avx2 {
+            // SAFETY: features detected, rows bounds-checked.
+            unsafe { arch::avx2::weighted_rows_f16(out, ps, cache, slots, stride, offset) };
+            return true;
+        }
+    }
+    false
+}

@@ -530,3 +530,53 @@ fn axpy_f16_matches_scalar() {
         }
     }
 }
+
+/// The register-blocked weighted sum over cache rows equals zero-fill plus one axpy per
+/// slot, bit for bit, and the SIMD version equals the scalar one.
+#[test]
+fn weighted_rows_match_axpy_sequence() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for n in [1usize, 7, 8, 31, 32, 64, 72, 256] {
+        let stride = n + 5;
+        let n_rows = 40;
+        let cache = random_f16s(&mut rng, stride * n_rows);
+        for n_slots in [0usize, 1, 3, 17, 40] {
+            let slots: Vec<usize> = (0..n_slots).map(|_| rng.gen_range(0..n_rows)).collect();
+            let ps: Vec<f32> = (0..n_slots).map(|_| rng.gen_range(0.0f32..1.0)).collect();
+            let offset = 3;
+            let mut want = vec![0.0f32; n];
+            for (&p, &s) in ps.iter().zip(&slots) {
+                attn::axpy_f16_scalar(
+                    &mut want,
+                    p,
+                    &cache[s * stride + offset..s * stride + offset + n],
+                );
+            }
+            let mut got = vec![f32::NAN; n];
+            attn::weighted_rows_f16_scalar(&mut got, &ps, &cache, &slots, stride, offset);
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "scalar n={n}"
+            );
+            let mut simd = vec![f32::NAN; n];
+            if attn::avx2_weighted_rows_f16(&mut simd, &ps, &cache, &slots, stride, offset) {
+                assert!(
+                    simd.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "avx2 n={n} slots={n_slots}"
+                );
+            }
+            let mut disp = vec![f32::NAN; n];
+            attn::weighted_rows_f16(&mut disp, &ps, &cache, &slots, stride, offset);
+            assert!(
+                disp.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "dispatched n={n}"
+            );
+        }
+    }
+}

@@ -1161,3 +1161,55 @@ pub(crate) unsafe fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
         y[j] += alpha * x[j].to_f32();
     }
 }
+
+/// `attn::weighted_rows_f16_scalar`, vectorised: 32 output elements stay in registers while
+/// every slot's row adds into them (multiply, then add, slot order), then the next 32.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; every `slots[s] * stride + offset + out.len() <= cache.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn weighted_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    let n = out.len();
+    let cp = cache.as_ptr().cast::<u8>();
+    let op = out.as_mut_ptr();
+    let row = |s: usize| cp.add(2 * (slots[s] * stride + offset));
+    let mut i = 0;
+    while i + 32 <= n {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (s, &p) in ps.iter().enumerate() {
+            let r = row(s).add(2 * i);
+            let pv = _mm256_set1_ps(p);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
+            }
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(i + 8 * k), *acc);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let mut acc = _mm256_setzero_ps();
+        for (s, &p) in ps.iter().enumerate() {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(row(s).add(2 * i).cast()));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p), v));
+        }
+        _mm256_storeu_ps(op.add(i), acc);
+        i += 8;
+    }
+    for j in i..n {
+        let mut acc = 0.0f32;
+        for (s, &p) in ps.iter().enumerate() {
+            acc += p * (*row(s).add(2 * j).cast::<f16>()).to_f32();
+        }
+        *op.add(j) = acc;
+    }
+}

@@ -525,15 +525,11 @@ impl Model {
                     scores.push(quant::attn::dot_f32_f16(q16, kr) * kq_scale);
                 }
                 softmax(scores);
-                o.iter_mut().for_each(|v| *v = 0.0);
-                for (&p, &slot) in scores.iter().zip(slots) {
-                    let p = f16::from_f32(p).to_f32();
-                    quant::attn::axpy_f16(
-                        o,
-                        p,
-                        &vc[slot * v_dim + g * hv..slot * v_dim + (g + 1) * hv],
-                    );
-                }
+                scores
+                    .iter_mut()
+                    .for_each(|p| *p = f16::from_f32(*p).to_f32());
+                // o = sum over slots of p * v, element by element in slot order.
+                quant::attn::weighted_rows_f16(o, scores, vc, slots, v_dim, g * hv);
             });
         });
 
