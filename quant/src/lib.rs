@@ -280,12 +280,57 @@ pub const DOT_MANY_ROWS: usize = 2;
 /// were batched. Activation bytes must come from [`quantize_activations`] (quants in
 /// `-127..=127`). Panics on inconsistent lengths.
 ///
-/// `a_scales` is either empty (scales are read from the activation blocks) or, for Q8_0
-/// and Q8_1 activations, every row's block scales widened to f32 by
-/// [`activation_scales`] (rows back to back), which saves the conversion in every call of
-/// a matrix product; the results are the same bits. K-quant kernels ignore it.
+/// `side` optionally carries per-block data precomputed once per activation row (see
+/// [`ActSide`]); the results are the same bits with or without it.
 pub type DotManyFn =
-    fn(w: &[u8], w_rows: usize, a: &[u8], a_stride: usize, a_scales: &[f32], out: &mut [f32]);
+    fn(w: &[u8], w_rows: usize, a: &[u8], a_stride: usize, side: ActSide<'_>, out: &mut [f32]);
+
+/// Per-block data of the activation rows of a [`DotManyFn`] call, computed once per
+/// matrix product instead of once per weight row. Each field is either empty or covers
+/// every row of the call, rows back to back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActSide<'a> {
+    /// Q8_0/Q8_1 block scales widened to f32 ([`activation_scales`]).
+    pub scales: &'a [f32],
+    /// For Q4_0/Q5_0/Q8_0 weights: `-offset` times each block's eight lane sums
+    /// ([`activation_offset_sums`]), which lets the VNNI kernels use unsigned weights.
+    pub sums: &'a [i32],
+}
+
+/// The weight quant offset of the signed 32-element formats (Q4_0: 8, Q5_0: 16, Q8_0
+/// as unsigned bytes: 128), 0 for other types.
+pub(crate) fn signed_offset(wty: GgmlType) -> i32 {
+    match wty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Whether the active tile kernel for `wty` uses [`ActSide::sums`] (so a caller computes
+/// them only when they help).
+pub fn tile_uses_offset_sums(wty: GgmlType) -> bool {
+    signed_offset(wty) != 0 && arch::active() == SimdLevel::Avx2 && arch::vnni()
+}
+
+/// Appends, for each Q8_0 block of the activation row `a`, `-offset(wty) * Σ y[4l..4l+4]`
+/// for its eight lanes `l` (see [`ActSide::sums`]); nothing for other weight types.
+pub fn activation_offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
+    let off = signed_offset(wty);
+    if off == 0 {
+        return;
+    }
+    for b in a.chunks_exact(GgmlType::Q8_0.type_size()) {
+        for l in 0..8 {
+            let s: i32 = b[2 + 4 * l..6 + 4 * l]
+                .iter()
+                .map(|&q| q as i8 as i32)
+                .sum();
+            out.push(-off * s);
+        }
+    }
+}
 
 /// f32 scales per block that [`activation_scales`] writes for activation type `ty`:
 /// 1 for Q8_0 (`d`), 2 for Q8_1 (`d`, `s`), 0 otherwise.

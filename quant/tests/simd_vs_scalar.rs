@@ -160,7 +160,7 @@ fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
             }
             for rows in 1..=quant::DOT_MANY_MAX {
                 let mut out = vec![f32::NAN; rows];
-                many(w, 1, &buf, stride, &[], &mut out);
+                many(w, 1, &buf, stride, quant::ActSide::default(), &mut out);
                 for (c, got) in out.iter().enumerate() {
                     assert_eq!(
                         got.to_bits(),
@@ -217,18 +217,34 @@ fn many_rows_match_single_rows() {
                 };
                 for k in 1..=8 {
                     let mut scales = Vec::new();
+                    let mut sums = Vec::new();
                     for r in &rows[..k] {
                         quant::activation_scales(aty, r, &mut scales);
+                        quant::activation_offset_sums(ty, r, &mut sums);
                     }
-                    for ad in [&[][..], &scales[..]] {
+                    let sides = [
+                        quant::ActSide::default(),
+                        quant::ActSide {
+                            scales: &scales,
+                            sums: &[],
+                        },
+                        quant::ActSide {
+                            scales: &[],
+                            sums: &sums,
+                        },
+                        quant::ActSide {
+                            scales: &scales,
+                            sums: &sums,
+                        },
+                    ];
+                    for ad in sides {
                         let mut out = vec![0.0f32; k];
                         many(&w, 1, &buf, stride, ad, &mut out);
                         for c in 0..k {
                             assert_eq!(
                                 out[c].to_bits(),
                                 want[c].to_bits(),
-                                "{ty} n={n} k={k} c={c} precomputed scales {}",
-                                !ad.is_empty()
+                                "{ty} n={n} k={k} c={c} side {ad:?}",
                             );
                         }
                         // Two weight rows: the second row's results match too.
@@ -247,7 +263,7 @@ fn many_rows_match_single_rows() {
             }
             if let Some(many) = quant::vec_dot_many_fn(ty) {
                 let mut out = vec![0.0f32; 8];
-                many(&w, 1, &buf, stride, &[], &mut out);
+                many(&w, 1, &buf, stride, quant::ActSide::default(), &mut out);
                 assert_eq!(out, want, "{ty} dispatched");
             }
         }

@@ -87,14 +87,22 @@ pub fn matmul(
     // For token tiles, the activation block scales are widened to f32 once here instead of
     // in every weight row's kernel call (same bits either way).
     let spr = quant::activation_scales_per_block(vt) * (w.n_in / vt.block_size());
-    let mut scales = SCALES.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let (mut scales, mut sums) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
     scales.clear();
-    if many.is_some() && n_tok > 1 && spr > 0 {
+    sums.clear();
+    if many.is_some() && n_tok > 1 {
+        let want_sums = quant::tile_uses_offset_sums(w.ty);
         for t in 0..n_tok {
-            quant::activation_scales(vt, &xq[t * xrb..(t + 1) * xrb], &mut scales);
+            let row = &xq[t * xrb..(t + 1) * xrb];
+            quant::activation_scales(vt, row, &mut scales);
+            if want_sums {
+                quant::activation_offset_sums(w.ty, row, &mut sums);
+            }
         }
     }
     let sc: &[f32] = &scales;
+    let su: &[i32] = &sums;
+    let spb = w.n_in / vt.block_size() * 8;
     pool.run(n_tasks, &|task| {
         let o0 = task * rows_per_task;
         let o1 = (o0 + rows_per_task).min(n_out);
@@ -115,10 +123,17 @@ pub fn matmul(
         while t < n_tok {
             let k = (n_tok - t).min(TILE);
             let a = &xq[t * xrb..(t + k) * xrb];
-            let ad = if sc.is_empty() {
-                &[][..]
-            } else {
-                &sc[t * spr..(t + k) * spr]
+            let side = quant::ActSide {
+                scales: if sc.is_empty() {
+                    &[]
+                } else {
+                    &sc[t * spr..(t + k) * spr]
+                },
+                sums: if su.is_empty() {
+                    &[]
+                } else {
+                    &su[t * spb..(t + k) * spb]
+                },
             };
             let mut ys: [&mut [f32]; quant::DOT_MANY_MAX] = Default::default();
             for (c, ys) in ys.iter_mut().enumerate().take(k) {
@@ -130,7 +145,7 @@ pub fn matmul(
             while o < o1 {
                 let rows = (o1 - o).min(quant::DOT_MANY_ROWS);
                 let wr = &w.data[o * wrb..(o + rows) * wrb];
-                many(wr, rows, a, xrb, ad, &mut r[..rows * k]);
+                many(wr, rows, a, xrb, side, &mut r[..rows * k]);
                 for q in 0..rows {
                     for c in 0..k {
                         ys[c][o + q - o0] = r[q * k + c];
@@ -141,12 +156,14 @@ pub fn matmul(
             t += k;
         }
     });
-    SCALES.with(|s| *s.borrow_mut() = scales);
+    SIDE.with(|s| *s.borrow_mut() = (scales, sums));
 }
 
 thread_local! {
-    /// Scratch for the widened activation scales, kept between calls on this thread.
-    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Scratch for the tile kernels' per-block activation data (widened scales, offset
+    /// sums), kept between calls on this thread.
+    static SIDE: std::cell::RefCell<(Vec<f32>, Vec<i32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

@@ -32,7 +32,7 @@ use crate::q6_k::BlockQ6K;
 use crate::q8_0::BlockQ8_0;
 use crate::q8_1::BlockQ8_1;
 use crate::q8_k::BlockQ8K;
-use crate::{Block, DotFn, DotManyFn, GgmlType};
+use crate::{ActSide, Block, DotFn, DotManyFn, GgmlType};
 use half::f16;
 
 /// The AVX2 kernel for weights of type `ty`. Only call after AVX2, FMA and F16C were
@@ -237,6 +237,12 @@ trait Legacy {
     /// # Safety
     /// AVX2 available; `w` points to a whole weight block.
     unsafe fn unpack(w: *const u8) -> __m256i;
+    /// The quants as unsigned bytes: `q + offset` for the signed formats (the raw stored
+    /// quant; Q8_0 flips the sign bit), the same as `unpack` for the others.
+    ///
+    /// # Safety
+    /// As `unpack`.
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i;
 }
 
 /// Q4_0 / Q5_0 / Q8_0 with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
@@ -256,6 +262,11 @@ impl Legacy for Q4_0 {
     unsafe fn unpack(w: *const u8) -> __m256i {
         _mm256_sub_epi8(nibbles32(w.add(2)), _mm256_set1_epi8(8))
     }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        nibbles32(w.add(2))
+    }
 }
 
 impl Legacy for Q4_1 {
@@ -267,6 +278,11 @@ impl Legacy for Q4_1 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
         nibbles32(w.add(4))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        Self::unpack(w)
     }
 }
 
@@ -283,6 +299,13 @@ impl Legacy for Q5_0 {
         let hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
         _mm256_or_si256(nibbles32(w.add(6)), hi)
     }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        let qh = w.add(2).cast::<u32>().read_unaligned().to_le();
+        let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles32(w.add(6)), hb)
+    }
 }
 
 impl Legacy for Q5_1 {
@@ -297,6 +320,11 @@ impl Legacy for Q5_1 {
         let hb = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles32(w.add(8)), hb)
     }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        Self::unpack(w)
+    }
 }
 
 impl Legacy for Q8_0 {
@@ -308,6 +336,11 @@ impl Legacy for Q8_0 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
         ld256(w.add(2))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        _mm256_xor_si256(ld256(w.add(2)), _mm256_set1_epi8(0x80u8 as i8))
     }
 }
 
@@ -347,25 +380,49 @@ unsafe fn isum_vnni(u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
 }
 
+/// `init + Σ u·y` per lane, unsigned weights up to 255 (no i16 step, so no saturation).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn isum_from_vnni(init: __m256i, u: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(init, u, y)
+}
+
+/// The plain AVX2 kernels never take the offset-sum path (`maddubs` could saturate on
+/// unsigned Q8_0 bytes); the dispatcher only sets `SUMS` for the VNNI kernels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn isum_from_never(_init: __m256i, _u: __m256i, _y: __m256i) -> __m256i {
+    unreachable!("offset sums are only used with VNNI")
+}
+
 /// The multi-row kernel body, instantiated for plain AVX2 and for AVX-512 VNNI (which only
 /// changes how the exact i32 lanes are formed).
 macro_rules! legacy_many {
-    ($name:ident, $feat:literal, $isum:ident) => {
+    ($name:ident, $feat:literal, $isum:ident, $isum_from:ident) => {
         /// # Safety
         /// The features named are available; `w` holds `R` weight rows of `nb` blocks,
         /// `wstride` bytes apart, and `a` holds `N` rows of `nb` activation blocks, `stride`
         /// bytes apart; `out` has `R * N` slots (`out[r * N + c]`). With `PRE`, `ad` holds
         /// each activation row's block scales as f32 (`nb` per row for Q8_0, `2 nb` for
-        /// Q8_1's `(d, s)` pairs), rows `ad_stride` floats apart.
+        /// Q8_1's `(d, s)` pairs), rows `ad_stride` floats apart. With `SUMS` (signed
+        /// formats, VNNI only), `sums` holds `-offset` times each activation block's eight
+        /// lane sums, rows `nb * 8` apart, and the weights go in as unsigned quants.
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $feat)]
-        unsafe fn $name<T: Legacy, const R: usize, const N: usize, const PRE: bool>(
+        unsafe fn $name<
+            T: Legacy,
+            const R: usize,
+            const N: usize,
+            const PRE: bool,
+            const SUMS: bool,
+        >(
             w: *const u8,
             wstride: usize,
             a: *const u8,
             stride: usize,
             ad: *const f32,
             ad_stride: usize,
+            sums: *const i32,
             nb: usize,
             out: *mut f32,
         ) {
@@ -383,12 +440,16 @@ macro_rules! legacy_many {
                         // Decode streams weights from memory: ask for them well ahead.
                         _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
                     }
-                    x[r] = T::unpack(wb);
-                    u[r] = if T::SIGNED {
-                        _mm256_sign_epi8(x[r], x[r])
+                    if SUMS {
+                        u[r] = T::unpack_unsigned(wb);
                     } else {
-                        x[r]
-                    };
+                        x[r] = T::unpack(wb);
+                        u[r] = if T::SIGNED {
+                            _mm256_sign_epi8(x[r], x[r])
+                        } else {
+                            x[r]
+                        };
+                    }
                     let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
                         wb.cast::<u32>().read_unaligned().to_le() as i32,
                     ));
@@ -412,13 +473,24 @@ macro_rules! legacy_many {
                         ));
                         (_mm256_broadcastss_ps(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
                     };
+                    // Σ (q - off) y = Σ q y + (-off Σ y): the lane sums start the count.
+                    let init = if SUMS {
+                        ld256(sums.add((c * nb + i) * 8).cast())
+                    } else {
+                        _mm256_setzero_si256()
+                    };
                     for r in 0..R {
-                        let s = if T::SIGNED {
-                            _mm256_sign_epi8(y, x[r])
+                        let isum = if SUMS {
+                            $isum_from(init, u[r], y)
                         } else {
-                            y
+                            let s = if T::SIGNED {
+                                _mm256_sign_epi8(y, x[r])
+                            } else {
+                                y
+                            };
+                            $isum(u[r], s)
                         };
-                        let p = _mm256_cvtepi32_ps($isum(u[r], s));
+                        let p = _mm256_cvtepi32_ps(isum);
                         acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dy), p, acc[r][c]);
                         if !T::SIGNED {
                             summs[r][c] = mx[r].mul_add(sy, summs[r][c]);
@@ -436,17 +508,24 @@ macro_rules! legacy_many {
     };
 }
 
-legacy_many!(legacy_avx2, "avx2,fma,f16c", isum_maddubs);
-legacy_many!(legacy_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", isum_vnni);
+legacy_many!(legacy_avx2, "avx2,fma,f16c", isum_maddubs, isum_from_never);
+legacy_many!(
+    legacy_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    isum_vnni,
+    isum_from_vnni
+);
 
-/// A validated `DotManyFn` call: block count, weight row stride in bytes, activation
-/// rows, scale row stride in floats (0 when no scales were passed).
+/// A validated `DotManyFn` call: block count, weight row stride in bytes, rows, columns,
+/// scale row stride in floats (0 when no scales were passed), and the offset sums.
 struct ManyCall {
     nb: usize,
     wstride: usize,
     rows: usize,
     cols: usize,
     ad_stride: usize,
+    use_sums: bool,
+    sums: *const i32,
 }
 
 /// Validates a `DotManyFn` call.
@@ -455,7 +534,7 @@ fn check_many<W: Block, A: Block>(
     rows: usize,
     a: &[u8],
     stride: usize,
-    ad: &[f32],
+    side: ActSide<'_>,
     out_len: usize,
 ) -> ManyCall {
     assert!(
@@ -485,23 +564,34 @@ fn check_many<W: Block, A: Block>(
         a.len()
     );
     let per = crate::activation_scales_per_block(A::TYPE);
-    let ad_stride = if ad.is_empty() || per == 0 {
+    let ad_stride = if side.scales.is_empty() || per == 0 {
         0
     } else {
         assert!(
-            ad.len() == n * nb * per,
+            side.scales.len() == n * nb * per,
             "vec_dot_many {}: {} activation scales for {n} rows of {nb} blocks",
             W::TYPE,
-            ad.len()
+            side.scales.len()
         );
         nb * per
     };
+    let use_sums = !side.sums.is_empty() && crate::signed_offset(W::TYPE) != 0;
+    if use_sums {
+        assert!(
+            side.sums.len() == n * nb * 8,
+            "vec_dot_many {}: {} offset sums for {n} rows of {nb} blocks",
+            W::TYPE,
+            side.sums.len()
+        );
+    }
     ManyCall {
         nb,
         wstride,
         rows,
         cols: n,
         ad_stride,
+        use_sums,
+        sums: side.sums.as_ptr(),
     }
 }
 
@@ -509,9 +599,16 @@ fn check_many<W: Block, A: Block>(
 /// weight rows take at most four activation rows at a time.
 macro_rules! many_entry {
     ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $wide:literal) => {
-        fn $name(w: &[u8], rows: usize, a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
-            let k = check_many::<$w, $a>(w, rows, a, stride, ad, out.len());
-            let (wp, dp, op) = (w.as_ptr(), ad.as_ptr(), out.as_mut_ptr());
+        fn $name(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            out: &mut [f32],
+        ) {
+            let k = check_many::<$w, $a>(w, rows, a, stride, side, out.len());
+            let (wp, dp, op) = (w.as_ptr(), side.scales.as_ptr(), out.as_mut_ptr());
             let mut c0 = 0;
             while c0 < k.cols {
                 let n = if k.rows == 2 && !$wide {
@@ -523,21 +620,38 @@ macro_rules! many_entry {
                 let dp = dp.wrapping_add(c0 * k.ad_stride);
                 let mut tmp = [0.0f32; 2 * crate::DOT_MANY_MAX];
                 let tp = tmp.as_mut_ptr();
+                let sp = k.sums.wrapping_add(c0 * k.nb * 8);
                 macro_rules! go {
                     ($r:literal, $n:literal) => {
-                        if k.ad_stride != 0 {
-                            $imp::<$ty, $r, $n, true>(
+                        match (k.ad_stride != 0, k.use_sums && $wide) {
+                            (true, true) => $imp::<$ty, $r, $n, true, true>(
                                 wp,
                                 k.wstride,
                                 ap,
                                 stride,
                                 dp,
                                 k.ad_stride,
+                                sp,
                                 k.nb,
                                 tp,
-                            )
-                        } else {
-                            $imp::<$ty, $r, $n, false>(wp, k.wstride, ap, stride, dp, 0, k.nb, tp)
+                            ),
+                            (true, false) => $imp::<$ty, $r, $n, true, false>(
+                                wp,
+                                k.wstride,
+                                ap,
+                                stride,
+                                dp,
+                                k.ad_stride,
+                                sp,
+                                k.nb,
+                                tp,
+                            ),
+                            (false, true) => $imp::<$ty, $r, $n, false, true>(
+                                wp, k.wstride, ap, stride, dp, 0, sp, k.nb, tp,
+                            ),
+                            (false, false) => $imp::<$ty, $r, $n, false, false>(
+                                wp, k.wstride, ap, stride, dp, 0, sp, k.nb, tp,
+                            ),
                         }
                     };
                 }
@@ -795,8 +909,15 @@ unsafe fn q6_k_many<const N: usize>(
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident) => {
-        fn $name(w: &[u8], rows: usize, a: &[u8], stride: usize, ad: &[f32], out: &mut [f32]) {
-            let k = check_many::<$w, BlockQ8K>(w, rows, a, stride, ad, out.len());
+        fn $name(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            out: &mut [f32],
+        ) {
+            let k = check_many::<$w, BlockQ8K>(w, rows, a, stride, side, out.len());
             let ap = a.as_ptr();
             for r in 0..k.rows {
                 let wp = w[r * k.wstride..].as_ptr();
@@ -829,7 +950,7 @@ macro_rules! single_from_many {
         fn $name(w: &[u8], a: &[u8]) -> f32 {
             check_dot::<$w, $a>(w, a);
             let mut out = [0.0f32];
-            $many(w, 1, a, a.len(), &[], &mut out);
+            $many(w, 1, a, a.len(), ActSide::default(), &mut out);
             out[0]
         }
     };
