@@ -41,6 +41,12 @@ struct Shared {
     done: Condvar,
     shutdown: AtomicBool,
     panicked: AtomicBool,
+    /// Workers waiting on `wake` (changed under the `job` lock): `run` skips the wake-up
+    /// syscall when every worker is still spinning.
+    parked: AtomicUsize,
+    /// The caller is (about to be) waiting on `done`: the last worker out skips the
+    /// notification syscall otherwise.
+    caller_waiting: AtomicBool,
 }
 
 struct JobHandle(Job);
@@ -128,6 +134,8 @@ impl ThreadPool {
             done: Condvar::new(),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
+            parked: AtomicUsize::new(0),
+            caller_waiting: AtomicBool::new(false),
         });
         // Workers pin themselves first thing and report whether it took.
         let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<bool>();
@@ -198,7 +206,11 @@ impl ThreadPool {
             *slot = Some(job.clone());
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
         }
-        self.shared.wake.notify_all();
+        // A worker that saw the old generation counted itself in `parked` under the lock
+        // we just held, so this cannot miss one.
+        if self.shared.parked.load(Ordering::SeqCst) > 0 {
+            self.shared.wake.notify_all();
+        }
 
         let caller = catch_unwind(AssertUnwindSafe(|| work(&job.0)));
 
@@ -206,13 +218,15 @@ impl ThreadPool {
         while self.shared.busy.load(Ordering::Acquire) != 0 {
             if !backoff(&mut step) {
                 let g = self.shared.done_lock.lock().unwrap();
-                if self.shared.busy.load(Ordering::Acquire) != 0 {
+                self.shared.caller_waiting.store(true, Ordering::SeqCst);
+                if self.shared.busy.load(Ordering::SeqCst) != 0 {
                     let _g = self
                         .shared
                         .done
                         .wait_timeout(g, std::time::Duration::from_millis(1))
                         .unwrap();
                 }
+                self.shared.caller_waiting.store(false, Ordering::SeqCst);
             }
         }
         *self.shared.job.lock().unwrap() = None;
@@ -256,7 +270,9 @@ fn worker(shared: Arc<Shared>) {
                 if shared.generation.load(Ordering::Acquire) == seen
                     && !shared.shutdown.load(Ordering::Acquire)
                 {
+                    shared.parked.fetch_add(1, Ordering::SeqCst);
                     let _guard = shared.wake.wait(guard).unwrap();
+                    shared.parked.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         }
@@ -266,7 +282,9 @@ fn worker(shared: Arc<Shared>) {
                 shared.panicked.store(true, Ordering::SeqCst);
             }
         }
-        if shared.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1
+            && shared.caller_waiting.load(Ordering::SeqCst)
+        {
             let _g = shared.done_lock.lock().unwrap();
             shared.done.notify_all();
         }
