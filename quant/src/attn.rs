@@ -141,10 +141,10 @@ pub fn weighted_rows_f16_scalar(
     }
 }
 
-/// [`weighted_rows_f16_scalar`], with the SIMD kernel when available (same bits).
-#[inline]
-pub fn weighted_rows_f16(
-    out: &mut [f32],
+/// The checks the SIMD [`weighted_rows_f16`] relies on: one weight per slot, every row
+/// read inside `cache`.
+fn check_weighted_rows(
+    n: usize,
     ps: &[f32],
     cache: &[f16],
     slots: &[usize],
@@ -156,13 +156,25 @@ pub fn weighted_rows_f16(
         slots.len(),
         "weighted_rows_f16: one weight per slot"
     );
-    let n = out.len();
     for &s in slots {
         assert!(
             s * stride + offset + n <= cache.len(),
             "weighted_rows_f16: slot {s} out of range"
         );
     }
+}
+
+/// [`weighted_rows_f16_scalar`], with the SIMD kernel when available (same bits).
+#[inline]
+pub fn weighted_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    check_weighted_rows(out.len(), ps, cache, slots, stride, offset);
     match arch::active() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `active()` reports Avx2 only after AVX2, FMA and F16C were detected; every
@@ -183,10 +195,7 @@ pub fn avx2_weighted_rows_f16(
     stride: usize,
     offset: usize,
 ) -> bool {
-    assert_eq!(ps.len(), slots.len());
-    for &s in slots {
-        assert!(s * stride + offset + out.len() <= cache.len());
-    }
+    check_weighted_rows(out.len(), ps, cache, slots, stride, offset);
     #[cfg(target_arch = "x86_64")]
     {
         if arch::detected() == SimdLevel::Avx2 {

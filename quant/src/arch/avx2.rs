@@ -621,39 +621,32 @@ macro_rules! many_entry {
                 let mut tmp = [0.0f32; 2 * crate::DOT_MANY_MAX];
                 let tp = tmp.as_mut_ptr();
                 let sp = k.sums.wrapping_add(c0 * k.nb * 8);
+                // `ad_stride` is 0 when no scales were passed, so every instantiation
+                // takes the same arguments.
                 macro_rules! go {
-                    ($r:literal, $n:literal) => {
-                        match (k.ad_stride != 0, k.use_sums && $wide) {
-                            (true, true) => $imp::<$ty, $r, $n, true, true>(
-                                wp,
-                                k.wstride,
-                                ap,
-                                stride,
-                                dp,
-                                k.ad_stride,
-                                sp,
-                                k.nb,
-                                tp,
-                            ),
-                            (true, false) => $imp::<$ty, $r, $n, true, false>(
-                                wp,
-                                k.wstride,
-                                ap,
-                                stride,
-                                dp,
-                                k.ad_stride,
-                                sp,
-                                k.nb,
-                                tp,
-                            ),
-                            (false, true) => $imp::<$ty, $r, $n, false, true>(
-                                wp, k.wstride, ap, stride, dp, 0, sp, k.nb, tp,
-                            ),
-                            (false, false) => $imp::<$ty, $r, $n, false, false>(
-                                wp, k.wstride, ap, stride, dp, 0, sp, k.nb, tp,
-                            ),
+                    ($r:literal, $n:literal) => {{
+                        macro_rules! call {
+                            ($pre:literal, $sums:literal) => {
+                                $imp::<$ty, $r, $n, $pre, $sums>(
+                                    wp,
+                                    k.wstride,
+                                    ap,
+                                    stride,
+                                    dp,
+                                    k.ad_stride,
+                                    sp,
+                                    k.nb,
+                                    tp,
+                                )
+                            };
                         }
-                    };
+                        match (k.ad_stride != 0, k.use_sums && $wide) {
+                            (true, true) => call!(true, true),
+                            (true, false) => call!(true, false),
+                            (false, true) => call!(false, true),
+                            (false, false) => call!(false, false),
+                        }
+                    }};
                 }
                 // SAFETY: handed out by `vec_dot_many_kernel` only after the features were
                 // detected; `check_many` validated every byte the kernel reads, and `tmp`
