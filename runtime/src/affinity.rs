@@ -40,16 +40,18 @@ mod imp {
         }
     }
 
-    pub(super) fn of_thread(tid: libc::pid_t) -> Option<CpuSet> {
+    /// The calling thread's mask (pid 0 names the caller).
+    pub(super) fn of_current_thread() -> Option<CpuSet> {
         let mut set = empty();
         // SAFETY: the kernel writes at most SET_BYTES into a valid cpu_set_t.
-        let rc = unsafe { libc::sched_getaffinity(tid, SET_BYTES, &mut set.raw) };
+        let rc = unsafe { libc::sched_getaffinity(0, SET_BYTES, &mut set.raw) };
         (rc == 0).then_some(set)
     }
 
-    pub(super) fn apply(set: &CpuSet, tid: libc::pid_t) -> bool {
+    /// Sets the calling thread's mask.
+    pub(super) fn apply_to_current_thread(set: &CpuSet) -> bool {
         // SAFETY: the kernel reads SET_BYTES from a valid cpu_set_t.
-        unsafe { libc::sched_setaffinity(tid, SET_BYTES, &set.raw) == 0 }
+        unsafe { libc::sched_setaffinity(0, SET_BYTES, &set.raw) == 0 }
     }
 
     pub(super) fn insert(set: &mut CpuSet, cpu: usize) {
@@ -69,7 +71,7 @@ impl CpuSet {
     /// the syscall failed).
     pub fn of_current_thread() -> Option<CpuSet> {
         #[cfg(target_os = "linux")]
-        return imp::of_thread(0);
+        return imp::of_current_thread();
         #[cfg(not(target_os = "linux"))]
         None
     }
@@ -105,7 +107,7 @@ impl CpuSet {
     /// Restricts the calling thread to this set. Returns whether the kernel accepted it.
     pub fn apply_to_current_thread(&self) -> bool {
         #[cfg(target_os = "linux")]
-        return imp::apply(self, 0);
+        return imp::apply_to_current_thread(self);
         #[cfg(not(target_os = "linux"))]
         false
     }
