@@ -25,6 +25,7 @@ pub mod attn;
 pub mod common;
 pub mod f16;
 pub mod float;
+pub mod ggml_math;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;

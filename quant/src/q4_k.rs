@@ -5,7 +5,7 @@
 //! hold the first sub-block, high nibbles the second.
 
 use crate::common::{
-    check_dot, dequantize_with, hsum_lanes, nearest_int, quantize_with, rd_arr, rd_u16, Block, QK_K,
+    check_dot, dequantize_with, nearest_int, quantize_with, rd_arr, rd_u16, Block, QK_K,
 };
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::q8_k::BlockQ8K;
@@ -151,48 +151,42 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ4K>(src, dst, BlockQ4K::quantize);
 }
 
-/// Dot with a Q8_K activation row in ggml's x86 AVX2 order; what [`crate::vec_dot`]
-/// computes. Per super-block: eight exact i32 lanes (lane `l` sums, over the eight
-/// 32-element sub-blocks `b`, `scale[b]` times the products of elements `32b + 4l..+4`),
-/// fused-multiply-added with `y.d * d` into eight float lanes; the mins go through
-/// `bsums` into four more lanes (`(-y.d * dmin)`, pairs of sub-blocks); the end is
-/// `hsum_lanes(lanes) + ((m0 + m2) + (m1 + m3))`.
+/// Dot with a Q8_K activation row in the order of ggml's x86 kernels for Q4_K, which on
+/// AVX2 machines run on weights repacked eight rows at a time (`gemv`/`gemm_q4_K_8x8`,
+/// one order for any number of tokens); what [`crate::vec_dot`] computes. Per
+/// super-block: the exact integer sums `s1 = Σ_b scale[b] · Σ q·a` and
+/// `s2 = Σ_j min[j] · (bsums[2j] + bsums[2j+1])`, then `acc = fma(f32(s1), d·y.d, acc)` and
+/// `acc_m = fma(f32(s2), dmin·y.d, acc_m)`; the result is `acc - acc_m`.
 pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ4K, BlockQ8K>(w, a);
-    let mut acc = [0.0f32; 8];
-    let mut acc_m = [0.0f32; 4];
+    let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
     for i in 0..nb {
         let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
         let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
-        let d = y.d * f16_to_f32(x.d);
-        let dmin = -y.d * f16_to_f32(x.dmin);
         let mut sc = [0i32; 8];
         let mut mn = [0i32; 8];
         for j in 0..8 {
             let (s, m) = get_scale_min_k4(j, &x.scales);
             (sc[j], mn[j]) = (s as i32, m as i32);
         }
-        for (j, acc_m) in acc_m.iter_mut().enumerate() {
-            // `hadd_epi16`: the pair sum wraps in i16 (only reachable with forged bsums).
-            let q8s = |b: usize| y.bsums[2 * b].wrapping_add(y.bsums[2 * b + 1]) as i32;
-            let prod = mn[2 * j] * q8s(2 * j) + mn[2 * j + 1] * q8s(2 * j + 1);
-            *acc_m = dmin.mul_add(prod as f32, *acc_m);
-        }
         let q = |e: usize| {
             let b = x.qs[32 * (e / 64) + e % 32];
             (if e % 64 < 32 { b & 0x0f } else { b >> 4 }) as i32
         };
-        for (l, acc) in acc.iter_mut().enumerate() {
-            let mut sumi = 0i32;
-            for b in 0..8 {
-                let e0 = 32 * b + 4 * l;
-                let s: i32 = (e0..e0 + 4).map(|e| q(e) * y.qs[e] as i32).sum();
-                sumi += sc[b] * s;
-            }
-            *acc = d.mul_add(sumi as f32, *acc);
+        let mut s1 = 0i32;
+        for (b, &scale) in sc.iter().enumerate() {
+            let s: i32 = (32 * b..32 * b + 32).map(|e| q(e) * y.qs[e] as i32).sum();
+            s1 += scale * s;
         }
+        let mut s2 = 0i32;
+        for (j, &m) in mn.iter().enumerate() {
+            // The pair sum wraps in i16 (`hadd_epi16`; only reachable with forged bsums).
+            s2 += m * y.bsums[2 * j].wrapping_add(y.bsums[2 * j + 1]) as i32;
+        }
+        acc = (s1 as f32).mul_add(f16_to_f32(x.d) * y.d, acc);
+        acc_m = (s2 as f32).mul_add(f16_to_f32(x.dmin) * y.d, acc_m);
     }
-    hsum_lanes(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    acc - acc_m
 }
 
 /// `ggml_vec_dot_q4_K_q8_K_generic`: integer products accumulated in 8 lanes per block,

@@ -27,8 +27,10 @@ pub fn silu(x: f32) -> f32 {
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
+/// ggml's `ggml_gelu_f32` as GCC compiles it (FMA contraction fuses the one
+/// multiply-add, `1 + (a·x)·x`).
 fn gelu_exact_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// Tanh-approximated GELU as ggml's CPU backend computes it: through an f16 lookup table
@@ -99,28 +101,10 @@ impl Rope {
         }
     }
 
-    /// Rotates one head vector `x` in place using a cache from [`Rope::cache`].
+    /// Rotates one head vector `x` in place using a cache from [`Rope::cache`], with
+    /// ggml's rounding (see [`quant::ggml_math::rope_rotate`]).
     pub fn apply(&self, x: &mut [f32], cache: &[f32]) {
-        match self.style {
-            RopeStyle::Normal => {
-                for i in (0..self.n_dims).step_by(2) {
-                    let (c, s) = (cache[i], cache[i + 1]);
-                    let (a, b) = (x[i], x[i + 1]);
-                    x[i] = a * c - b * s;
-                    x[i + 1] = a * s + b * c;
-                }
-            }
-            RopeStyle::Neox => {
-                let half = self.n_dims / 2;
-                for i in (0..self.n_dims).step_by(2) {
-                    let (c, s) = (cache[i], cache[i + 1]);
-                    let j = i / 2;
-                    let (a, b) = (x[j], x[j + half]);
-                    x[j] = a * c - b * s;
-                    x[j + half] = a * s + b * c;
-                }
-            }
-        }
+        quant::ggml_math::rope_rotate(x, cache, self.n_dims, self.style == RopeStyle::Neox);
     }
 }
 

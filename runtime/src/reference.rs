@@ -85,6 +85,21 @@ pub struct RefOptions {
     /// Store the KV cache as f32 instead of llama.cpp's default f16 (closer numerics for
     /// correctness comparisons; slower and not what llama.cpp users run).
     pub kv_f32: bool,
+    /// Record every f32/f16 tensor llama.cpp computes (through its graph evaluation
+    /// callback), for [`RefModel::take_trace`]. Slow: each node is evaluated on its own.
+    /// For debugging numerical differences only.
+    pub trace: bool,
+}
+
+/// One intermediate tensor recorded by a tracing [`RefModel`], as f32 in ggml's element
+/// order (`ne[0]` fastest).
+#[derive(Debug, Clone)]
+pub struct RefTensor {
+    /// ggml's name, such as `attn_norm-0` or `result_output`.
+    pub name: String,
+    /// Shape, `ne[0]` first.
+    pub ne: [usize; 4],
+    pub data: Vec<f32>,
 }
 
 impl Default for RefOptions {
@@ -97,6 +112,7 @@ impl Default for RefOptions {
             n_threads_batch: 0,
             flash_attn: Some(false),
             kv_f32: false,
+            trace: false,
         }
     }
 }
@@ -127,7 +143,7 @@ pub use imp::{system_info, GgmlKernel, RefModel};
 
 #[cfg(feature = "llamacpp")]
 mod imp {
-    use super::{argmax, default_threads, RefError, RefOptions};
+    use super::{argmax, default_threads, RefError, RefOptions, RefTensor};
     use llama_cpp_sys_2 as sys;
     use quant::GgmlType;
     use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -409,6 +425,10 @@ mod imp {
         /// Next position to evaluate (number of positions in the KV cache).
         pos: usize,
         batch: Batch,
+        /// Tensors recorded by the evaluation callback (boxed: its address is the
+        /// callback's user data and must not move with the RefModel).
+        #[allow(clippy::box_collection)]
+        trace: Option<Box<Vec<RefTensor>>>,
     }
 
     // SAFETY: the llama_model / llama_context are heap objects with no thread affinity
@@ -417,6 +437,50 @@ mod imp {
     // touches the context takes `&mut self`, and it is not `Sync`, so moving it to another
     // thread is sound. The raw pointers in `Batch` point into its own allocations.
     unsafe impl Send for RefModel {}
+
+    /// ggml's evaluation callback: asks for every f32/f16 node, then copies it out.
+    unsafe extern "C" fn trace_cb(
+        t: *mut sys::ggml_tensor,
+        ask: bool,
+        user_data: *mut std::os::raw::c_void,
+    ) -> bool {
+        // SAFETY: ggml passes a valid tensor; user_data is the Box<Vec<RefTensor>> owned by
+        // the RefModel whose decode call is running (on this thread).
+        let t = unsafe { &*t };
+        let wanted = t.type_ == sys::GGML_TYPE_F32 || t.type_ == sys::GGML_TYPE_F16;
+        if ask {
+            return wanted;
+        }
+        if !wanted {
+            return true;
+        }
+        let out = unsafe { &mut *user_data.cast::<Vec<RefTensor>>() };
+        let nbytes = unsafe { sys::ggml_nbytes(t) };
+        let mut raw = vec![0u8; nbytes];
+        // SAFETY: reads nbytes from the tensor's own storage into our buffer.
+        unsafe { sys::ggml_backend_tensor_get(t, raw.as_mut_ptr().cast(), 0, nbytes) };
+        let ne = t.ne.map(|n| n.max(0) as usize);
+        let mut data = Vec::with_capacity(ne.iter().product());
+        for i3 in 0..ne[3] {
+            for i2 in 0..ne[2] {
+                for i1 in 0..ne[1] {
+                    for i0 in 0..ne[0] {
+                        let off = i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                        data.push(if t.type_ == sys::GGML_TYPE_F32 {
+                            f32::from_le_bytes(raw[off..off + 4].try_into().unwrap())
+                        } else {
+                            half::f16::from_le_bytes(raw[off..off + 2].try_into().unwrap()).to_f32()
+                        });
+                    }
+                }
+            }
+        }
+        let name = unsafe { std::ffi::CStr::from_ptr(t.name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        out.push(RefTensor { name, ne, data });
+        true
+    }
 
     impl Drop for RefModel {
         fn drop(&mut self) {
@@ -507,6 +571,11 @@ mod imp {
             let mut mparams = unsafe { sys::llama_model_default_params() };
             mparams.n_gpu_layers = 0;
             mparams.load_mode = sys::LLAMA_LOAD_MODE_MMAP;
+            // Debugging aid: keep weights in ggml's plain layout (no repacked copies), so
+            // matrix products take the vec_dot kernels.
+            if std::env::var_os("RLLAMA_REF_NO_REPACK").is_some() {
+                mparams.use_extra_bufts = false;
+            }
 
             // SAFETY: cpath is NUL-terminated and outlives the call; params are by value.
             let model = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), mparams) };
@@ -553,6 +622,11 @@ mod imp {
             }
             cparams.embeddings = false;
             cparams.no_perf = true;
+            let mut trace = opts.trace.then(|| Box::new(Vec::<RefTensor>::new()));
+            if let Some(t) = trace.as_mut() {
+                cparams.cb_eval = Some(trace_cb);
+                cparams.cb_eval_user_data = (&mut **t as *mut Vec<RefTensor>).cast();
+            }
 
             // SAFETY: model is a valid loaded model.
             let ctx = unsafe { sys::llama_init_from_model(model.as_ptr(), cparams) };
@@ -607,7 +681,17 @@ mod imp {
                 n_batch: n_batch as usize,
                 pos: 0,
                 batch: Batch::new(),
+                trace,
             })
+        }
+
+        /// The tensors recorded since the last call (empty unless loaded with
+        /// [`RefOptions::trace`]), in evaluation order.
+        pub fn take_trace(&mut self) -> Vec<RefTensor> {
+            self.trace
+                .as_mut()
+                .map(|t| std::mem::take(&mut **t))
+                .unwrap_or_default()
         }
 
         /// Vocabulary size (also the length of one logits row).
@@ -1157,6 +1241,9 @@ mod imp {
         /// Always fails with [`RefError::NotCompiled`].
         pub fn load(path: &Path, opts: &RefOptions) -> Result<RefModel, RefError> {
             Err(RefError::NotCompiled)
+        }
+        pub fn take_trace(&mut self) -> Vec<super::RefTensor> {
+            match self.never {}
         }
         pub fn n_vocab(&self) -> usize {
             match self.never {}

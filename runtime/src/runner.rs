@@ -78,6 +78,8 @@ impl Runner {
                 seq: SEQ,
                 tokens: chunk,
                 logits,
+                // llama.cpp's micro-batch is the same chunk (n_batch = n_ubatch = 512).
+                ubatch: None,
             }];
             let n = self
                 .model

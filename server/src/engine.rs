@@ -746,6 +746,13 @@ impl<'a> Runner<'a> {
                     } else {
                         Logits::None
                     },
+                    // The whole prompt for prompt tokens (however it was chunked or
+                    // cached), one for a generated token: see SeqBatch::ubatch.
+                    ubatch: Some(if it.start >= e.n_prompt {
+                        1
+                    } else {
+                        e.n_prompt.min(512)
+                    }),
                 }
             })
             .collect();

@@ -202,7 +202,7 @@ impl RefInstance {
             n_threads_batch: spec.threads as i32,
             // llama.cpp's default (auto, on for CPU), which is what llama-bench runs.
             flash_attn: None,
-            kv_f32: false,
+            ..Default::default()
         };
         Ok(RefInstance {
             m: RefModel::load(path, &opts)?,

@@ -776,8 +776,8 @@ unsafe fn q4_k_many<const N: usize>(
     out: *mut f32,
 ) {
     let m4 = _mm256_set1_epi8(0x0f);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut acc_m = [_mm_setzero_ps(); N];
+    let mut acc = [0.0f32; N];
+    let mut acc_m = [0.0f32; N];
     for i in 0..nb {
         let x = w.add(i * BlockQ4K::BYTES);
         if N <= 2 {
@@ -810,30 +810,38 @@ unsafe fn q4_k_many<const N: usize>(
         for c in 0..N {
             let y = a.add(c * stride + i * Q8K_BYTES);
             let yd = y.cast::<f32>().read_unaligned();
-            let d = yd * xd;
-            let dmin = -yd * xdmin;
             let q8sums = ld256(y.add(Q8K_BSUMS));
             let q8s = _mm_hadd_epi16(
                 _mm256_castsi256_si128(q8sums),
                 _mm256_extracti128_si256::<1>(q8sums),
             );
-            let prod = _mm_madd_epi16(mins16, q8s);
-            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+            let s2 = hsum_epi32_128(_mm_madd_epi16(mins16, q8s));
+            acc_m[c] = (s2 as f32).mul_add(xdmin * yd, acc_m[c]);
             let mut sumi = _mm256_setzero_si256();
             for b in 0..8 {
                 let q8 = ld256(y.add(Q8K_QS + 32 * b));
                 let p = _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8));
                 sumi = _mm256_add_epi32(sumi, p);
             }
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+            let s1 = hsum_epi32_128(_mm_add_epi32(
+                _mm256_castsi256_si128(sumi),
+                _mm256_extracti128_si256::<1>(sumi),
+            ));
+            acc[c] = (s1 as f32).mul_add(xd * yd, acc[c]);
         }
     }
     for c in 0..N {
-        let m = acc_m[c];
-        let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        *out.add(c) = hsum_ps(acc[c]) + _mm_cvtss_f32(m);
+        *out.add(c) = acc[c] - acc_m[c];
     }
+}
+
+/// Exact (wrapping) sum of four i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32_128(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+    _mm_cvtsi128_si32(v)
 }
 
 /// # Safety
@@ -1325,5 +1333,78 @@ pub(crate) unsafe fn weighted_rows_f16(
             acc += p * (*row(s).add(2 * j).cast::<f16>()).to_f32();
         }
         *op.add(j) = acc;
+    }
+}
+
+/// [`crate::ggml_math::dot_f16`] with ymm registers: same partial sums (the products of
+/// f16 values are exact in f32, so FMA adds them exactly like the scalar multiply-add),
+/// same reductions.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `a` and `b` must have equal lengths.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_f16_ggml(
+    fl: crate::ggml_math::Flavor,
+    ord: crate::ggml_math::F16Order,
+    a: &[f32],
+    b: &[f16],
+) -> f32 {
+    use crate::ggml_math::{hsum, reduce4, F16Order};
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let lanes = fl.lanes();
+    let regs = lanes / 8;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr().cast::<__m128i>());
+    // SAFETY (all loads): every index read is below n.
+    let ld = |i: usize| unsafe {
+        (
+            _mm256_loadu_ps(pa.add(i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(pb.cast::<u16>().add(i).cast())),
+        )
+    };
+    match ord {
+        F16Order::Gemm => {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut i = 0;
+            while i + lanes <= n {
+                for (h, acc) in acc.iter_mut().enumerate().take(regs) {
+                    let (x, y) = ld(i + 8 * h);
+                    *acc = _mm256_fmadd_ps(x, y, *acc);
+                }
+                i += lanes;
+            }
+            let mut l = [0.0f32; 16];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
+            for k in i..n {
+                l[k - i] += a[k] * b[k].to_f32();
+            }
+            hsum(fl, &mut l)
+        }
+        F16Order::VecDot => {
+            let step = 4 * lanes;
+            let np = n - n % step;
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut i = 0;
+            while i < np {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    for (h, acc) in acc.iter_mut().enumerate().take(regs) {
+                        let (x, y) = ld(i + j * lanes + 8 * h);
+                        *acc = _mm256_fmadd_ps(x, y, *acc);
+                    }
+                }
+                i += step;
+            }
+            let mut l = [[0.0f32; 16]; 4];
+            for (l, acc) in l.iter_mut().zip(&acc) {
+                _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
+            }
+            let mut s = reduce4(fl, &mut l) as f64;
+            for k in np..n {
+                s += (a[k] * b[k].to_f32()) as f64;
+            }
+            s as f32
+        }
     }
 }

@@ -10,12 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
+use quant::ggml_math::{self, F16Order};
 use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
 use crate::matmul::{dequant_row, matmul, MatRef};
-use crate::ops::{rms_norm, silu, softmax, Gelu, Rope};
+use crate::ops::{rms_norm, Gelu, Rope};
 use crate::pool::{SharedMut, ThreadPool};
 
 pub use config::{Arch, Config};
@@ -113,7 +114,16 @@ pub struct SeqBatch<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
     pub logits: Logits,
+    /// How many tokens llama.cpp would evaluate together with these (its micro-batch):
+    /// that picks its attention kernels and so their rounding, which ours follow to return
+    /// its bits (see `quant::ggml_math`). `None` = the tokens of this call. A server that
+    /// splits or partly caches a prompt passes the whole prompt's count, and 1 for a
+    /// generated token, so a sequence's results never depend on how it was scheduled.
+    pub ubatch: Option<usize>,
 }
+
+/// The `Workspace::trace` hook: (tensor name, layer, values).
+pub type TraceFn = Box<dyn FnMut(&str, usize, &[f32]) + Send>;
 
 /// Reusable buffers for `forward`, grown on demand and never shrunk, so steady-state
 /// decoding allocates nothing per token.
@@ -134,8 +144,22 @@ pub struct Workspace {
     tok_seq: Vec<usize>,
     seq_slots: Vec<Vec<usize>>,
     out_rows: Vec<usize>,
+    /// llama.cpp's micro-batch size for each batch sequence (`SeqBatch::ubatch`).
+    seq_ntok: Vec<usize>,
     /// Logits of the rows asked for, `n_out x n_vocab`, in batch order.
     pub logits: Vec<f32>,
+    /// Debugging hook: called with (name, layer, values) for the intermediate tensors of
+    /// each forward pass (names follow llama.cpp's graph: `attn_norm`, `Qcur`, `kqv_out`,
+    /// `ffn_out`, `l_out`, ...; layer is `usize::MAX` outside the layers).
+    pub trace: Option<TraceFn>,
+}
+
+macro_rules! trace {
+    ($ws:ident, $name:expr, $il:expr, $field:ident) => {
+        if let Some(f) = $ws.trace.as_mut() {
+            f($name, $il, &$ws.$field);
+        }
+    };
 }
 
 thread_local! {
@@ -367,6 +391,9 @@ impl Model {
         ws.tok_seq.clear();
         ws.out_rows.clear();
         ws.seq_slots.resize_with(batch.len(), Vec::new);
+        ws.seq_ntok.clear();
+        ws.seq_ntok
+            .extend(batch.iter().map(|s| s.ubatch.unwrap_or(s.tokens.len())));
         let mut row = 0;
         for (i, (sb, &(start, _, _))) in batch.iter().zip(&starts).enumerate() {
             for j in 0..sb.tokens.len() {
@@ -408,6 +435,7 @@ impl Model {
             xn.copy_from_slice(&ws.x[r * d..(r + 1) * d]);
             rms_norm(xn, &self.output_norm, c.rms_eps);
         }
+        trace!(ws, "result_norm", usize::MAX, xn);
         ws.logits.resize(n_out * c.n_vocab, 0.0);
         matmul(
             pool,
@@ -422,6 +450,7 @@ impl Model {
                 .iter_mut()
                 .for_each(|v| *v = (*v / cap).tanh() * cap);
         }
+        trace!(ws, "result_output", usize::MAX, logits);
         Ok(n_out)
     }
 
@@ -447,6 +476,7 @@ impl Model {
             xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
             rms_norm(xn, &l.attn_norm, c.rms_eps);
         }
+        trace!(ws, "attn_norm", il, xn);
         ws.q.resize(n_tok * q_dim, 0.0);
         ws.k.resize(n_tok * k_dim, 0.0);
         ws.v.resize(n_tok * v_dim, 0.0);
@@ -456,6 +486,9 @@ impl Model {
         add_bias(&mut ws.q, l.bq.as_deref());
         add_bias(&mut ws.k, l.bk.as_deref());
         add_bias(&mut ws.v, l.bv.as_deref());
+        trace!(ws, "Qcur", il, q);
+        trace!(ws, "Kcur", il, k);
+        trace!(ws, "Vcur", il, v);
 
         ws.rope_cache.resize(c.n_rot.max(2), 0.0);
         for t in 0..n_tok {
@@ -487,6 +520,8 @@ impl Model {
             );
         }
 
+        trace!(ws, "Qrope", il, q);
+        trace!(ws, "Krope", il, k);
         // Attention: one task per (token, head).
         let kq_scale = if c.arch == Arch::Gemma3 {
             1.0
@@ -499,6 +534,8 @@ impl Model {
         ws.attn.resize(n_tok * c.n_head * hv, 0.0);
         let out = SharedMut::new(&mut ws.attn);
         let (q, tok_pos, tok_seq, seq_slots) = (&ws.q, &ws.tok_pos, &ws.tok_seq, &ws.seq_slots);
+        let seq_ntok = &ws.seq_ntok;
+        let fl = ggml_math::flavor();
         pool.run(n_tok * c.n_head, &|task| {
             let (t, h) = (task / c.n_head, task % c.n_head);
             let g = h / group;
@@ -514,6 +551,14 @@ impl Model {
             let o = unsafe { out.slice((t * c.n_head + h) * hv, hv) };
             // Like ggml's f16 KV path, the query and the attention probabilities are
             // rounded to f16 before their dot products with the f16 cache.
+            // llama.cpp multiplies f16 operands with its tiled GEMM when the micro-batch
+            // has several tokens and with vec_dot_f16 for one: follow the same order per
+            // sequence (a sequence's results never depend on the other sequences).
+            let ord = if seq_ntok[tok_seq[t]] == 1 {
+                F16Order::VecDot
+            } else {
+                F16Order::Gemm
+            };
             SCORES.with(|s| {
                 let mut s = s.borrow_mut();
                 let (scores, q16) = &mut *s;
@@ -522,18 +567,19 @@ impl Model {
                 scores.clear();
                 for &slot in slots {
                     let kr = &kc[slot * k_dim + g * hk..slot * k_dim + (g + 1) * hk];
-                    scores.push(quant::attn::dot_f32_f16(q16, kr) * kq_scale);
+                    scores.push(ggml_math::dot_f16(fl, ord, q16, kr) * kq_scale);
                 }
-                softmax(scores);
+                ggml_math::softmax(fl, scores, first);
                 scores
                     .iter_mut()
                     .for_each(|p| *p = f16::from_f32(*p).to_f32());
-                // o = sum over slots of p * v, element by element in slot order.
-                quant::attn::weighted_rows_f16(o, scores, vc, slots, v_dim, g * hv);
+                // o = sum over slots of p * v, in llama.cpp's order for the same kernel.
+                ggml_math::weighted_rows_f16(fl, ord, o, scores, vc, slots, v_dim, g * hv, first);
             });
         });
 
         ws.proj.resize(n_tok * d, 0.0);
+        trace!(ws, "kqv_out", il, attn);
         matmul(
             pool,
             &self.m(&l.wo),
@@ -542,12 +588,15 @@ impl Model {
             &mut ws.xq,
             &mut ws.proj,
         );
+        trace!(ws, "wo_out", il, proj);
         if let Some(w) = &l.post_attn_norm {
             ws.proj
                 .chunks_exact_mut(d)
                 .for_each(|r| rms_norm(r, w, c.rms_eps));
+            trace!(ws, "attn_post_norm", il, proj);
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
+        trace!(ws, "ffn_inp", il, x);
 
         // Feed-forward.
         for t in 0..n_tok {
@@ -555,6 +604,7 @@ impl Model {
             xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
             rms_norm(xn, &l.ffn_norm, c.rms_eps);
         }
+        trace!(ws, "ffn_norm", il, xn);
         ws.gate.resize(n_tok * c.n_ff, 0.0);
         ws.up.resize(n_tok * c.n_ff, 0.0);
         matmul(
@@ -566,6 +616,8 @@ impl Model {
             &mut ws.gate,
         );
         matmul(pool, &self.m(&l.up), &ws.xn, n_tok, &mut ws.xq, &mut ws.up);
+        trace!(ws, "ffn_gate", il, gate);
+        trace!(ws, "ffn_up", il, up);
         if c.arch == Arch::Gemma3 {
             let gelu = &self.gelu;
             ws.gate
@@ -573,11 +625,13 @@ impl Model {
                 .zip(&ws.up)
                 .for_each(|(g, u)| *g = gelu.apply(*g) * u);
         } else {
+            let fl = ggml_math::flavor();
             ws.gate
-                .iter_mut()
-                .zip(&ws.up)
-                .for_each(|(g, u)| *g = silu(*g) * u);
+                .chunks_exact_mut(c.n_ff)
+                .zip(ws.up.chunks_exact(c.n_ff))
+                .for_each(|(g, u)| ggml_math::swiglu(fl, g, u));
         }
+        trace!(ws, "ffn_act", il, gate);
         matmul(
             pool,
             &self.m(&l.down),
@@ -586,12 +640,15 @@ impl Model {
             &mut ws.xq,
             &mut ws.proj,
         );
+        trace!(ws, "ffn_out", il, proj);
         if let Some(w) = &l.post_ffn_norm {
             ws.proj
                 .chunks_exact_mut(d)
                 .for_each(|r| rms_norm(r, w, c.rms_eps));
+            trace!(ws, "ffn_post_norm", il, proj);
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
+        trace!(ws, "l_out", il, x);
     }
 }
 
