@@ -1349,7 +1349,7 @@ pub unsafe fn dot_f16_ggml(
     a: &[f32],
     b: &[f16],
 ) -> f32 {
-    use crate::ggml_math::{hsum, reduce4, F16Order};
+    use crate::ggml_math::{hsum, F16Order};
     debug_assert_eq!(a.len(), b.len());
     let n = a.len();
     let lanes = fl.lanes();
@@ -1373,6 +1373,14 @@ pub unsafe fn dot_f16_ggml(
                 }
                 i += lanes;
             }
+            if i == n {
+                // The halving tree: (l, l+8) for 16 lanes, then hsum_float_8's order.
+                return hsum_ps(if regs == 2 {
+                    _mm256_add_ps(acc[0], acc[1])
+                } else {
+                    acc[0]
+                });
+            }
             let mut l = [0.0f32; 16];
             _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
             _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
@@ -1395,12 +1403,24 @@ pub unsafe fn dot_f16_ggml(
                 }
                 i += step;
             }
-            let mut l = [[0.0f32; 16]; 4];
-            for (l, acc) in l.iter_mut().zip(&acc) {
-                _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
-                _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
+            // Fold the four accumulators (0+2, 1+3, 0+1), then reduce as ggml does.
+            let mut f = [_mm256_setzero_ps(); 2];
+            for (h, f) in f.iter_mut().enumerate().take(regs) {
+                let a02 = _mm256_add_ps(acc[0][h], acc[2][h]);
+                let a13 = _mm256_add_ps(acc[1][h], acc[3][h]);
+                *f = _mm256_add_ps(a02, a13);
             }
-            let mut s = reduce4(fl, &mut l) as f64;
+            let r = if regs == 2 {
+                hsum_ps(_mm256_add_ps(f[0], f[1]))
+            } else {
+                let t0 = _mm_add_ps(
+                    _mm256_castps256_ps128(f[0]),
+                    _mm256_extractf128_ps::<1>(f[0]),
+                );
+                let t1 = _mm_hadd_ps(t0, t0);
+                _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+            };
+            let mut s = r as f64;
             for k in np..n {
                 s += (a[k] * b[k].to_f32()) as f64;
             }
