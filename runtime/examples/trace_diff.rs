@@ -123,9 +123,13 @@ fn main() {
                     .iter()
                     .filter(|t| t.data.len() == ours_v.len())
                     .collect();
-                // Qcur/Kcur: pre-bias, post-bias, reshaped, post-rope.
-                let t = if name.ends_with("rope") || name.ends_with("cur") {
+                // Qcur/Kcur/Vcur are named after the matmul, after the bias (qwen2), after
+                // the reshape to heads and after RoPE: ours are the last 2-D one (the
+                // projection with its bias) and, for *rope, the last one.
+                let t = if name.ends_with("rope") {
                     pick.last()
+                } else if name.ends_with("cur") {
+                    pick.iter().rev().find(|t| t.ne[2] == 1)
                 } else {
                     pick.first()
                 };
