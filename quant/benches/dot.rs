@@ -66,12 +66,14 @@ fn attention(c: &mut Criterion) {
     for n in [128usize, 4096] {
         let a = floats(3, n);
         let b: Vec<f16> = floats(4, n).into_iter().map(f16::from_f32).collect();
-        let mut g = c.benchmark_group(format!("dot_f32_f16_{n}"));
+        use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
+        let (fl, ord) = (Flavor::Avx512, F16Order::Gemm);
+        let mut g = c.benchmark_group(format!("ggml_dot_f16_{n}"));
         g.bench_function("scalar", |bn| {
-            bn.iter(|| quant::attn::dot_f32_f16_scalar(black_box(&a), black_box(&b)))
+            bn.iter(|| dot_f16_scalar(fl, ord, black_box(&a), black_box(&b)))
         });
-        g.bench_function("avx2", |bn| {
-            bn.iter(|| quant::attn::avx2_dot_f32_f16(black_box(&a), black_box(&b)))
+        g.bench_function("dispatched", |bn| {
+            bn.iter(|| dot_f16(fl, ord, black_box(&a), black_box(&b)))
         });
         g.finish();
         let mut y = floats(5, n);

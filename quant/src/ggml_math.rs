@@ -116,8 +116,8 @@ fn pow2(k: i32) -> f32 {
 pub fn swiglu(fl: Flavor, g: &mut [f32], u: &[f32]) {
     assert_eq!(g.len(), u.len(), "swiglu: length mismatch");
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: FMA (and AVX2) were detected.
+    if simd() {
+        // SAFETY: `simd()`: AVX2 and FMA were detected.
         return unsafe { swiglu_fma(fl, g, u) };
     }
     swiglu_body(fl, g, u)
@@ -142,10 +142,12 @@ fn swiglu_body(fl: Flavor, g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// Whether the `target_feature` copies may run: the crate's one SIMD switch (AVX2, FMA
+/// and F16C detected, `RLLAMA_FORCE_SCALAR` unset). Results are the same bits either way
+/// (`mul_add` is an exact FMA in both); only the speed differs.
 #[cfg(target_arch = "x86_64")]
-fn has_fma() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
-    *F.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
+fn simd() -> bool {
+    crate::arch::active() == crate::arch::SimdLevel::Avx2
 }
 
 /// Sum of one vector register's lanes as ggml reduces it at the end of a soft-max chunk
@@ -189,8 +191,8 @@ pub(crate) fn reduce4(fl: Flavor, acc: &mut [[f32; 16]; 4]) -> f32 {
 /// `(f32)(1 / sum)`.
 pub fn softmax(fl: Flavor, x: &mut [f32], first_cell: usize) {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: FMA (and AVX2) were detected.
+    if simd() {
+        // SAFETY: `simd()`: AVX2 and FMA were detected.
         return unsafe { softmax_fma(fl, x, first_cell) };
     }
     softmax_body(fl, x, first_cell)
@@ -245,7 +247,7 @@ pub enum F16Order {
 pub fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
     #[cfg(target_arch = "x86_64")]
-    if crate::arch::active() == crate::arch::SimdLevel::Avx2 {
+    if simd() {
         // SAFETY: AVX2, FMA and F16C were detected; lengths are equal.
         return unsafe { crate::arch::avx2::dot_f16_ggml(fl, ord, a, b) };
     }
@@ -372,8 +374,8 @@ pub fn weighted_rows_f16(
 /// first product fused, the second rounded).
 pub fn rope_rotate(x: &mut [f32], cache: &[f32], n_dims: usize, neox: bool) {
     #[cfg(target_arch = "x86_64")]
-    if has_fma() {
-        // SAFETY: FMA (and AVX2) were detected.
+    if simd() {
+        // SAFETY: `simd()`: AVX2 and FMA were detected.
         return unsafe { rope_fma(x, cache, n_dims, neox) };
     }
     rope_body(x, cache, n_dims, neox)

@@ -46,9 +46,11 @@ fn force_scalar_env_selects_scalar_kernels() {
         }
     }
     let b: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();
-    let d = quant::attn::dot_f32_f16(&x, &b);
+    let x16: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
+    let d = dot_f16(Flavor::Avx512, F16Order::Gemm, &x16, &b);
     assert_eq!(
         d.to_bits(),
-        quant::attn::dot_f32_f16_scalar(&x, &b).to_bits()
+        dot_f16_scalar(Flavor::Avx512, F16Order::Gemm, &x16, &b).to_bits()
     );
 }

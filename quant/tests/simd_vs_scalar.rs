@@ -482,33 +482,38 @@ const ATTN_LENS: [usize; 17] = [
 ];
 
 #[test]
-fn dot_f32_f16_matches_scalar() {
+fn ggml_dot_f16_matches_scalar() {
+    use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
     let mut rng = StdRng::seed_from_u64(11);
     for n in ATTN_LENS {
         for _ in 0..8 {
-            let a: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
+            // The query side is f16-rounded, as attention feeds it (products are exact).
+            let a: Vec<f32> = (0..n)
+                .map(|_| f16::from_f32(rng.gen_range(-3.0f32..3.0)).to_f32())
+                .collect();
             let b = random_f16s(&mut rng, n);
-            let scalar = attn::dot_f32_f16_scalar(&a, &b);
-            if let Some(simd) = attn::avx2_dot_f32_f16(&a, &b) {
-                assert_eq!(
-                    simd.to_bits(),
-                    scalar.to_bits(),
-                    "n={n}: {simd} vs {scalar}"
-                );
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for ord in [F16Order::Gemm, F16Order::VecDot] {
+                    let scalar = dot_f16_scalar(fl, ord, &a, &b);
+                    let got = dot_f16(fl, ord, &a, &b);
+                    assert_eq!(
+                        got.to_bits(),
+                        scalar.to_bits(),
+                        "n={n} {fl:?} {ord:?}: {got} vs {scalar}"
+                    );
+                    // And both are a correct dot product.
+                    let exact: f64 = a.iter().zip(&b).map(|(&x, y)| x as f64 * y.to_f64()).sum();
+                    let scale: f64 = a
+                        .iter()
+                        .zip(&b)
+                        .map(|(&x, y)| (x as f64 * y.to_f64()).abs())
+                        .sum();
+                    assert!(
+                        (scalar as f64 - exact).abs() <= 1e-5 * scale + 1e-30,
+                        "n={n} {fl:?} {ord:?}: {scalar} vs {exact}"
+                    );
+                }
             }
-            let got = attn::dot_f32_f16(&a, &b);
-            assert_eq!(got.to_bits(), scalar.to_bits(), "n={n}: dispatched");
-            // And both are a correct dot product.
-            let exact: f64 = a.iter().zip(&b).map(|(&x, y)| x as f64 * y.to_f64()).sum();
-            let scale: f64 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, y)| (x as f64 * y.to_f64()).abs())
-                .sum();
-            assert!(
-                (scalar as f64 - exact).abs() <= 1e-5 * scale + 1e-30,
-                "n={n}: {scalar} vs {exact}"
-            );
         }
     }
 }

@@ -20,10 +20,6 @@ pub fn rms_norm_into(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
     rms_norm(out, w, eps);
 }
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -108,20 +104,6 @@ impl Rope {
     }
 }
 
-/// Softmax in place with ggml's max subtraction; sum accumulated in f64.
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,13 +150,5 @@ mod tests {
         }
         assert_eq!(g.apply(-20.0), 0.0);
         assert_eq!(g.apply(20.0), 20.0);
-    }
-
-    #[test]
-    fn softmax_sums_to_one() {
-        let mut x = vec![1.0, 2.0, 3.0, -1e9];
-        softmax(&mut x);
-        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert_eq!(x[3], 0.0);
     }
 }

@@ -18,7 +18,6 @@
 
 use core::arch::x86_64::*;
 
-use crate::attn::{combine_lanes, LANES};
 use crate::common::check_dot;
 use crate::q2_k::BlockQ2K;
 use crate::q3_k::BlockQ3K;
@@ -148,10 +147,19 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+    hsum_i32x4(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256::<1>(v),
+    ))
+}
+
+/// Sum of the four i32 lanes (wrapping, so exact whatever the order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_i32x4(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+    _mm_cvtsi128_si32(v)
 }
 
 /// Per 128-bit half, reorders bytes `0..16` as `0, 8, 1, 9, ..., 7, 15`, so that
@@ -815,7 +823,7 @@ unsafe fn q4_k_many<const N: usize>(
                 _mm256_castsi256_si128(q8sums),
                 _mm256_extracti128_si256::<1>(q8sums),
             );
-            let s2 = hsum_epi32_128(_mm_madd_epi16(mins16, q8s));
+            let s2 = hsum_i32x4(_mm_madd_epi16(mins16, q8s));
             acc_m[c] = (s2 as f32).mul_add(xdmin * yd, acc_m[c]);
             let mut sumi = _mm256_setzero_si256();
             for b in 0..8 {
@@ -823,25 +831,13 @@ unsafe fn q4_k_many<const N: usize>(
                 let p = _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8));
                 sumi = _mm256_add_epi32(sumi, p);
             }
-            let s1 = hsum_epi32_128(_mm_add_epi32(
-                _mm256_castsi256_si128(sumi),
-                _mm256_extracti128_si256::<1>(sumi),
-            ));
+            let s1 = hsum_i32(sumi);
             acc[c] = (s1 as f32).mul_add(xd * yd, acc[c]);
         }
     }
     for c in 0..N {
         *out.add(c) = acc[c] - acc_m[c];
     }
-}
-
-/// Exact (wrapping) sum of four i32 lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32_128(v: __m128i) -> i32 {
-    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
-    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
-    _mm_cvtsi128_si32(v)
 }
 
 /// # Safety
@@ -1204,55 +1200,6 @@ unsafe fn q2_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
 
 // ---------------------------------------------------------------------------------------
 // f32 x f16 helpers for attention (see `crate::attn` for the summation order).
-
-/// `a[i..i+8] * b[i..i+8]` with `b` as raw f16 bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mul8(a: *const f32, b: *const u8, i: usize) -> __m256 {
-    let x = _mm256_loadu_ps(a.add(i));
-    let y = _mm256_cvtph_ps(_mm_loadu_si128(b.add(2 * i).cast()));
-    _mm256_mul_ps(x, y)
-}
-
-/// `attn::dot_f32_f16_scalar`, vectorised. Same `LANES` partial sums, same combine.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dot_f32_f16(a: &[f32], b: &[f16]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let n = a.len();
-    let (ap, bp) = (a.as_ptr(), b.as_ptr().cast::<u8>());
-    let mut acc = [_mm256_setzero_ps(); LANES / 8];
-    let mut i = 0;
-    while i + LANES <= n {
-        for (c, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_add_ps(*acc, mul8(ap, bp, i + 8 * c));
-        }
-        i += LANES;
-    }
-    // Remaining whole groups of 8 go to the accumulators in order.
-    let mut c = 0;
-    while i + 8 <= n {
-        acc[c] = _mm256_add_ps(acc[c], mul8(ap, bp, i));
-        c += 1;
-        i += 8;
-    }
-    if i == n {
-        // combine_lanes: v[k] = (l[k] + l[k+8]) + (l[k+16] + l[k+24]), then
-        // ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7)).
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let r = _mm_add_ss(t, _mm_shuffle_ps::<0b01>(t, t));
-        return _mm_cvtss_f32(r);
-    }
-    let mut lanes = [0.0f32; LANES];
-    for (c, acc) in acc.iter().enumerate() {
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * c), *acc);
-    }
-    for j in i..n {
-        lanes[j % LANES] += a[j] * b[j].to_f32();
-    }
-    combine_lanes(&lanes)
-}
 
 /// `attn::axpy_f16_scalar`, vectorised: `y[i] += alpha * x[i]` (multiply, then add).
 #[target_feature(enable = "avx2,fma,f16c")]
