@@ -333,6 +333,103 @@ pub fn activation_offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
     }
 }
 
+/// Which of llama.cpp's x86 kernels a dot product reproduces. For most formats every
+/// kernel llama.cpp runs sums in the same order, but for Q4_K and Q6_K it picks between
+/// kernels that round differently depending on the number of tokens it multiplies at
+/// once (its micro-batch) and, for Q4_K, on a token's place in it ([`dot_order_for`]).
+/// Results are exact either way; following the same kernel gives llama.cpp's bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DotOrder {
+    /// The one-row kernels: `ggml_vec_dot_*` (Q6_K) and the repacked `gemv_q4_K_8x8`.
+    #[default]
+    Single,
+    /// The tiled K-quant GEMM (`ggml-cpu/tiled`), for micro-batches of 8+ tokens: one
+    /// float accumulator, one FMA per super-block ([`q6_k::vec_dot_q8k_tiled`],
+    /// [`q4_k::vec_dot_q8k_tiled`]).
+    Tiled,
+    /// The repacked `gemm_q4_K_8x8` for tokens in full groups of four: scales applied per
+    /// 64 elements ([`q4_k::vec_dot_q8k_gemm4`]), activations quantized with
+    /// [`q8_k::quantize_4x8`].
+    Gemm4,
+}
+
+impl DotOrder {
+    /// The order actually distinct for weights of `ty` (orders without a kernel of
+    /// their own for `ty` sum like [`DotOrder::Single`]).
+    pub fn effective(self, ty: GgmlType) -> DotOrder {
+        match (ty, self) {
+            (GgmlType::Q4_K, o) => o,
+            (GgmlType::Q6_K, DotOrder::Tiled) => DotOrder::Tiled,
+            _ => DotOrder::Single,
+        }
+    }
+}
+
+/// The kernel llama.cpp's x86 CPU backend (default build, AVX2 or AVX-512) runs for a
+/// token `i` of a micro-batch of `n` tokens multiplied by an `n_out`-row matrix of `ty`:
+/// Q4_K matrices with `n_out % 8 == 0` are repacked and go through `gemm` for the tokens
+/// `0..n - n % 4` and `gemv` for the rest; other Q4_K and Q6_K matrices go through the
+/// tiled GEMM from 8 tokens up (`GGML_CPU_TILED_MM`, on by default). (Un-repacked Q4_K
+/// below 8 tokens runs ggml's AVX2 `vec_dot`, not emulated: it gets the `gemv` order.)
+pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
+    match ty {
+        GgmlType::Q4_K if n_out.is_multiple_of(8) => {
+            if i < n - n % 4 {
+                DotOrder::Gemm4
+            } else {
+                DotOrder::Single
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q6_K if n >= 8 => DotOrder::Tiled,
+        _ => DotOrder::Single,
+    }
+}
+
+/// [`quantize_activations`] for a row that will be dotted in `order` with weights whose
+/// activation type is `ty`: [`DotOrder::Gemm4`] rows get the repacked GEMM's Q8_K
+/// rounding ([`q8_k::quantize_4x8`]).
+pub fn quantize_activations_ordered(
+    ty: GgmlType,
+    order: DotOrder,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if ty == GgmlType::Q8_K && order == DotOrder::Gemm4 {
+        expect_len(
+            ty,
+            "quantized destination",
+            blocks_of(ty, src.len())?,
+            dst.len(),
+        )?;
+        q8_k::quantize_4x8(src, dst);
+        return Ok(());
+    }
+    quantize_activations(ty, src, dst)
+}
+
+/// The scalar kernel for weights of `ty` in `order` (see [`DotOrder`]).
+pub fn scalar_vec_dot_ordered_fn(ty: GgmlType, order: DotOrder) -> Option<DotFn> {
+    use GgmlType as T;
+    Some(match (ty, order.effective(ty)) {
+        (T::Q4_K, DotOrder::Gemm4) => q4_k::vec_dot_q8k_gemm4,
+        (T::Q4_K, DotOrder::Tiled) => q4_k::vec_dot_q8k_tiled,
+        (T::Q6_K, DotOrder::Tiled) => q6_k::vec_dot_q8k_tiled,
+        _ => return scalar_vec_dot_fn(ty),
+    })
+}
+
+/// [`vec_dot_fn`] in `order`: the SIMD kernel at the [`simd_level`] when there is one,
+/// else [`scalar_vec_dot_ordered_fn`] (same bits).
+pub fn vec_dot_ordered_fn(ty: GgmlType, order: DotOrder) -> Option<DotFn> {
+    let scalar = scalar_vec_dot_ordered_fn(ty, order)?;
+    Some(arch::active_vec_dot_ordered(ty, order).unwrap_or(scalar))
+}
+
+/// [`vec_dot_many_fn`] in `order`.
+pub fn vec_dot_many_ordered_fn(ty: GgmlType, order: DotOrder) -> Option<DotManyFn> {
+    arch::active_vec_dot_many_ordered(ty, order)
+}
+
 /// f32 scales per block that [`activation_scales`] writes for activation type `ty`:
 /// 1 for Q8_0 (`d`), 2 for Q8_1 (`d`, `s`), 0 otherwise.
 pub fn activation_scales_per_block(ty: GgmlType) -> usize {

@@ -189,6 +189,74 @@ pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
     acc - acc_m
 }
 
+/// The exact integer parts of a Q4_K x Q8_K block per 64-element chunk `k` (sub-blocks
+/// `2k`, `2k+1`): `(Σ_{b∈{2k,2k+1}} scale[b] · Σ q·y, Σ_{b∈{2k,2k+1}} min[b] · bsum32[b])`,
+/// the 32-element bsums formed as ggml does, with an i16 pair sum.
+fn chunk_sums(x: &BlockQ4K, y: &BlockQ8K) -> [(i32, i32); 4] {
+    let mut out = [(0i32, 0i32); 4];
+    for (k, o) in out.iter_mut().enumerate() {
+        for b in [2 * k, 2 * k + 1] {
+            let (sc, m) = get_scale_min_k4(b, &x.scales);
+            let s: i32 = (0..32)
+                .map(|l| {
+                    let byte = x.qs[32 * k + l];
+                    let q = if b % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    q as i32 * y.qs[32 * b + l] as i32
+                })
+                .sum();
+            o.0 += sc as i32 * s;
+            // The pair sum wraps in i16 (`hadd_epi16`; only reachable with forged bsums).
+            o.1 += m as i32 * y.bsums[2 * b].wrapping_add(y.bsums[2 * b + 1]) as i32;
+        }
+    }
+    out
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's repacked `gemm_q4_K_8x8`, which
+/// llama.cpp's x86 backend runs for the tokens of a micro-batch that fill groups of four
+/// ([`crate::DotOrder::Gemm4`]): the scales and mins are applied per 64 elements,
+/// `acc = fma(f32(s1_k), d·y.d, acc)` and `acc_m = fma(f32(s2_k), dmin·y.d, acc_m)` for
+/// each chunk `k` of each super-block; the result is `acc - acc_m`. (Those tokens'
+/// activations are quantized with [`crate::q8_k::BlockQ8K::quantize_4x8`].)
+pub fn vec_dot_q8k_gemm4(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ4K, BlockQ8K>(w, a);
+    let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
+    for i in 0..nb {
+        let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let (d, dmin) = (f16_to_f32(x.d) * y.d, f16_to_f32(x.dmin) * y.d);
+        for (s1, s2) in chunk_sums(&x, &y) {
+            acc = (s1 as f32).mul_add(d, acc);
+            acc_m = (s2 as f32).mul_add(dmin, acc_m);
+        }
+    }
+    acc - acc_m
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's tiled GEMM, which llama.cpp runs
+/// for Q4_K weights it did not repack (row counts not a multiple of 8) on micro-batches of
+/// 8 or more tokens ([`crate::DotOrder::Tiled`]): per super-block
+/// `r = fma(-dmin, f32(s2), f32(s1) · d)`, then `acc = fma(r, y.d, acc)`.
+pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ4K, BlockQ8K>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let s1: i32 = chunk_sums(&x, &y).iter().map(|c| c.0).sum();
+        // The tiled kernel widens the bsums to i32 before pairing them.
+        let s2: i32 = (0..8)
+            .map(|b| {
+                let m = get_scale_min_k4(b, &x.scales).1 as i32;
+                m * (y.bsums[2 * b] as i32 + y.bsums[2 * b + 1] as i32)
+            })
+            .sum();
+        let r = (-f16_to_f32(x.dmin)).mul_add(s2 as f32, s1 as f32 * f16_to_f32(x.d));
+        acc = r.mul_add(y.d, acc);
+    }
+    acc
+}
+
 /// `ggml_vec_dot_q4_K_q8_K_generic`: integer products accumulated in 8 lanes per block,
 /// scaled into 8 float lanes across blocks, mins subtracted through Q8_K's `bsums`.
 pub fn vec_dot_q8k_ref(w: &[u8], a: &[u8]) -> f32 {

@@ -153,7 +153,6 @@ pub fn quantize(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ6K>(src, dst, BlockQ6K::quantize);
 }
 
-/// `ggml_vec_dot_q6_K_q8_K_generic`: per-16 signed scales, 8 integer lanes per block,
 /// Dot with a Q8_K activation row in ggml's x86 AVX2 order; what [`crate::vec_dot`]
 /// computes. Per super-block: eight exact i32 lanes, lane `l` summing over the eight
 /// 32-element chunks `c` the unsigned 6-bit quants times activations of elements
@@ -185,6 +184,33 @@ pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
     hsum_lanes(&acc)
 }
 
+/// Dot with a Q8_K activation row in the order of ggml's tiled GEMM (`ggml-cpu/tiled`),
+/// which llama.cpp's x86 backend runs for Q6_K weights on micro-batches of 8 or more
+/// tokens ([`crate::DotOrder::Tiled`]): per super-block the exact integer
+/// `s1 = Σ_s sc[s] · (Σ_{e∈s} q[e] · y[e] - 32 · bsums[s])` (unsigned 6-bit `q`; the
+/// bsums stand for `Σ y`, as in ggml), then `acc = fma(f32(s1) · d, y.d, acc)` into
+/// one float (the AVX-512-VNNI and the AVX2 builds agree: GCC contracts the VNNI
+/// epilogue's multiply-add too).
+pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ6K, BlockQ8K>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ6K::read(&w[i * BlockQ6K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let q = x.unpack();
+        let mut s1 = 0i32;
+        for (s, &sc) in x.scales.iter().enumerate() {
+            let p: i32 = (16 * s..16 * s + 16)
+                .map(|e| (q[e] as i32 + 32) * y.qs[e] as i32)
+                .sum();
+            s1 = s1.wrapping_add(sc as i32 * (p - 32 * y.bsums[s] as i32));
+        }
+        acc = (s1 as f32 * f16_to_f32(x.d)).mul_add(y.d, acc);
+    }
+    acc
+}
+
+/// `ggml_vec_dot_q6_K_q8_K_generic`: per-16 signed scales, 8 integer lanes per block,
 /// 8 float lanes across blocks.
 pub fn vec_dot_q8k_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ6K, BlockQ8K>(w, a);

@@ -75,6 +75,35 @@ impl BlockQ8K {
         b
     }
 
+    /// The block as ggml's x86 `ggml_quantize_mat_q8_K_4x8` forms it for the tokens its
+    /// repacked Q4_K GEMM takes four at a time: the same as [`Self::quantize`] except
+    /// for the sign of the scale, which is negative (the extreme maps to -127) whenever
+    /// some element equals `+amax`, where the reference follows the first extreme.
+    pub fn quantize_4x8(x: &[f32]) -> Self {
+        let amax = x[..QK_K].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let mut b = BlockQ8K {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        };
+        if amax == 0.0 {
+            return b;
+        }
+        let iscale = if x[..QK_K].contains(&amax) {
+            -127.0f32 / amax
+        } else {
+            127.0f32 / amax
+        };
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = (v * iscale).round_ties_even().clamp(-128.0, 127.0) as i8;
+        }
+        for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = g.iter().map(|&q| q as i32).sum::<i32>() as i16;
+        }
+        b.d = 1.0 / iscale;
+        b
+    }
+
     /// `dequantize_row_q8_K` for one block.
     pub fn dequantize(&self, y: &mut [f32]) {
         for (y, &q) in y[..QK_K].iter_mut().zip(&self.qs) {
@@ -91,4 +120,9 @@ pub fn dequantize(src: &[u8], dst: &mut [f32]) {
 /// Quantizes a row with ggml's reference algorithm.
 pub fn quantize(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ8K>(src, dst, BlockQ8K::quantize);
+}
+
+/// Quantizes a row as [`BlockQ8K::quantize_4x8`] does.
+pub fn quantize_4x8(src: &[f32], dst: &mut [u8]) {
+    quantize_with::<BlockQ8K>(src, dst, BlockQ8K::quantize_4x8);
 }

@@ -601,3 +601,127 @@ fn weighted_rows_match_axpy_sequence() {
         }
     }
 }
+
+/// The K-quant kernels in llama.cpp's other orders (tiled GEMM, repacked Q4_K GEMM):
+/// SIMD single- and multi-row kernels against their scalar twins, bit for bit, on
+/// quantized and raw inputs; and the orders really round differently from each other
+/// (so a kernel that ignored its order could not pass).
+#[test]
+fn ordered_kernels_match_scalar() {
+    use quant::DotOrder;
+    let mut rng = StdRng::seed_from_u64(12);
+    for (ty, order) in [
+        (GgmlType::Q6_K, DotOrder::Tiled),
+        (GgmlType::Q4_K, DotOrder::Tiled),
+        (GgmlType::Q4_K, DotOrder::Gemm4),
+    ] {
+        let aty = vec_dot_type(ty);
+        let twin = quant::scalar_vec_dot_ordered_fn(ty, order).unwrap();
+        let single = quant::scalar_vec_dot_fn(ty).unwrap();
+        let mut differ = 0;
+        let mut total = 0;
+        for blocks in [1usize, 2, 3, 5, 8, 19] {
+            let n = blocks * ty.block_size();
+            for trial in 0..6 {
+                let w = if trial % 3 == 2 {
+                    raw_blocks(&mut rng, ty, blocks)
+                } else {
+                    quantized(ty, &random_f32s(&mut rng, n), false)
+                };
+                let rows: Vec<Vec<u8>> = (0..8)
+                    .map(|_| {
+                        if trial % 3 == 1 {
+                            raw_blocks(&mut rng, aty, blocks)
+                        } else {
+                            let mut out = vec![0u8; aty.row_bytes(n as u64).unwrap() as usize];
+                            let x = random_f32s(&mut rng, n);
+                            quant::quantize_activations_ordered(aty, order, &x, &mut out).unwrap();
+                            out
+                        }
+                    })
+                    .collect();
+                let want: Vec<f32> = rows.iter().map(|a| twin(&w, a)).collect();
+                for (a, &wv) in rows.iter().zip(&want) {
+                    total += 1;
+                    if single(&w, a).to_bits() != wv.to_bits() {
+                        differ += 1;
+                    }
+                    let got = quant::vec_dot_ordered_fn(ty, order).unwrap()(&w, a);
+                    assert_eq!(
+                        got.to_bits(),
+                        wv.to_bits(),
+                        "{ty} {order:?} n={n} dispatched"
+                    );
+                }
+                let buf = rows.concat();
+                let stride = rows[0].len();
+                for vnni in [false, true] {
+                    if let Some(k1) = quant::arch::avx2_vec_dot_ordered(ty, vnni, order) {
+                        for (a, &wv) in rows.iter().zip(&want) {
+                            assert_eq!(k1(&w, a).to_bits(), wv.to_bits(), "{ty} {order:?} n={n}");
+                        }
+                    }
+                    let Some(many) = quant::arch::avx2_vec_dot_many_ordered(ty, vnni, order) else {
+                        continue;
+                    };
+                    for k in 1..=8 {
+                        let mut out = vec![f32::NAN; k];
+                        many(&w, 1, &buf, stride, quant::ActSide::default(), &mut out);
+                        for c in 0..k {
+                            assert_eq!(
+                                out[c].to_bits(),
+                                want[c].to_bits(),
+                                "{ty} {order:?} n={n} k={k} c={c}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            differ * 10 >= total,
+            "{ty} {order:?}: only {differ}/{total} dots differ from the single-row order"
+        );
+    }
+}
+
+/// The repacked GEMM's Q8_K rounding equals the reference except for the scale's sign
+/// when the extreme value occurs with both signs and the negative one comes first.
+#[test]
+fn q8_k_4x8_quantization() {
+    use quant::q8_k::BlockQ8K;
+    let mut rng = StdRng::seed_from_u64(13);
+    for _ in 0..200 {
+        let x = random_f32s(&mut rng, 256);
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let m = BlockQ8K::quantize_4x8(&x);
+        if x.contains(&amax) && x.contains(&-amax) && amax > 0.0 {
+            assert!(m.d < 0.0);
+        } else {
+            assert_eq!(m, BlockQ8K::quantize(&x));
+        }
+    }
+    let mut x: Vec<f32> = (0..256).map(|i| (i as f32 * 0.37).sin()).collect();
+    x[3] = -2.0;
+    x[100] = 2.0;
+    let (r, m) = (BlockQ8K::quantize(&x), BlockQ8K::quantize_4x8(&x));
+    assert!(r.d > 0.0 && m.d < 0.0, "ref d {} mat d {}", r.d, m.d);
+    assert_eq!((r.qs[3], r.qs[100]), (-127, 127));
+    assert_eq!((m.qs[3], m.qs[100]), (127, -127));
+}
+
+/// llama.cpp's kernel choice for K-quant weights by micro-batch size and token index.
+#[test]
+fn dot_order_follows_llama_cpp_kernel_choice() {
+    use quant::{dot_order_for, DotOrder};
+    let (q4, q6, q8) = (GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0);
+    assert_eq!(dot_order_for(q4, 640, 1, 0), DotOrder::Single);
+    assert_eq!(dot_order_for(q4, 640, 4, 3), DotOrder::Gemm4);
+    assert_eq!(dot_order_for(q4, 640, 7, 3), DotOrder::Gemm4);
+    assert_eq!(dot_order_for(q4, 640, 7, 4), DotOrder::Single);
+    assert_eq!(dot_order_for(q4, 644, 7, 3), DotOrder::Single);
+    assert_eq!(dot_order_for(q4, 644, 8, 3), DotOrder::Tiled);
+    assert_eq!(dot_order_for(q6, 640, 7, 0), DotOrder::Single);
+    assert_eq!(dot_order_for(q6, 640, 8, 7), DotOrder::Tiled);
+    assert_eq!(dot_order_for(q8, 640, 64, 0), DotOrder::Single);
+}

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use quant::{quantize_activations, quantize_row, vec_dot_type, GgmlType};
-use runtime::matmul::{matmul, MatRef};
+use runtime::matmul::{matmul, MatRef, UbPos};
 use runtime::pool::ThreadPool;
 use runtime::reference::GgmlKernel;
 
@@ -180,8 +180,9 @@ fn matmuls(c: &mut Criterion) {
             let mut y = vec![0f32; n * MAT_ROWS];
             let mut gxq = vec![0u8; n * xrb];
             let mut gy = vec![0f32; n * MAT_ROWS];
+            let ub: Vec<UbPos> = UbPos::batch(n).collect();
             if let Some(g) = &ggml {
-                matmul(&pool, &w, &x, n, &mut xq, &mut y);
+                matmul(&pool, &w, &x, &ub, &mut xq, &mut y);
                 ggml_matmul(g, &w, &x, &mut gxq, &mut gy);
                 let rms = (y.iter().map(|v| v * v).sum::<f32>() / y.len() as f32).sqrt();
                 for (i, (&ours, &theirs)) in y.iter().zip(&gy).enumerate() {
@@ -196,7 +197,7 @@ fn matmuls(c: &mut Criterion) {
 
             group.throughput(Throughput::Elements((MAT_ROWS * n * MAT_K) as u64));
             group.bench_function(BenchmarkId::new("rllama", format!("n{n}")), |b| {
-                b.iter(|| matmul(&pool, &w, black_box(&x), n, &mut xq, &mut y))
+                b.iter(|| matmul(&pool, &w, black_box(&x), &ub, &mut xq, &mut y))
             });
             if let Some(g) = &ggml {
                 group.bench_function(BenchmarkId::new("ggml", format!("n{n}")), |b| {

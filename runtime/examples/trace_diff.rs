@@ -4,6 +4,11 @@
 //! difference and the share of bit-identical values.
 //!
 //! `cargo run --release -p runtime --features llamacpp --example trace_diff -- MODEL [PROMPT] [N_TOKENS]`
+//!
+//! `TRACE_DETAIL=1` also prints, for the first tensor that differs, which rows (tokens)
+//! differ and the first differing value of each; `TRACE_NAMES=1` lists llama.cpp's
+//! tensor names. (Gemma 3's `Qrope` never matches: llama.cpp records its query before
+//! the attention scale, ours after.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -89,6 +94,7 @@ fn main() {
             _ => vec![],
         }
     };
+    let mut detailed = false;
     println!(
         "{:<14} {:>5} {:>12} {:>12} {:>8}  ref-tensor",
         "tensor", "layer", "max|d|", "max|d|/max|x|", "same%"
@@ -159,6 +165,25 @@ fn main() {
             100.0 * same as f64 / ours_v.len() as f64,
             t.ne
         );
+        if same < ours_v.len() && !detailed && std::env::var_os("TRACE_DETAIL").is_some() {
+            // The first tensor that differs: which rows (tokens) and columns.
+            detailed = true;
+            let cols = t.ne[0];
+            for (r, (a, b)) in ours_v.chunks(cols).zip(t.data.chunks(cols)).enumerate() {
+                let diff: Vec<usize> = (0..cols)
+                    .filter(|&c| a[c].to_bits() != b[c].to_bits())
+                    .collect();
+                if !diff.is_empty() {
+                    let c = diff[0];
+                    println!(
+                        "    row {r}: {} of {cols} differ, first col {c}: ours {:e} theirs {:e}",
+                        diff.len(),
+                        a[c],
+                        b[c]
+                    );
+                }
+            }
+        }
     }
     let nv = ref_logits.len() / toks.len();
     let agree = (0..toks.len())

@@ -2,7 +2,7 @@
 //! block format and the activations quantized once per row into W's `vec_dot_type`
 //! (Q8_0, Q8_1 or Q8_K), exactly the scheme llama.cpp's CPU backend uses.
 
-use quant::GgmlType;
+use quant::{DotOrder, GgmlType};
 
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -28,8 +28,43 @@ impl MatRef<'_> {
     }
 }
 
-/// Quantizes `n_rows` rows of `x` (each `n_in` long) into `ty` blocks in `out`.
-pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, out: &mut Vec<u8>) {
+/// A token's place in llama.cpp's micro-batch (its `n_ubatch` split): `i` of `n` tokens.
+/// It picks which kernel llama.cpp runs for K-quant weights, and so their rounding
+/// ([`quant::dot_order_for`]); ours follow it to return llama.cpp's bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UbPos {
+    pub n: u32,
+    pub i: u32,
+}
+
+impl UbPos {
+    /// The places of `n` tokens that form one micro-batch.
+    pub fn batch(n: usize) -> impl Iterator<Item = UbPos> {
+        (0..n as u32).map(move |i| UbPos { n: n as u32, i })
+    }
+}
+
+/// Kernel orders, indexed as `order_index`.
+const ORDERS: [DotOrder; 3] = [DotOrder::Single, DotOrder::Tiled, DotOrder::Gemm4];
+
+fn order_index(o: DotOrder) -> usize {
+    match o {
+        DotOrder::Single => 0,
+        DotOrder::Tiled => 1,
+        DotOrder::Gemm4 => 2,
+    }
+}
+
+/// Quantizes the rows of `x` (each `n_in` long) into `ty` blocks in `out`, row `r` for
+/// dot products in `orders[r]` (empty: all [`DotOrder::Single`]).
+pub fn quantize_rows(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    x: &[f32],
+    n_in: usize,
+    orders: &[DotOrder],
+    out: &mut Vec<u8>,
+) {
     let n_rows = x.len() / n_in;
     let rb = ty.row_bytes(n_in as u64).expect("whole blocks") as usize;
     out.resize(n_rows * rb, 0);
@@ -43,7 +78,9 @@ pub fn quantize_rows(pool: &ThreadPool, ty: GgmlType, x: &[f32], n_in: usize, ou
     pool.run(n_rows, &|r| {
         // SAFETY: each task writes only its own row.
         let d = unsafe { dst.slice(r * rb, rb) };
-        quant::quantize_activations(ty, &x[r * n_in..(r + 1) * n_in], d).expect("sizes match");
+        let ord = orders.get(r).copied().unwrap_or_default();
+        quant::quantize_activations_ordered(ty, ord, &x[r * n_in..(r + 1) * n_in], d)
+            .expect("sizes match");
     });
 }
 
@@ -52,19 +89,37 @@ const ROWS_PER_TASK: usize = 16;
 /// Token rows per multi-row kernel call.
 const TILE: usize = 8;
 
-/// `y = x · Wᵀ` for `n_tok` activation rows. `xq` is scratch for the quantized activations.
+/// `y = x · Wᵀ` for the activation rows of `x`, one per token, token `t` at place `ub[t]`
+/// of llama.cpp's micro-batch (which picks the K-quant kernel order, see [`UbPos`]).
+/// `xq` is scratch for the quantized activations.
 pub fn matmul(
     pool: &ThreadPool,
     w: &MatRef<'_>,
     x: &[f32],
-    n_tok: usize,
+    ub: &[UbPos],
     xq: &mut Vec<u8>,
     y: &mut [f32],
 ) {
+    let n_tok = ub.len();
     debug_assert_eq!(x.len(), n_tok * w.n_in);
     debug_assert_eq!(y.len(), n_tok * w.n_out);
+    if n_tok == 0 {
+        return;
+    }
     let vt = quant::vec_dot_type(w.ty);
-    quantize_rows(pool, vt, x, w.n_in, xq);
+    let (mut scales, mut sums, mut orders) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    orders.clear();
+    orders.extend(
+        ub.iter().map(|u| {
+            quant::dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize).effective(w.ty)
+        }),
+    );
+    if orders.iter().all(|&o| o == DotOrder::Single) {
+        orders.clear();
+    }
+    quantize_rows(pool, vt, x, w.n_in, &orders, xq);
+    let ords: &[DotOrder] = &orders;
+    let order_of = |t: usize| ords.get(t).copied().unwrap_or_default();
     let xrb = vt.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
     let xq: &[u8] = xq;
     let n_out = w.n_out;
@@ -81,16 +136,16 @@ pub fn matmul(
         rows_per_task /= 2;
     }
     let n_tasks = n_out.div_ceil(rows_per_task);
-    let dot = quant::vec_dot_fn(w.ty).expect("weight types are checked at load");
-    let many = quant::vec_dot_many_fn(w.ty);
+    let dots = ORDERS.map(|o| quant::vec_dot_ordered_fn(w.ty, o).expect("checked at load"));
+    let manys = ORDERS.map(|o| quant::vec_dot_many_ordered_fn(w.ty, o));
+    let has_many = manys[0].is_some();
     let wrb = w.row_bytes();
     // For token tiles, the activation block scales are widened to f32 once here instead of
     // in every weight row's kernel call (same bits either way).
     let spr = quant::activation_scales_per_block(vt) * (w.n_in / vt.block_size());
-    let (mut scales, mut sums) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
     scales.clear();
     sums.clear();
-    if many.is_some() && n_tok > 1 {
+    if has_many && n_tok > 1 {
         let want_sums = quant::tile_uses_offset_sums(w.ty);
         for t in 0..n_tok {
             let row = &xq[t * xrb..(t + 1) * xrb];
@@ -106,8 +161,9 @@ pub fn matmul(
     pool.run(n_tasks, &|task| {
         let o0 = task * rows_per_task;
         let o1 = (o0 + rows_per_task).min(n_out);
-        let Some(many) = many else {
+        if !has_many {
             for t in 0..n_tok {
+                let dot = dots[order_index(order_of(t))];
                 let a = &xq[t * xrb..(t + 1) * xrb];
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
@@ -116,12 +172,18 @@ pub fn matmul(
                 }
             }
             return;
-        };
-        // Tiles of up to DOT_MANY_MAX token rows: each weight row is unpacked once per
-        // tile instead of once per token. Each result is bit-identical to the one-row dot.
+        }
+        // Tiles of up to TILE token rows in one kernel order: each weight row is unpacked
+        // once per tile instead of once per token. Each result is bit-identical to the
+        // one-row dot in its order.
         let mut t = 0;
         while t < n_tok {
-            let k = (n_tok - t).min(TILE);
+            let ord = order_of(t);
+            let mut k = 1;
+            while k < TILE && t + k < n_tok && order_of(t + k) == ord {
+                k += 1;
+            }
+            let many = manys[order_index(ord)].expect("every order has a tile kernel");
             let a = &xq[t * xrb..(t + k) * xrb];
             let side = quant::ActSide {
                 scales: if sc.is_empty() {
@@ -156,14 +218,14 @@ pub fn matmul(
             t += k;
         }
     });
-    SIDE.with(|s| *s.borrow_mut() = (scales, sums));
+    SIDE.with(|s| *s.borrow_mut() = (scales, sums, orders));
 }
 
 thread_local! {
     /// Scratch for the tile kernels' per-block activation data (widened scales, offset
-    /// sums), kept between calls on this thread.
-    static SIDE: std::cell::RefCell<(Vec<f32>, Vec<i32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// sums, kernel orders), kept between calls on this thread.
+    static SIDE: std::cell::RefCell<(Vec<f32>, Vec<i32>, Vec<DotOrder>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::kv::{KvCache, SeqId};
-use crate::model::{Logits, Model, ModelError, SeqBatch, Workspace};
+use crate::model::{Logits, Model, ModelError, SeqBatch, UBatch, Workspace};
 use crate::pool::ThreadPool;
 use crate::sampling::Sampler;
 
@@ -79,7 +79,7 @@ impl Runner {
                 tokens: chunk,
                 logits,
                 // llama.cpp's micro-batch is the same chunk (n_batch = n_ubatch = 512).
-                ubatch: None,
+                ubatch: UBatch::Call,
             }];
             let n = self
                 .model

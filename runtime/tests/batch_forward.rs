@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use runtime::kv::KvCache;
-use runtime::model::{Logits, Model, ModelError, SeqBatch, Workspace};
+use runtime::model::{Logits, Model, ModelError, SeqBatch, UBatch, Workspace};
 use runtime::pool::ThreadPool;
 
 fn alone(model: &Model, pool: &ThreadPool, tokens: &[u32], split: usize) -> Vec<Vec<f32>> {
@@ -22,7 +22,7 @@ fn alone(model: &Model, pool: &ThreadPool, tokens: &[u32], split: usize) -> Vec<
                 seq: 9,
                 tokens: &tokens[..split],
                 logits: Logits::All,
-                ubatch: None,
+                ubatch: UBatch::Call,
             }],
             &mut kv,
             &mut ws,
@@ -38,7 +38,7 @@ fn alone(model: &Model, pool: &ThreadPool, tokens: &[u32], split: usize) -> Vec<
                     seq: 9,
                     tokens: std::slice::from_ref(t),
                     logits: Logits::Last,
-                    ubatch: None,
+                    ubatch: UBatch::Call,
                 }],
                 &mut kv,
                 &mut ws,
@@ -65,6 +65,10 @@ fn check_model(name: &str) {
     let rb = alone(&model, &pool, &b, 3);
     let rc = alone(&model, &pool, &c, 9);
 
+    let whole_c = UBatch::Prompt {
+        len: c.len(),
+        size: 512,
+    };
     // Step 1: A's whole prompt, B's first 3 tokens, C's first 4 (a chunk).
     let mut kv = KvCache::new(model.kv_layout(256, 16));
     let mut ws = Workspace::default();
@@ -75,19 +79,21 @@ fn check_model(name: &str) {
                     seq: 1,
                     tokens: &a,
                     logits: Logits::All,
-                    ubatch: None,
+                    ubatch: UBatch::Call,
                 },
                 SeqBatch {
                     seq: 2,
                     tokens: &b[..3],
                     logits: Logits::Last,
-                    ubatch: None,
+                    ubatch: UBatch::Call,
                 },
+                // C's prompt is chunked, as a server does: its tokens keep the places
+                // they have in llama.cpp's split of the whole prompt.
                 SeqBatch {
                     seq: 3,
                     tokens: &c[..4],
                     logits: Logits::None,
-                    ubatch: None,
+                    ubatch: whole_c,
                 },
             ],
             &mut kv,
@@ -117,13 +123,13 @@ fn check_model(name: &str) {
                     seq: 3,
                     tokens: &c[4..],
                     logits: Logits::Last,
-                    ubatch: None,
+                    ubatch: whole_c,
                 },
                 SeqBatch {
                     seq: 2,
                     tokens: &b[3..4],
                     logits: Logits::Last,
-                    ubatch: None,
+                    ubatch: UBatch::Call,
                 },
             ],
             &mut kv,
@@ -151,7 +157,7 @@ fn check_model(name: &str) {
                 seq: 2,
                 tokens: &bad,
                 logits: Logits::Last,
-                ubatch: None,
+                ubatch: UBatch::Call,
             }],
             &mut kv,
             &mut ws,
@@ -167,7 +173,7 @@ fn check_model(name: &str) {
                 seq: 1,
                 tokens: &long,
                 logits: Logits::Last,
-                ubatch: None,
+                ubatch: UBatch::Call,
             }],
             &mut kv,
             &mut ws,
@@ -179,6 +185,51 @@ fn check_model(name: &str) {
     assert_eq!((kv.seq_len(1), kv.seq_len(2), kv.seq_len(3)), (12, 4, 9));
     kv.clear();
     assert_eq!(kv.used_blocks(), 0);
+
+    // A prompt longer than llama.cpp's micro-batch (4 here): chunks that straddle its
+    // micro-batches give the logits of feeding it those micro-batches one by one.
+    let mut by_ubatch = Vec::new();
+    for chunk in c.chunks(4) {
+        model
+            .forward(
+                &[SeqBatch {
+                    seq: 5,
+                    tokens: chunk,
+                    logits: Logits::Last,
+                    ubatch: UBatch::Call,
+                }],
+                &mut kv,
+                &mut ws,
+                &pool,
+                256,
+            )
+            .unwrap();
+        by_ubatch = ws.logits[..nv].to_vec();
+    }
+    for (i, chunk) in [&c[..6], &c[6..]].into_iter().enumerate() {
+        model
+            .forward(
+                &[SeqBatch {
+                    seq: 6,
+                    tokens: chunk,
+                    logits: if i == 0 { Logits::None } else { Logits::Last },
+                    ubatch: UBatch::Prompt {
+                        len: c.len(),
+                        size: 4,
+                    },
+                }],
+                &mut kv,
+                &mut ws,
+                &pool,
+                256,
+            )
+            .unwrap();
+    }
+    assert_eq!(
+        &ws.logits[..nv],
+        &by_ubatch[..],
+        "{name}: prompt chunks across micro-batches"
+    );
 }
 
 #[test]

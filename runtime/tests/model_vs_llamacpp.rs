@@ -196,17 +196,16 @@ fn compare_model(name: &str) {
         "{name}: teacher-forced top-1 agreement {agree}/{total} = {:.2}%, max |logit diff| {max_diff:.4}, greedy-{GREEDY} identical {greedy_same}/{n_prompts}",
         rate * 100.0
     );
-    // The bar: llama.cpp's own 99% / 90%, or — where llama.cpp does not reach that bar
-    // against itself on this model (activation quantization makes tiny float differences
-    // flip int8 roundings) — no further from llama.cpp than llama.cpp's two attention paths
-    // are from each other, within one point / two prompts.
+    // The bar of the issue: 99% top-1 agreement and 90% identical greedy continuations.
+    // Our kernels follow llama.cpp's x86 ones operation for operation (flash attention
+    // off), so on these machines the agreement is exact; llama.cpp's own two attention
+    // paths (printed above) stay below that bar on these models.
     assert!(
-        rate >= 0.99 || rate >= self_rate - 0.01,
+        rate >= 0.99,
         "{name}: top-1 agreement {rate:.4} (llama.cpp vs itself {self_rate:.4})"
     );
-    assert!(rate >= 0.95, "{name}: top-1 agreement {rate:.4}");
     assert!(
-        greedy_same * 10 >= 9 * n_prompts || greedy_same + 2 >= self_greedy_same,
+        greedy_same * 10 >= 9 * n_prompts,
         "{name}: greedy identical {greedy_same}/{n_prompts} (llama.cpp vs itself {self_greedy_same})"
     );
 }

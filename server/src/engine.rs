@@ -17,7 +17,7 @@ use std::time::Instant;
 use runtime::chat::ChatTemplate;
 use runtime::gguf::GgufFile;
 use runtime::kv::{KvCache, SeqId};
-use runtime::model::{Logits, Model, SeqBatch, Workspace};
+use runtime::model::{Logits, Model, SeqBatch, UBatch, Workspace};
 use runtime::pool::ThreadPool;
 use runtime::sampling::{Sampler, SamplingParams};
 use runtime::tokenizer::{StreamDecoder, Tokenizer};
@@ -29,6 +29,10 @@ use crate::scheduler::{Scheduler, SchedulerConfig, SeqEntry};
 use crate::text::StopMatcher;
 
 pub const BLOCK_SIZE: usize = 16;
+
+/// llama.cpp's default micro-batch (`n_ubatch`), whose prompt split our kernels follow
+/// so results match llama-server's bit for bit (see `runtime::model::UBatch`).
+const LLAMA_N_UBATCH: usize = 512;
 
 /// Engine settings; `None` means "size it from the model and memory".
 #[derive(Clone, Debug)]
@@ -746,13 +750,17 @@ impl<'a> Runner<'a> {
                     } else {
                         Logits::None
                     },
-                    // The whole prompt for prompt tokens (however it was chunked or
-                    // cached), one for a generated token: see SeqBatch::ubatch.
-                    ubatch: Some(if it.start >= e.n_prompt {
-                        1
+                    // llama.cpp's split of the whole prompt for prompt tokens (however
+                    // they were chunked or cached), one micro-batch per generated token:
+                    // see SeqBatch::ubatch.
+                    ubatch: if it.start >= e.n_prompt {
+                        UBatch::Call
                     } else {
-                        e.n_prompt.min(512)
-                    }),
+                        UBatch::Prompt {
+                            len: e.n_prompt,
+                            size: LLAMA_N_UBATCH,
+                        }
+                    },
                 }
             })
             .collect();

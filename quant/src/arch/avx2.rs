@@ -31,13 +31,19 @@ use crate::q6_k::BlockQ6K;
 use crate::q8_0::BlockQ8_0;
 use crate::q8_1::BlockQ8_1;
 use crate::q8_k::BlockQ8K;
-use crate::{ActSide, Block, DotFn, DotManyFn, GgmlType};
+use crate::{ActSide, Block, DotFn, DotManyFn, DotOrder, GgmlType};
 use half::f16;
 
-/// The AVX2 kernel for weights of type `ty`. Only call after AVX2, FMA and F16C were
-/// detected (`super::detected()`); the returned functions rely on it.
-pub(crate) fn vec_dot_kernel(ty: GgmlType, vnni: bool) -> Option<DotFn> {
+/// The AVX2 kernel for weights of type `ty` in `order`. Only call after AVX2, FMA and
+/// F16C were detected (`super::detected()`); the returned functions rely on it.
+pub(crate) fn vec_dot_kernel(ty: GgmlType, vnni: bool, order: DotOrder) -> Option<DotFn> {
     use GgmlType as T;
+    match (ty, order.effective(ty)) {
+        (T::Q4_K, DotOrder::Tiled) => return Some(q4_k_q8_k_tiled),
+        (T::Q4_K, DotOrder::Gemm4) => return Some(q4_k_q8_k_gemm4),
+        (T::Q6_K, DotOrder::Tiled) => return Some(q6_k_q8_k_tiled),
+        _ => {}
+    }
     Some(match (ty, vnni) {
         (T::Q4_0, false) => q4_0_q8_0 as DotFn,
         (T::Q4_1, false) => q4_1_q8_1 as DotFn,
@@ -737,10 +743,16 @@ many_entry!(
     true
 );
 
-/// The multi-row kernel for weights of type `ty`; `vnni` picks the AVX-512 VNNI variant
-/// (only after `avx512vnni` and `avx512vl` were detected).
-pub(crate) fn vec_dot_many_kernel(ty: GgmlType, vnni: bool) -> Option<DotManyFn> {
+/// The multi-row kernel for weights of type `ty` in `order`; `vnni` picks the AVX-512
+/// VNNI variant (only after `avx512vnni` and `avx512vl` were detected).
+pub(crate) fn vec_dot_many_kernel(ty: GgmlType, vnni: bool, order: DotOrder) -> Option<DotManyFn> {
     use GgmlType as T;
+    match (ty, order.effective(ty)) {
+        (T::Q4_K, DotOrder::Tiled) => return Some(q4_k_tiled_many_entry),
+        (T::Q4_K, DotOrder::Gemm4) => return Some(q4_k_gemm4_many_entry),
+        (T::Q6_K, DotOrder::Tiled) => return Some(q6_k_tiled_many_entry),
+        _ => {}
+    }
     Some(match (ty, vnni) {
         (T::Q4_0, false) => q4_0_many as DotManyFn,
         (T::Q4_1, false) => q4_1_many as DotManyFn,
@@ -772,11 +784,17 @@ unsafe fn scale_bcast_k4(k: i8) -> __m256i {
     _mm256_set1_epi16(((2 * k + 1) as i16) << 8 | (2 * k) as i16)
 }
 
+/// Kernel orders (const parameter `ORD` of the K-quant kernels; see `crate::DotOrder`).
+const ORD_SINGLE: u8 = 0;
+const ORD_TILED: u8 = 1;
+const ORD_GEMM4: u8 = 2;
+
 /// # Safety
 /// AVX2/FMA/F16C; `w` holds `nb` Q4_K blocks, `a` `N` rows of `nb` Q8_K blocks `stride`
-/// bytes apart, `out` `N` slots.
+/// bytes apart, `out` `N` slots. `ORD` picks the twin: `q4_k::vec_dot_q8k` (single),
+/// `vec_dot_q8k_tiled` or `vec_dot_q8k_gemm4`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_many<const N: usize>(
+unsafe fn q4_k_many<const N: usize, const ORD: u8>(
     w: *const u8,
     a: *const u8,
     stride: usize,
@@ -815,21 +833,59 @@ unsafe fn q4_k_many<const N: usize>(
             sc[2 * j] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8));
             sc[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8 + 1));
         }
+        // Tiled: each min as an i16 pair (m, m), so one madd with the raw bsums gives
+        // `m[j] * (bsums[2j] + bsums[2j+1])` widened to i32 before the pair sum.
+        let mins_pairs = if ORD == ORD_TILED {
+            let m32 = _mm256_cvtepu16_epi32(mins16);
+            _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+        } else {
+            _mm256_setzero_si256()
+        };
         for c in 0..N {
             let y = a.add(c * stride + i * Q8K_BYTES);
             let yd = y.cast::<f32>().read_unaligned();
             let q8sums = ld256(y.add(Q8K_BSUMS));
+            let q8 = |b: usize| ld256(y.add(Q8K_QS + 32 * b));
+            let p = |b: usize| _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8(b)));
+            if ORD == ORD_TILED {
+                let s2 = hsum_i32(_mm256_madd_epi16(q8sums, mins_pairs));
+                let mut sumi = _mm256_setzero_si256();
+                for b in 0..8 {
+                    sumi = _mm256_add_epi32(sumi, p(b));
+                }
+                let s1 = hsum_i32(sumi);
+                let r = (-xdmin).mul_add(s2 as f32, s1 as f32 * xd);
+                acc[c] = r.mul_add(yd, acc[c]);
+                continue;
+            }
             let q8s = _mm_hadd_epi16(
                 _mm256_castsi256_si128(q8sums),
                 _mm256_extracti128_si256::<1>(q8sums),
             );
-            let s2 = hsum_i32x4(_mm_madd_epi16(mins16, q8s));
+            // Lane k: the mins of 64-element chunk k times its bsums.
+            let mins_k = _mm_madd_epi16(mins16, q8s);
+            if ORD == ORD_GEMM4 {
+                let s: [__m256i; 4] =
+                    std::array::from_fn(|k| _mm256_add_epi32(p(2 * k), p(2 * k + 1)));
+                let h =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+                let s1 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let mut f1 = [0.0f32; 4];
+                let mut f2 = [0.0f32; 4];
+                _mm_storeu_ps(f1.as_mut_ptr(), _mm_cvtepi32_ps(s1));
+                _mm_storeu_ps(f2.as_mut_ptr(), _mm_cvtepi32_ps(mins_k));
+                let (d, dmin) = (xd * yd, xdmin * yd);
+                for k in 0..4 {
+                    acc[c] = f1[k].mul_add(d, acc[c]);
+                    acc_m[c] = f2[k].mul_add(dmin, acc_m[c]);
+                }
+                continue;
+            }
+            let s2 = hsum_i32x4(mins_k);
             acc_m[c] = (s2 as f32).mul_add(xdmin * yd, acc_m[c]);
             let mut sumi = _mm256_setzero_si256();
             for b in 0..8 {
-                let q8 = ld256(y.add(Q8K_QS + 32 * b));
-                let p = _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8));
-                sumi = _mm256_add_epi32(sumi, p);
+                sumi = _mm256_add_epi32(sumi, p(b));
             }
             let s1 = hsum_i32(sumi);
             acc[c] = (s1 as f32).mul_add(xd * yd, acc[c]);
@@ -841,9 +897,10 @@ unsafe fn q4_k_many<const N: usize>(
 }
 
 /// # Safety
-/// As [`q4_k_many`], with Q6_K weights.
+/// As [`q4_k_many`], with Q6_K weights (`ORD`: `q6_k::vec_dot_q8k` or
+/// `vec_dot_q8k_tiled`).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_many<const N: usize>(
+unsafe fn q6_k_many<const N: usize, const ORD: u8>(
     w: *const u8,
     a: *const u8,
     stride: usize,
@@ -853,6 +910,7 @@ unsafe fn q6_k_many<const N: usize>(
     let m3 = _mm256_set1_epi8(3);
     let m15 = _mm256_set1_epi8(15);
     let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_t = [0.0f32; N];
     for i in 0..nb {
         let x = w.add(i * BlockQ6K::BYTES);
         if N <= 2 {
@@ -885,7 +943,7 @@ unsafe fn q6_k_many<const N: usize>(
         }
         for c in 0..N {
             let y = a.add(c * stride + i * Q8K_BYTES);
-            let d = y.cast::<f32>().read_unaligned() * xd;
+            let yd = y.cast::<f32>().read_unaligned();
             let q8sums = ld256(y.add(Q8K_BSUMS));
             let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
             let mut sumi = _mm256_setzero_si256();
@@ -895,17 +953,27 @@ unsafe fn q6_k_many<const N: usize>(
                 sumi = _mm256_add_epi32(sumi, p);
             }
             let sumi = _mm256_sub_epi32(sumi, sub);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+            if ORD == ORD_TILED {
+                let s1 = hsum_i32(sumi);
+                acc_t[c] = (s1 as f32 * xd).mul_add(yd, acc_t[c]);
+            } else {
+                let d = yd * xd;
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+            }
         }
     }
     for c in 0..N {
-        *out.add(c) = hsum_ps(acc[c]);
+        *out.add(c) = if ORD == ORD_TILED {
+            acc_t[c]
+        } else {
+            hsum_ps(acc[c])
+        };
     }
 }
 
-/// Dispatches a call to the `N`-row instantiation of a K-quant kernel.
+/// Dispatches a call to the `N`-row instantiation of a K-quant kernel in order `$ord`.
 macro_rules! many_entry_k {
-    ($name:ident, $w:ty, $imp:ident) => {
+    ($name:ident, $w:ty, $imp:ident, $ord:expr) => {
         fn $name(
             w: &[u8],
             rows: usize,
@@ -922,14 +990,14 @@ macro_rules! many_entry_k {
                 // SAFETY: as in `many_entry`.
                 unsafe {
                     match k.cols {
-                        1 => $imp::<1>(wp, ap, stride, k.nb, op),
-                        2 => $imp::<2>(wp, ap, stride, k.nb, op),
-                        3 => $imp::<3>(wp, ap, stride, k.nb, op),
-                        4 => $imp::<4>(wp, ap, stride, k.nb, op),
-                        5 => $imp::<5>(wp, ap, stride, k.nb, op),
-                        6 => $imp::<6>(wp, ap, stride, k.nb, op),
-                        7 => $imp::<7>(wp, ap, stride, k.nb, op),
-                        _ => $imp::<8>(wp, ap, stride, k.nb, op),
+                        1 => $imp::<1, { $ord }>(wp, ap, stride, k.nb, op),
+                        2 => $imp::<2, { $ord }>(wp, ap, stride, k.nb, op),
+                        3 => $imp::<3, { $ord }>(wp, ap, stride, k.nb, op),
+                        4 => $imp::<4, { $ord }>(wp, ap, stride, k.nb, op),
+                        5 => $imp::<5, { $ord }>(wp, ap, stride, k.nb, op),
+                        6 => $imp::<6, { $ord }>(wp, ap, stride, k.nb, op),
+                        7 => $imp::<7, { $ord }>(wp, ap, stride, k.nb, op),
+                        _ => $imp::<8, { $ord }>(wp, ap, stride, k.nb, op),
                     }
                 }
             }
@@ -937,8 +1005,11 @@ macro_rules! many_entry_k {
     };
 }
 
-many_entry_k!(q4_k_many_entry, BlockQ4K, q4_k_many);
-many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many);
+many_entry_k!(q4_k_many_entry, BlockQ4K, q4_k_many, ORD_SINGLE);
+many_entry_k!(q4_k_tiled_many_entry, BlockQ4K, q4_k_many, ORD_TILED);
+many_entry_k!(q4_k_gemm4_many_entry, BlockQ4K, q4_k_many, ORD_GEMM4);
+many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many, ORD_SINGLE);
+many_entry_k!(q6_k_tiled_many_entry, BlockQ6K, q6_k_many, ORD_TILED);
 
 /// Single-row entry points: the one-row instantiation of the multi-row kernels (so a row
 /// alone and a row in a batch give the same bits by construction).
@@ -965,6 +1036,9 @@ single_from_many!(q5_1_q8_1_vnni, BlockQ5_1, BlockQ8_1, q5_1_many_vnni);
 single_from_many!(q8_0_q8_0_vnni, BlockQ8_0, BlockQ8_0, q8_0_many_vnni);
 single_from_many!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_many_entry);
 single_from_many!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_many_entry);
+single_from_many!(q4_k_q8_k_tiled, BlockQ4K, BlockQ8K, q4_k_tiled_many_entry);
+single_from_many!(q4_k_q8_k_gemm4, BlockQ4K, BlockQ8K, q4_k_gemm4_many_entry);
+single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
 
 // ---------------------------------------------------------------------------------------
 // K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.

@@ -13,7 +13,7 @@
 
 use std::sync::OnceLock;
 
-use crate::{DotFn, DotManyFn, GgmlType};
+use crate::{DotFn, DotManyFn, DotOrder, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -103,43 +103,65 @@ pub fn vnni() -> bool {
 /// and bit-identical results. `vnni` asks for the AVX-512 VNNI variant where one exists
 /// (None when the CPU lacks it). Meant for tests and benchmarks; use [`crate::vec_dot`].
 pub fn avx2_vec_dot(ty: GgmlType, vnni: bool) -> Option<DotFn> {
+    avx2_vec_dot_ordered(ty, vnni, DotOrder::Single)
+}
+
+/// [`avx2_vec_dot`] for the kernel order `order` (twin: `crate::scalar_vec_dot_ordered_fn`).
+pub fn avx2_vec_dot_ordered(ty: GgmlType, vnni: bool, order: DotOrder) -> Option<DotFn> {
     #[cfg(target_arch = "x86_64")]
     {
         if detected() == SimdLevel::Avx2 && (!vnni || self::vnni()) {
-            return avx2::vec_dot_kernel(ty, vnni);
+            return avx2::vec_dot_kernel(ty, vnni, order);
         }
     }
-    let _ = (ty, vnni);
+    let _ = (ty, vnni, order);
     None
 }
 
 /// The multi-row AVX2 kernel for weights of type `ty` (see [`crate::DotManyFn`]), as
 /// [`avx2_vec_dot`].
 pub fn avx2_vec_dot_many(ty: GgmlType, vnni: bool) -> Option<DotManyFn> {
+    avx2_vec_dot_many_ordered(ty, vnni, DotOrder::Single)
+}
+
+/// [`avx2_vec_dot_many`] for the kernel order `order`.
+pub fn avx2_vec_dot_many_ordered(ty: GgmlType, vnni: bool, order: DotOrder) -> Option<DotManyFn> {
     #[cfg(target_arch = "x86_64")]
     {
         if detected() == SimdLevel::Avx2 && (!vnni || self::vnni()) {
-            return avx2::vec_dot_many_kernel(ty, vnni);
+            return avx2::vec_dot_many_kernel(ty, vnni, order);
         }
     }
-    let _ = (ty, vnni);
+    let _ = (ty, vnni, order);
     None
 }
 
 /// The SIMD kernel [`crate::vec_dot`] should use for `ty` at the [`active`] level.
 #[inline]
 pub(crate) fn active_vec_dot(ty: GgmlType) -> Option<DotFn> {
+    active_vec_dot_ordered(ty, DotOrder::Single)
+}
+
+/// [`active_vec_dot`] in `order`.
+#[inline]
+pub(crate) fn active_vec_dot_ordered(ty: GgmlType, order: DotOrder) -> Option<DotFn> {
     match active() {
         SimdLevel::Scalar => None,
-        SimdLevel::Avx2 => avx2_vec_dot(ty, vnni()),
+        SimdLevel::Avx2 => avx2_vec_dot_ordered(ty, vnni(), order),
     }
 }
 
 /// The multi-row kernel for `ty` at the [`active`] level.
 #[inline]
 pub(crate) fn active_vec_dot_many(ty: GgmlType) -> Option<DotManyFn> {
+    active_vec_dot_many_ordered(ty, DotOrder::Single)
+}
+
+/// [`active_vec_dot_many`] in `order`.
+#[inline]
+pub(crate) fn active_vec_dot_many_ordered(ty: GgmlType, order: DotOrder) -> Option<DotManyFn> {
     match active() {
         SimdLevel::Scalar => None,
-        SimdLevel::Avx2 => avx2_vec_dot_many(ty, vnni()),
+        SimdLevel::Avx2 => avx2_vec_dot_many_ordered(ty, vnni(), order),
     }
 }

@@ -15,7 +15,7 @@ use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::matmul::{dequant_row, matmul, MatRef};
+use crate::matmul::{dequant_row, matmul, MatRef, UbPos};
 use crate::ops::{rms_norm, Gelu, Rope};
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -114,12 +114,43 @@ pub struct SeqBatch<'a> {
     pub seq: SeqId,
     pub tokens: &'a [u32],
     pub logits: Logits,
-    /// How many tokens llama.cpp would evaluate together with these (its micro-batch):
-    /// that picks its attention kernels and so their rounding, which ours follow to return
-    /// its bits (see `quant::ggml_math`). `None` = the tokens of this call. A server that
-    /// splits or partly caches a prompt passes the whole prompt's count, and 1 for a
-    /// generated token, so a sequence's results never depend on how it was scheduled.
-    pub ubatch: Option<usize>,
+    /// How llama.cpp would split these tokens into micro-batches: that picks its
+    /// attention and K-quant kernels and so their rounding, which ours follow to return
+    /// its bits (see `quant::ggml_math`, `quant::DotOrder`).
+    pub ubatch: UBatch,
+}
+
+/// llama.cpp's micro-batches (its `n_ubatch` split) for the tokens of a [`SeqBatch`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UBatch {
+    /// The tokens of this call form one micro-batch (what llama.cpp does for the same
+    /// call when it is at most `n_ubatch` long; a generated token is one on its own).
+    #[default]
+    Call,
+    /// Prompt tokens of a `len`-token prompt that llama.cpp evaluates from position 0 in
+    /// micro-batches of `size` (its `n_ubatch`): the token at position `p` is token
+    /// `p % size` of micro-batch `p / size`. A server that splits or partly caches a
+    /// prompt passes this, so a sequence's results never depend on how it was scheduled.
+    Prompt { len: usize, size: usize },
+}
+
+impl UBatch {
+    /// The place of token `j` (at position `pos`) of a call of `n` tokens.
+    fn place(self, n: usize, j: usize, pos: usize) -> UbPos {
+        let (n, i) = match self {
+            UBatch::Call => (n, j),
+            UBatch::Prompt { len, size } if pos < len && size > 0 => {
+                let start = pos / size * size;
+                (size.min(len - start), pos - start)
+            }
+            // A prompt description that does not cover this token: on its own.
+            UBatch::Prompt { .. } => (1, 0),
+        };
+        UbPos {
+            n: n as u32,
+            i: i as u32,
+        }
+    }
 }
 
 /// The `Workspace::trace` hook: (tensor name, layer, values).
@@ -144,8 +175,11 @@ pub struct Workspace {
     tok_seq: Vec<usize>,
     seq_slots: Vec<Vec<usize>>,
     out_rows: Vec<usize>,
-    /// llama.cpp's micro-batch size for each batch sequence (`SeqBatch::ubatch`).
-    seq_ntok: Vec<usize>,
+    /// Each token's place in llama.cpp's micro-batch (`SeqBatch::ubatch`).
+    tok_ub: Vec<UbPos>,
+    /// The same for the rows with logits, in the last layer's feed-forward and the output
+    /// projection, which llama.cpp runs on those rows only.
+    out_ub: Vec<UbPos>,
     /// Logits of the rows asked for, `n_out x n_vocab`, in batch order.
     pub logits: Vec<f32>,
     /// Debugging hook: called with (name, layer, values) for the intermediate tensors of
@@ -391,21 +425,28 @@ impl Model {
         ws.tok_seq.clear();
         ws.out_rows.clear();
         ws.seq_slots.resize_with(batch.len(), Vec::new);
-        ws.seq_ntok.clear();
-        ws.seq_ntok
-            .extend(batch.iter().map(|s| s.ubatch.unwrap_or(s.tokens.len())));
+        ws.tok_ub.clear();
+        ws.out_ub.clear();
         let mut row = 0;
         for (i, (sb, &(start, _, _))) in batch.iter().zip(&starts).enumerate() {
-            for j in 0..sb.tokens.len() {
+            let n = sb.tokens.len();
+            for j in 0..n {
                 ws.tok_pos.push(start + j);
                 ws.tok_seq.push(i);
-                let want = match sb.logits {
-                    Logits::None => false,
-                    Logits::Last => j + 1 == sb.tokens.len(),
-                    Logits::All => true,
-                };
-                if want {
-                    ws.out_rows.push(row);
+                let place = sb.ubatch.place(n, j, start + j);
+                ws.tok_ub.push(place);
+                match sb.logits {
+                    Logits::None => {}
+                    Logits::Last if j + 1 < n => {}
+                    // llama.cpp's only output row of its micro-batch.
+                    Logits::Last => {
+                        ws.out_rows.push(row);
+                        ws.out_ub.push(UbPos { n: 1, i: 0 });
+                    }
+                    Logits::All => {
+                        ws.out_rows.push(row);
+                        ws.out_ub.push(place);
+                    }
                 }
                 row += 1;
             }
@@ -427,12 +468,12 @@ impl Model {
             self.layer_forward(il, layer, n_tok, kv, ws, pool);
         }
 
-        // Final norm and logits for the requested rows only.
+        // Final norm and logits; the last layer kept the rows with logits only.
         let n_out = ws.out_rows.len();
         ws.xn.resize(n_out * d, 0.0);
-        for (i, &r) in ws.out_rows.iter().enumerate() {
+        for i in 0..n_out {
             let xn = &mut ws.xn[i * d..(i + 1) * d];
-            xn.copy_from_slice(&ws.x[r * d..(r + 1) * d]);
+            xn.copy_from_slice(&ws.x[i * d..(i + 1) * d]);
             rms_norm(xn, &self.output_norm, c.rms_eps);
         }
         trace!(ws, "result_norm", usize::MAX, xn);
@@ -441,7 +482,7 @@ impl Model {
             pool,
             &self.m(&self.output),
             &ws.xn,
-            n_out,
+            &ws.out_ub,
             &mut ws.xq,
             &mut ws.logits,
         );
@@ -480,9 +521,30 @@ impl Model {
         ws.q.resize(n_tok * q_dim, 0.0);
         ws.k.resize(n_tok * k_dim, 0.0);
         ws.v.resize(n_tok * v_dim, 0.0);
-        matmul(pool, &self.m(&l.wq), &ws.xn, n_tok, &mut ws.xq, &mut ws.q);
-        matmul(pool, &self.m(&l.wk), &ws.xn, n_tok, &mut ws.xq, &mut ws.k);
-        matmul(pool, &self.m(&l.wv), &ws.xn, n_tok, &mut ws.xq, &mut ws.v);
+        matmul(
+            pool,
+            &self.m(&l.wq),
+            &ws.xn,
+            &ws.tok_ub,
+            &mut ws.xq,
+            &mut ws.q,
+        );
+        matmul(
+            pool,
+            &self.m(&l.wk),
+            &ws.xn,
+            &ws.tok_ub,
+            &mut ws.xq,
+            &mut ws.k,
+        );
+        matmul(
+            pool,
+            &self.m(&l.wv),
+            &ws.xn,
+            &ws.tok_ub,
+            &mut ws.xq,
+            &mut ws.v,
+        );
         add_bias(&mut ws.q, l.bq.as_deref());
         add_bias(&mut ws.k, l.bk.as_deref());
         add_bias(&mut ws.v, l.bv.as_deref());
@@ -534,7 +596,7 @@ impl Model {
         ws.attn.resize(n_tok * c.n_head * hv, 0.0);
         let out = SharedMut::new(&mut ws.attn);
         let (q, tok_pos, tok_seq, seq_slots) = (&ws.q, &ws.tok_pos, &ws.tok_seq, &ws.seq_slots);
-        let seq_ntok = &ws.seq_ntok;
+        let tok_ub = &ws.tok_ub;
         let fl = ggml_math::flavor();
         pool.run(n_tok * c.n_head, &|task| {
             let (t, h) = (task / c.n_head, task % c.n_head);
@@ -553,8 +615,8 @@ impl Model {
             // rounded to f16 before their dot products with the f16 cache.
             // llama.cpp multiplies f16 operands with its tiled GEMM when the micro-batch
             // has several tokens and with vec_dot_f16 for one: follow the same order per
-            // sequence (a sequence's results never depend on the other sequences).
-            let ord = if seq_ntok[tok_seq[t]] == 1 {
+            // token (a sequence's results never depend on the other sequences).
+            let ord = if tok_ub[t].n == 1 {
                 F16Order::VecDot
             } else {
                 F16Order::Gemm
@@ -584,11 +646,28 @@ impl Model {
             pool,
             &self.m(&l.wo),
             &ws.attn,
-            n_tok,
+            &ws.tok_ub,
             &mut ws.xq,
             &mut ws.proj,
         );
         trace!(ws, "wo_out", il, proj);
+        // Like llama.cpp (its `inp_out_ids`), the last layer goes on with the rows whose
+        // logits were asked for only, which also sets its kernels' micro-batch.
+        let last = il + 1 == self.layers.len();
+        let n_tok = if last {
+            for (i, &r) in ws.out_rows.iter().enumerate() {
+                ws.x.copy_within(r * d..(r + 1) * d, i * d);
+                ws.proj.copy_within(r * d..(r + 1) * d, i * d);
+            }
+            let n_out = ws.out_rows.len();
+            ws.x.truncate(n_out * d);
+            ws.proj.truncate(n_out * d);
+            ws.xn.truncate(n_out * d);
+            n_out
+        } else {
+            n_tok
+        };
+        let ffn_ub = if last { &ws.out_ub } else { &ws.tok_ub };
         if let Some(w) = &l.post_attn_norm {
             ws.proj
                 .chunks_exact_mut(d)
@@ -611,11 +690,11 @@ impl Model {
             pool,
             &self.m(&l.gate),
             &ws.xn,
-            n_tok,
+            ffn_ub,
             &mut ws.xq,
             &mut ws.gate,
         );
-        matmul(pool, &self.m(&l.up), &ws.xn, n_tok, &mut ws.xq, &mut ws.up);
+        matmul(pool, &self.m(&l.up), &ws.xn, ffn_ub, &mut ws.xq, &mut ws.up);
         trace!(ws, "ffn_gate", il, gate);
         trace!(ws, "ffn_up", il, up);
         if c.arch == Arch::Gemma3 {
@@ -636,7 +715,7 @@ impl Model {
             pool,
             &self.m(&l.down),
             &ws.gate,
-            n_tok,
+            ffn_ub,
             &mut ws.xq,
             &mut ws.proj,
         );
