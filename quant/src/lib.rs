@@ -145,6 +145,16 @@ fn expect_len(
     Ok(())
 }
 
+/// `dst` must hold exactly `src` quantized to `ty`.
+fn expect_quantized_len(ty: GgmlType, src: &[f32], dst: &[u8]) -> Result<(), QuantError> {
+    expect_len(
+        ty,
+        "quantized destination",
+        blocks_of(ty, src.len())?,
+        dst.len(),
+    )
+}
+
 /// Dequantizes `dst.len()` elements of type `ty` from `src`, which must be exactly
 /// `ty.row_bytes(dst.len())` bytes.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
@@ -161,12 +171,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// reference algorithm for `ty` (no importance matrix).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let k = kernels(ty).ok_or(QuantError::Unsupported { ty, op: "quantize" })?;
-    expect_len(
-        ty,
-        "quantized destination",
-        blocks_of(ty, src.len())?,
-        dst.len(),
-    )?;
+    expect_quantized_len(ty, src, dst)?;
     (k.quantize)(src, dst);
     Ok(())
 }
@@ -177,12 +182,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 pub fn quantize_activations(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     match ty {
         GgmlType::Q8_0 | GgmlType::Q8_1 => {
-            expect_len(
-                ty,
-                "quantized destination",
-                blocks_of(ty, src.len())?,
-                dst.len(),
-            )?;
+            expect_quantized_len(ty, src, dst)?;
             if ty == GgmlType::Q8_0 {
                 q8_0::quantize_activations(src, dst);
             } else {
@@ -395,12 +395,7 @@ pub fn quantize_activations_ordered(
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
     if ty == GgmlType::Q8_K && order == DotOrder::Gemm4 {
-        expect_len(
-            ty,
-            "quantized destination",
-            blocks_of(ty, src.len())?,
-            dst.len(),
-        )?;
+        expect_quantized_len(ty, src, dst)?;
         q8_k::quantize_4x8(src, dst);
         return Ok(());
     }

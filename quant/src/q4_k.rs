@@ -163,25 +163,10 @@ pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
     for i in 0..nb {
         let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
         let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
-        let mut sc = [0i32; 8];
-        let mut mn = [0i32; 8];
-        for j in 0..8 {
-            let (s, m) = get_scale_min_k4(j, &x.scales);
-            (sc[j], mn[j]) = (s as i32, m as i32);
-        }
-        let q = |e: usize| {
-            let b = x.qs[32 * (e / 64) + e % 32];
-            (if e % 64 < 32 { b & 0x0f } else { b >> 4 }) as i32
-        };
-        let mut s1 = 0i32;
-        for (b, &scale) in sc.iter().enumerate() {
-            let s: i32 = (32 * b..32 * b + 32).map(|e| q(e) * y.qs[e] as i32).sum();
-            s1 += scale * s;
-        }
-        let mut s2 = 0i32;
-        for (j, &m) in mn.iter().enumerate() {
-            // The pair sum wraps in i16 (`hadd_epi16`; only reachable with forged bsums).
-            s2 += m * y.bsums[2 * j].wrapping_add(y.bsums[2 * j + 1]) as i32;
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for (c1, c2) in chunk_sums(&x, &y) {
+            s1 += c1;
+            s2 += c2;
         }
         acc = (s1 as f32).mul_add(f16_to_f32(x.d) * y.d, acc);
         acc_m = (s2 as f32).mul_add(f16_to_f32(x.dmin) * y.d, acc_m);

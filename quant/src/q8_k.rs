@@ -56,46 +56,37 @@ impl BlockQ8K {
                 max = v;
             }
         }
-        let mut b = BlockQ8K {
-            d: 0.0,
-            qs: [0; QK_K],
-            bsums: [0; QK_K / 16],
-        };
-        if amax == 0.0 {
-            return b;
-        }
-        let iscale = -127.0f32 / max;
-        for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = nearest_int(iscale * v).min(127) as i8;
-        }
-        for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-            *s = g.iter().map(|&q| q as i32).sum::<i32>() as i16;
-        }
-        b.d = 1.0 / iscale;
-        b
+        Self::with_extreme(x, max)
     }
 
     /// The block as ggml's x86 `ggml_quantize_mat_q8_K_4x8` forms it for the tokens its
     /// repacked Q4_K GEMM takes four at a time: the same as [`Self::quantize`] except
     /// for the sign of the scale, which is negative (the extreme maps to -127) whenever
-    /// some element equals `+amax`, where the reference follows the first extreme.
+    /// some element equals `+amax`, where the reference follows the first extreme. (Its
+    /// `round_ps` to nearest-even gives the same quants as the reference's `nearest_int`.)
     pub fn quantize_4x8(x: &[f32]) -> Self {
         let amax = x[..QK_K].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let max = if x[..QK_K].contains(&amax) {
+            amax
+        } else {
+            -amax
+        };
+        Self::with_extreme(x, max)
+    }
+
+    /// The block for `iscale = -127 / max` (all zero when `max` is 0).
+    fn with_extreme(x: &[f32], max: f32) -> Self {
         let mut b = BlockQ8K {
             d: 0.0,
             qs: [0; QK_K],
             bsums: [0; QK_K / 16],
         };
-        if amax == 0.0 {
+        if max == 0.0 {
             return b;
         }
-        let iscale = if x[..QK_K].contains(&amax) {
-            -127.0f32 / amax
-        } else {
-            127.0f32 / amax
-        };
+        let iscale = -127.0f32 / max;
         for (q, &v) in b.qs.iter_mut().zip(x) {
-            *q = (v * iscale).round_ties_even().clamp(-128.0, 127.0) as i8;
+            *q = nearest_int(iscale * v).min(127) as i8;
         }
         for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| q as i32).sum::<i32>() as i16;
