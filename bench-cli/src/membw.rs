@@ -19,8 +19,8 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use runtime::pool::{PoolOptions, SharedMut, ThreadPool};
 
-use crate::engine::cli::default_threads;
-use crate::engine::report::{load_average, load_note};
+use crate::llama_bench::cli::default_threads;
+use crate::llama_bench::report::{load_average, load_note};
 use crate::stats;
 
 #[derive(Parser, Debug, Clone)]
@@ -255,12 +255,9 @@ pub fn markdown(m: &Measurement) -> String {
 
 /// Entry point for `rbench membw …` (`args[0]` is `membw`).
 pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
-    let a = match MembwArgs::try_parse_from(args) {
+    let a: MembwArgs = match crate::parse_args(args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return std::process::ExitCode::from(if e.use_stderr() { 2 } else { 0 });
-        }
+        Err(code) => return code,
     };
     if let Some(n) = load_note(load_average(), default_threads()) {
         eprintln!("rbench: {n}");

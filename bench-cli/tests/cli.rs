@@ -1,6 +1,6 @@
 //! rbench's command line: lists, ranges, the Cartesian product, defaults, test names.
 
-use bench_cli::engine::cli::{
+use bench_cli::llama_bench::cli::{
     default_threads, normalize_args, parse_cpu_mask, parse_list, parse_pg, Engine, OutputFormat,
     Params, TestSpec,
 };

@@ -1,8 +1,10 @@
 //! Number formats, timestamps, the SIMD guard and the engine checks (no model needed).
 
-use bench_cli::engine::cli::Params;
-use bench_cli::engine::report::{format_params, format_size, load_note, tg_read_gbps};
-use bench_cli::engine::run::{check_supported, format_utc, missing_reference_simd, size_label};
+use bench_cli::llama_bench::cli::Params;
+use bench_cli::llama_bench::report::{format_params, format_size, load_note, tg_read_gbps};
+use bench_cli::llama_bench::run::{
+    check_supported, format_utc, missing_reference_simd, size_label,
+};
 
 #[test]
 fn llama_bench_number_formats() {

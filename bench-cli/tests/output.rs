@@ -136,6 +136,13 @@ fn json_output_has_llama_bench_fields_and_statistics() {
         assert!(u(r, "kv_bytes") > 0);
         assert!(r["test_time"].as_str().unwrap().ends_with('Z'));
         assert!(r["pinned"].is_boolean(), "pinned: {r}");
+        // smollm2's matrices are Q4_1 and Q8_0 (the output shares the Q8_0 embedding).
+        let isa = r["isa"].as_str().unwrap();
+        assert!(
+            isa.starts_with("Q4_1=") && isa.contains(",Q8_0="),
+            "isa: {isa}"
+        );
+        assert!(!isa.contains("=scalar") || quant_is_scalar(), "isa: {isa}");
         check_stats(r, 2);
     }
     assert_eq!((u(&rows[0], "n_prompt"), u(&rows[0], "n_gen")), (16, 0));
@@ -252,6 +259,14 @@ fn markdown_table_shape() {
         assert!(gbps > 0.0, "{n}");
         assert!(n.contains("rbench membw -t 1"), "{n}");
     }
+    // Which instruction sets our kernels ran, once per model.
+    let kernels: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("rllama kernels (llama "))
+        .collect();
+    assert_eq!(kernels.len(), 1, "{stdout}");
+    assert!(kernels[0].contains("Q4_1="), "{}", kernels[0]);
     let last = lines.last().unwrap();
     assert!(
         last.starts_with("build: ") && last.ends_with(&format!("({})", env!("CARGO_PKG_VERSION"))),
@@ -286,6 +301,7 @@ fn csv_has_header_and_quoted_rows() {
         "kv_bytes",
         "kv_tokens",
         "pinned",
+        "isa",
     ] {
         assert!(header.contains(&k), "{k} in CSV header");
     }
@@ -344,9 +360,9 @@ fn llamacpp_engine_without_the_feature_says_how_to_rebuild() {
 #[cfg(feature = "llamacpp")]
 #[test]
 fn side_by_side_with_llamacpp() {
-    let host = bench_cli::engine::run::host_simd();
-    let info = runtime::reference::system_info();
-    let simd_ok = bench_cli::engine::run::missing_reference_simd(&info, &host).is_empty();
+    let host = bench_cli::llama_bench::run::host_simd();
+    let info = llamacpp_ref::system_info();
+    let simd_ok = bench_cli::llama_bench::run::missing_reference_simd(&info, &host).is_empty();
     let out = rbench(&[
         "-m",
         MODEL,
@@ -431,4 +447,15 @@ fn side_by_side_with_llamacpp() {
         check_stats(r, 2);
     }
     assert!(String::from_utf8_lossy(&out.stderr).contains("ours/llama.cpp"));
+}
+
+/// Whether this machine runs our scalar kernels (no AVX2; or lowered by the environment).
+fn quant_is_scalar() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let simd = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    !simd
+        || std::env::var("RLLAMA_FORCE_SCALAR").is_ok_and(|v| v == "1")
+        || std::env::var("RLLAMA_SIMD").is_ok_and(|v| v == "scalar")
 }

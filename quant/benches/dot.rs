@@ -1,4 +1,5 @@
-//! Scalar vs AVX2 dot products over one 4096-element row (plus the attention helpers).
+//! Every kernel of the table per format over one 4096-element row, scalar twin included
+//! (plus the attention products).
 //!
 //! `cargo bench -p quant --bench dot` (add `-- Q4_K` etc. to filter).
 
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use half::f16;
-use quant::{quantize_activations, quantize_row, vec_dot_type, GgmlType};
+use quant::{kernels, quantize_activations, quantize_row, vec_dot_type, DotOrder, GgmlType};
 
 const N: usize = 4096;
 
@@ -51,12 +52,15 @@ fn dots(c: &mut Criterion) {
         let w = row(ty, &floats(1, N), false);
         let a = row(vec_dot_type(ty), &floats(2, N), true);
         let mut g = c.benchmark_group(format!("{ty}x{}_{N}", vec_dot_type(ty)));
-        let scalar = quant::scalar_vec_dot_fn(ty).unwrap();
-        g.bench_function("scalar", |b| {
-            b.iter(|| scalar(black_box(&w), black_box(&a)))
-        });
-        if let Some(simd) = quant::arch::avx2_vec_dot(ty, quant::arch::vnni()) {
-            g.bench_function("avx2", |b| b.iter(|| simd(black_box(&w), black_box(&a))));
+        // Every kernel set of the table this CPU runs, scalar twin first.
+        for k in kernels::available()
+            .into_iter()
+            .filter(|k| k.ty == ty && k.order == DotOrder::Single)
+        {
+            let dot = k.dot;
+            g.bench_function(k.isa.name(), |b| {
+                b.iter(|| dot(black_box(&w), black_box(&a)))
+            });
         }
         g.finish();
     }
@@ -66,7 +70,8 @@ fn attention(c: &mut Criterion) {
     for n in [128usize, 4096] {
         let a = floats(3, n);
         let b: Vec<f16> = floats(4, n).into_iter().map(f16::from_f32).collect();
-        use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
+        use quant::ops::f16::{dot_f16, dot_f16_scalar, sum_rows_f16, sum_rows_f16_scalar};
+        use quant::{F16Order, Flavor};
         let (fl, ord) = (Flavor::Avx512, F16Order::Gemm);
         let mut g = c.benchmark_group(format!("ggml_dot_f16_{n}"));
         g.bench_function("scalar", |bn| {
@@ -76,13 +81,17 @@ fn attention(c: &mut Criterion) {
             bn.iter(|| dot_f16(fl, ord, black_box(&a), black_box(&b)))
         });
         g.finish();
-        let mut y = floats(5, n);
-        let mut g = c.benchmark_group(format!("axpy_f16_{n}"));
+        // The V-row sum of attention: 64 slots of n values.
+        let slots: Vec<usize> = (0..64).collect();
+        let ps = floats(5, 64);
+        let cache: Vec<f16> = floats(6, 64 * n).into_iter().map(f16::from_f32).collect();
+        let mut out = vec![0.0f32; n];
+        let mut g = c.benchmark_group(format!("sum_rows_f16_64x{n}"));
         g.bench_function("scalar", |bn| {
-            bn.iter(|| quant::attn::axpy_f16_scalar(black_box(&mut y), 1e-3, black_box(&b)))
+            bn.iter(|| sum_rows_f16_scalar(black_box(&mut out), &ps, &cache, &slots, n, 0))
         });
-        g.bench_function("avx2", |bn| {
-            bn.iter(|| quant::attn::avx2_axpy_f16(black_box(&mut y), 1e-3, black_box(&b)))
+        g.bench_function("dispatched", |bn| {
+            bn.iter(|| sum_rows_f16(black_box(&mut out), &ps, &cache, &slots, n, 0))
         });
         g.finish();
     }

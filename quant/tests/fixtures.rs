@@ -150,7 +150,7 @@ fn check_file(file: &str) -> BTreeSet<(u32, u32)> {
             KIND_DOT => {
                 let want = f32s(&r.blobs[2])[0];
                 // ggml's generic C order, bit for bit ...
-                let got = quant::ggml_generic_vec_dot_fn(r.ty).unwrap()(&r.blobs[0], &r.blobs[1]);
+                let got = quant::kernels::ggml_generic_dot(r.ty).unwrap()(&r.blobs[0], &r.blobs[1]);
                 // ... and what we run (ggml's x86 SIMD order for the 32-element formats)
                 // within float-reordering distance of it.
                 let run = vec_dot(r.ty, r.n, &r.blobs[0], &r.blobs[1]).unwrap();

@@ -2,13 +2,13 @@
 //! read once per process, so this binary holds a single test that sets it first.
 
 use half::f16;
-use quant::{quantize_activations, quantize_row, vec_dot, vec_dot_type, GgmlType};
+use quant::{kernels, quantize_activations, quantize_row, vec_dot, vec_dot_type};
+use quant::{DotOrder, GgmlType, Isa};
 
 #[test]
 fn force_scalar_env_selects_scalar_kernels() {
     std::env::set_var("RLLAMA_FORCE_SCALAR", "1");
-    assert_eq!(quant::simd_level(), "scalar");
-    assert_eq!(quant::arch::active(), quant::SimdLevel::Scalar);
+    assert_eq!(quant::isa::active(), Isa::Scalar);
     let n = 512;
     let x: Vec<f32> = (0..n)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
@@ -28,26 +28,31 @@ fn force_scalar_env_selects_scalar_kernels() {
         let aty = vec_dot_type(ty);
         let mut a = vec![0u8; aty.row_bytes(n as u64).unwrap() as usize];
         quantize_activations(aty, &y, &mut a).unwrap();
-        let scalar = quant::scalar_vec_dot_fn(ty).unwrap()(&w, &a);
+        let scalar = kernels::scalar(ty, DotOrder::Single).unwrap();
         assert_eq!(
             vec_dot(ty, n, &w, &a).unwrap().to_bits(),
-            scalar.to_bits(),
+            (scalar.dot)(&w, &a).to_bits(),
             "{ty}"
         );
-        // The hoisted kernel is the scalar function itself.
-        assert_eq!(
-            quant::vec_dot_fn(ty).unwrap() as usize,
-            quant::scalar_vec_dot_fn(ty).unwrap() as usize,
-            "{ty}"
-        );
-        if let Some(simd) = quant::arch::avx2_vec_dot(ty, false) {
+        for order in DotOrder::ALL {
+            // The active set is the scalar one, in every order.
+            let k = kernels::kernels(ty, order).unwrap();
+            assert_eq!(k.isa, Isa::Scalar, "{ty} {order:?}");
+            assert!(k.tile.is_none(), "{ty} {order:?}");
+        }
+        if let Some(simd) = kernels::kernels_at(ty, DotOrder::Single, Isa::Avx2) {
             // Still reachable explicitly, and still the same bits.
-            assert_eq!(simd(&w, &a).to_bits(), scalar.to_bits(), "{ty}");
+            assert_eq!(
+                (simd.dot)(&w, &a).to_bits(),
+                (scalar.dot)(&w, &a).to_bits(),
+                "{ty}"
+            );
         }
     }
     let b: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();
     let x16: Vec<f32> = x.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
-    use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
+    use quant::ops::f16::{dot_f16, dot_f16_scalar};
+    use quant::{F16Order, Flavor};
     let d = dot_f16(Flavor::Avx512, F16Order::Gemm, &x16, &b);
     assert_eq!(
         d.to_bits(),

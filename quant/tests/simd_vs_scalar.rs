@@ -6,12 +6,18 @@
 //! cover one block, odd block counts and the kernels' grouping boundaries (legacy
 //! kernels reduce eight blocks at a time).
 //!
-//! On a CPU without AVX2/FMA/F16C the SIMD kernels are unavailable and these tests only
-//! check the dispatcher against the scalar code.
+//! The kernels are taken from the table (`quant::kernels`), every ISA this CPU has, not
+//! only the active one: on an AVX-512 VNNI machine the AVX2 and AVX2+VNNI rows are both
+//! checked. `table_rows_are_exercised` fails when a row is added that no test walks. On a
+//! CPU without SIMD rows only the scalar code and the dispatcher are checked.
 
 use half::f16;
-use quant::attn;
-use quant::{quantize_activations, quantize_row, vec_dot, vec_dot_type, GgmlType};
+use quant::ops::f16::{sum_rows_f16, sum_rows_f16_scalar};
+use quant::{contract, isa, kernels};
+use quant::{
+    quantize_activations, quantize_row, vec_dot, vec_dot_type, ActSide, DotOrder, GgmlType, Isa,
+    KernelSet, SideBuf, TILE_MAX_TOKENS,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -26,6 +32,13 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::Q5_K,
     GgmlType::Q3_K,
     GgmlType::Q2_K,
+];
+
+/// The K-quant orders besides the one-row order.
+const ORDERED: [(GgmlType, DotOrder); 3] = [
+    (GgmlType::Q6_K, DotOrder::Tiled),
+    (GgmlType::Q4_K, DotOrder::Tiled),
+    (GgmlType::Q4_K, DotOrder::Gemm4),
 ];
 
 /// Byte offsets of the f16 scale fields inside one block, per format.
@@ -137,134 +150,150 @@ fn legal_activations(ty: GgmlType, a: &[u8]) -> Vec<u8> {
     a
 }
 
-/// Checks SIMD kernels (plain AVX2 and AVX-512 VNNI, single- and multi-row), dispatcher
-/// and `vec_dot_fn` against the scalar twin on one pair.
-fn check_pair(ty: GgmlType, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
+/// Every kernel set the table has for (`ty`, `order`) that this CPU runs, whatever the
+/// active ISA: all of them must return the scalar twin's bits.
+fn sets(ty: GgmlType, order: DotOrder) -> Vec<KernelSet> {
+    let order = kernels::effective_order(ty, order);
+    kernels::available()
+        .into_iter()
+        .filter(|k| k.ty == ty && k.order == order)
+        .collect()
+}
+
+fn twin(ty: GgmlType, order: DotOrder) -> quant::DotFn {
+    kernels::scalar(ty, order).unwrap().dot
+}
+
+/// Checks every kernel of the table for `ty` in `order` (one-row and tile, every ISA this
+/// CPU has), the active set and, for the one-row order, `vec_dot` against the scalar twin
+/// on one pair.
+fn check_pair(ty: GgmlType, order: DotOrder, n: usize, w: &[u8], a: &[u8], what: &str) -> f32 {
     let a = &legal_activations(ty, a)[..];
-    let scalar = quant::scalar_vec_dot_fn(ty).unwrap()(w, a);
-    for vnni in [false, true] {
-        if let Some(simd) = quant::arch::avx2_vec_dot(ty, vnni) {
-            let got = simd(w, a);
-            assert_eq!(
-                got.to_bits(),
-                scalar.to_bits(),
-                "{ty} {what} n={n}: avx2 (vnni {vnni}) {got:e} vs scalar {scalar:e}"
-            );
-        }
-        if let Some(many) = quant::arch::avx2_vec_dot_many(ty, vnni) {
+    let scalar = twin(ty, order)(w, a);
+    let mut all = sets(ty, order);
+    all.push(kernels::kernels(ty, order).unwrap());
+    for k in all {
+        let isa = k.isa;
+        let got = (k.dot)(w, a);
+        assert_eq!(
+            got.to_bits(),
+            scalar.to_bits(),
+            "{ty} {order:?} {what} n={n}: {isa} {got:e} vs scalar {scalar:e}"
+        );
+        if let Some(tile) = k.tile {
             // The same row in every slot, with a stride larger than the row.
             let stride = a.len() + 7;
-            let mut buf = vec![0u8; 8 * stride];
-            for c in 0..8 {
+            let mut buf = vec![0u8; TILE_MAX_TOKENS * stride];
+            for c in 0..TILE_MAX_TOKENS {
                 buf[c * stride..c * stride + a.len()].copy_from_slice(a);
             }
-            for rows in 1..=quant::DOT_MANY_MAX {
+            for rows in 1..=TILE_MAX_TOKENS {
                 let mut out = vec![f32::NAN; rows];
-                many(w, 1, &buf, stride, quant::ActSide::default(), &mut out);
+                tile(w, 1, &buf, stride, ActSide::default(), &mut out);
                 for (c, got) in out.iter().enumerate() {
                     assert_eq!(
                         got.to_bits(),
                         scalar.to_bits(),
-                        "{ty} {what} n={n}: many (vnni {vnni}) rows={rows} slot {c}"
+                        "{ty} {order:?} {what} n={n}: {isa} tile rows={rows} slot {c}"
                     );
                 }
             }
         }
     }
-    let dispatched = vec_dot(ty, n, w, a).unwrap();
-    assert_eq!(
-        dispatched.to_bits(),
-        scalar.to_bits(),
-        "{ty} {what} n={n}: vec_dot"
-    );
-    let hoisted = quant::vec_dot_fn(ty).unwrap()(w, a);
-    assert_eq!(
-        hoisted.to_bits(),
-        scalar.to_bits(),
-        "{ty} {what} n={n}: vec_dot_fn"
-    );
+    if order == DotOrder::Single {
+        let dispatched = vec_dot(ty, n, w, a).unwrap();
+        assert_eq!(
+            dispatched.to_bits(),
+            scalar.to_bits(),
+            "{ty} {what} n={n}: vec_dot"
+        );
+    }
     scalar
 }
 
-/// The multi-row kernels on distinct activation rows: each output equals the scalar twin
-/// on its own row, for every row count and both instruction variants.
+/// The tile kernels on distinct activation rows: each output equals the scalar twin on
+/// its own row, for every row count, one and two weight rows, with and without each kind
+/// of precomputed side data, on every ISA this CPU has.
 #[test]
-fn many_rows_match_single_rows() {
+fn tiles_match_single_rows() {
     let mut rng = StdRng::seed_from_u64(11);
     for ty in TYPES {
         let aty = vec_dot_type(ty);
         for blocks in [1usize, 3, 28, 152] {
             let n = blocks * ty.block_size();
             let w = quantized(ty, &random_f32s(&mut rng, n), false);
-            let rows: Vec<Vec<u8>> = (0..8)
+            let rows: Vec<Vec<u8>> = (0..TILE_MAX_TOKENS)
                 .map(|_| quantized(aty, &random_f32s(&mut rng, n), true))
                 .collect();
             let buf: Vec<u8> = rows.concat();
             let stride = rows[0].len();
             let want: Vec<f32> = rows
                 .iter()
-                .map(|a| quant::scalar_vec_dot_fn(ty).unwrap()(&w, a))
+                .map(|a| twin(ty, DotOrder::Single)(&w, a))
                 .collect();
             let w1 = quantized(ty, &random_f32s(&mut rng, n), false);
             let w2 = [w.clone(), w1.clone()].concat();
             let want1: Vec<f32> = rows
                 .iter()
-                .map(|a| quant::scalar_vec_dot_fn(ty).unwrap()(&w1, a))
+                .map(|a| twin(ty, DotOrder::Single)(&w1, a))
                 .collect();
-            for vnni in [false, true] {
-                let Some(many) = quant::arch::avx2_vec_dot_many(ty, vnni) else {
+            for k in sets(ty, DotOrder::Single) {
+                let Some(tile) = k.tile else {
                     continue;
                 };
-                for k in 1..=8 {
+                let isa = k.isa;
+                for c_n in 1..=TILE_MAX_TOKENS {
                     let mut scales = Vec::new();
                     let mut sums = Vec::new();
-                    for r in &rows[..k] {
-                        quant::activation_scales(aty, r, &mut scales);
-                        quant::activation_offset_sums(ty, r, &mut sums);
+                    let mut side = SideBuf::default();
+                    for r in &rows[..c_n] {
+                        contract::activation_scales(aty, r, &mut scales);
+                        contract::offset_sums(ty, r, &mut sums);
+                        side.push(&k, r);
                     }
                     let sides = [
-                        quant::ActSide::default(),
-                        quant::ActSide {
+                        ActSide::default(),
+                        ActSide {
                             scales: &scales,
                             sums: &[],
                         },
-                        quant::ActSide {
+                        ActSide {
                             scales: &[],
                             sums: &sums,
                         },
-                        quant::ActSide {
+                        ActSide {
                             scales: &scales,
                             sums: &sums,
                         },
+                        side.rows(&k, 0, c_n),
                     ];
                     for ad in sides {
-                        let mut out = vec![0.0f32; k];
-                        many(&w, 1, &buf, stride, ad, &mut out);
-                        for c in 0..k {
+                        let mut out = vec![0.0f32; c_n];
+                        tile(&w, 1, &buf, stride, ad, &mut out);
+                        for c in 0..c_n {
                             assert_eq!(
                                 out[c].to_bits(),
                                 want[c].to_bits(),
-                                "{ty} n={n} k={k} c={c} side {ad:?}",
+                                "{ty} {isa} n={n} k={c_n} c={c} side {ad:?}",
                             );
                         }
                         // Two weight rows: the second row's results match too.
-                        let mut out = vec![0.0f32; 2 * k];
-                        many(&w2, 2, &buf, stride, ad, &mut out);
-                        for c in 0..k {
-                            assert_eq!(out[c].to_bits(), want[c].to_bits(), "{ty} 2 rows r0 c={c}");
+                        let mut out = vec![0.0f32; 2 * c_n];
+                        tile(&w2, 2, &buf, stride, ad, &mut out);
+                        for c in 0..c_n {
                             assert_eq!(
-                                out[k + c].to_bits(),
+                                out[c].to_bits(),
+                                want[c].to_bits(),
+                                "{ty} {isa} 2 rows r0 c={c}"
+                            );
+                            assert_eq!(
+                                out[c_n + c].to_bits(),
                                 want1[c].to_bits(),
-                                "{ty} n={n} 2 rows k={k} r1 c={c}"
+                                "{ty} {isa} n={n} 2 rows k={c_n} r1 c={c}"
                             );
                         }
                     }
                 }
-            }
-            if let Some(many) = quant::vec_dot_many_fn(ty) {
-                let mut out = vec![0.0f32; 8];
-                many(&w, 1, &buf, stride, quant::ActSide::default(), &mut out);
-                assert_eq!(out, want, "{ty} dispatched");
             }
         }
     }
@@ -298,7 +327,7 @@ fn check_type(ty: GgmlType, seed: u64) {
                     "raw weights+activations",
                 ),
             };
-            let r = check_pair(ty, n, &w, &a, what);
+            let r = check_pair(ty, DotOrder::Single, n, &w, &a, what);
             total += 1;
             if r != 0.0 && r.is_finite() {
                 nonzero += 1;
@@ -394,7 +423,9 @@ fn extreme_bytes_match_scalar() {
                         b[..4].copy_from_slice(&0.25f32.to_le_bytes());
                     }
                 }
-                check_pair(ty, n, &w, &a, &format!("extreme {wb:#x}/{ab:#x}"));
+                for order in DotOrder::ALL {
+                    check_pair(ty, order, n, &w, &a, &format!("extreme {wb:#x}/{ab:#x}"));
+                }
             }
         }
     }
@@ -419,7 +450,7 @@ fn data_detects_wrong_nibble_order() {
                     *q = q.rotate_left(4);
                 }
             }
-            let f = quant::scalar_vec_dot_fn(ty).unwrap();
+            let f = twin(ty, DotOrder::Single);
             if f(&w, &a).to_bits() != f(&swapped, &a).to_bits() {
                 differ += 1;
             }
@@ -442,11 +473,11 @@ fn data_detects_wrong_lane_accumulation() {
     for _ in 0..10 {
         let w = quantized(ty, &random_f32s(&mut rng, n), false);
         let a = quantized(GgmlType::Q8_K, &random_f32s(&mut rng, n), true);
-        let lanes = quant::q6_k::vec_dot_q8k(&w, &a);
+        let lanes = quant::formats::q6_k::vec_dot_q8k(&w, &a);
         // Same integers, one accumulator per block instead of eight lanes.
         let mut single = 0.0f32;
         for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)) {
-            single += quant::q6_k::vec_dot_q8k(wb, ab);
+            single += quant::formats::q6_k::vec_dot_q8k(wb, ab);
         }
         if lanes.to_bits() != single.to_bits() {
             differ += 1;
@@ -455,19 +486,30 @@ fn data_detects_wrong_lane_accumulation() {
     assert!(differ >= 5, "lane order changed only {differ}/10 results");
 }
 
+/// The table covers every format our tests walk with a kernel for the best x86 level
+/// below VNNI, and every row a CPU can run is one the tests above exercise.
 #[test]
-fn simd_level_is_reported() {
-    let level = quant::simd_level();
-    assert!(level == "avx2" || level == "scalar", "{level}");
-    if quant::arch::detected() == quant::SimdLevel::Scalar {
-        eprintln!("note: no AVX2/FMA/F16C on this CPU; SIMD kernels untested here");
-    } else {
+fn table_rows_are_exercised() {
+    let active = isa::active();
+    assert!(active.available(), "{active}");
+    if Isa::Avx2.available() {
         for ty in TYPES {
             assert!(
-                quant::arch::avx2_vec_dot(ty, false).is_some(),
+                kernels::kernels_at(ty, DotOrder::Single, Isa::Avx2).is_some(),
                 "{ty} has no AVX2 kernel"
             );
         }
+    } else {
+        eprintln!("note: no AVX2/FMA/F16C on this CPU; x86 SIMD kernels untested here");
+    }
+    let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+    for (ty, order, isa, _) in kernels::listing() {
+        let walked =
+            TYPES.contains(&ty) && (order == DotOrder::Single || ORDERED.contains(&(ty, order)));
+        assert!(
+            walked || (float.contains(&ty) && isa == Isa::Scalar),
+            "{ty} {order:?} on {isa} is in the table but no test walks it"
+        );
     }
 }
 
@@ -483,7 +525,8 @@ const ATTN_LENS: [usize; 17] = [
 
 #[test]
 fn ggml_dot_f16_matches_scalar() {
-    use quant::ggml_math::{dot_f16, dot_f16_scalar, F16Order, Flavor};
+    use quant::ops::f16::{dot_f16, dot_f16_scalar};
+    use quant::{F16Order, Flavor};
     let mut rng = StdRng::seed_from_u64(11);
     for n in ATTN_LENS {
         for _ in 0..8 {
@@ -518,44 +561,10 @@ fn ggml_dot_f16_matches_scalar() {
     }
 }
 
+/// The register-blocked sum over cache rows equals the plain definition (zero, then
+/// `out += p * row` per slot in slot order), bit for bit, SIMD and scalar alike.
 #[test]
-fn axpy_f16_matches_scalar() {
-    let mut rng = StdRng::seed_from_u64(12);
-    for n in ATTN_LENS {
-        for _ in 0..8 {
-            let y0: Vec<f32> = (0..n).map(|_| rng.gen_range(-3.0f32..3.0)).collect();
-            let x = random_f16s(&mut rng, n);
-            let alpha = rng.gen_range(-1.5f32..1.5);
-            let mut want = y0.clone();
-            attn::axpy_f16_scalar(&mut want, alpha, &x);
-            let mut simd = y0.clone();
-            if attn::avx2_axpy_f16(&mut simd, alpha, &x) {
-                let same = simd
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "n={n}: avx2 axpy differs");
-            }
-            let mut got = y0.clone();
-            attn::axpy_f16(&mut got, alpha, &x);
-            assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "n={n}"
-            );
-            for i in 0..n {
-                let exact = y0[i] as f64 + alpha as f64 * x[i].to_f64();
-                assert!((want[i] as f64 - exact).abs() <= 1e-6 * exact.abs().max(1.0));
-            }
-        }
-    }
-}
-
-/// The register-blocked weighted sum over cache rows equals zero-fill plus one axpy per
-/// slot, bit for bit, and the SIMD version equals the scalar one.
-#[test]
-fn weighted_rows_match_axpy_sequence() {
+fn sum_rows_match_their_definition() {
     let mut rng = StdRng::seed_from_u64(13);
     for n in [1usize, 7, 8, 31, 32, 64, 72, 256] {
         let stride = n + 5;
@@ -567,36 +576,26 @@ fn weighted_rows_match_axpy_sequence() {
             let offset = 3;
             let mut want = vec![0.0f32; n];
             for (&p, &s) in ps.iter().zip(&slots) {
-                attn::axpy_f16_scalar(
-                    &mut want,
-                    p,
-                    &cache[s * stride + offset..s * stride + offset + n],
-                );
+                for (i, w) in want.iter_mut().enumerate() {
+                    *w += p * cache[s * stride + offset + i].to_f32();
+                }
             }
             let mut got = vec![f32::NAN; n];
-            attn::weighted_rows_f16_scalar(&mut got, &ps, &cache, &slots, stride, offset);
+            sum_rows_f16_scalar(&mut got, &ps, &cache, &slots, stride, offset);
             assert!(
                 got.iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "scalar n={n}"
             );
-            let mut simd = vec![f32::NAN; n];
-            if attn::avx2_weighted_rows_f16(&mut simd, &ps, &cache, &slots, stride, offset) {
-                assert!(
-                    simd.iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "avx2 n={n} slots={n_slots}"
-                );
-            }
             let mut disp = vec![f32::NAN; n];
-            attn::weighted_rows_f16(&mut disp, &ps, &cache, &slots, stride, offset);
+            sum_rows_f16(&mut disp, &ps, &cache, &slots, stride, offset);
             assert!(
                 disp.iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "dispatched n={n}"
+                "dispatched ({}) n={n} slots={n_slots}",
+                isa::active()
             );
         }
     }
@@ -608,16 +607,12 @@ fn weighted_rows_match_axpy_sequence() {
 /// (so a kernel that ignored its order could not pass).
 #[test]
 fn ordered_kernels_match_scalar() {
-    use quant::DotOrder;
     let mut rng = StdRng::seed_from_u64(12);
-    for (ty, order) in [
-        (GgmlType::Q6_K, DotOrder::Tiled),
-        (GgmlType::Q4_K, DotOrder::Tiled),
-        (GgmlType::Q4_K, DotOrder::Gemm4),
-    ] {
+    for (ty, order) in ORDERED {
         let aty = vec_dot_type(ty);
-        let twin = quant::scalar_vec_dot_ordered_fn(ty, order).unwrap();
-        let single = quant::scalar_vec_dot_fn(ty).unwrap();
+        let twin_o = twin(ty, order);
+        let single = twin(ty, DotOrder::Single);
+        let quantizer = kernels::scalar(ty, order).unwrap();
         let mut differ = 0;
         let mut total = 0;
         for blocks in [1usize, 2, 3, 5, 8, 19] {
@@ -628,50 +623,41 @@ fn ordered_kernels_match_scalar() {
                 } else {
                     quantized(ty, &random_f32s(&mut rng, n), false)
                 };
-                let rows: Vec<Vec<u8>> = (0..8)
+                let rows: Vec<Vec<u8>> = (0..TILE_MAX_TOKENS)
                     .map(|_| {
                         if trial % 3 == 1 {
                             raw_blocks(&mut rng, aty, blocks)
                         } else {
                             let mut out = vec![0u8; aty.row_bytes(n as u64).unwrap() as usize];
                             let x = random_f32s(&mut rng, n);
-                            quant::quantize_activations_ordered(aty, order, &x, &mut out).unwrap();
+                            quantizer.quantize_activations(&x, &mut out).unwrap();
                             out
                         }
                     })
                     .collect();
-                let want: Vec<f32> = rows.iter().map(|a| twin(&w, a)).collect();
+                let want: Vec<f32> = rows.iter().map(|a| twin_o(&w, a)).collect();
                 for (a, &wv) in rows.iter().zip(&want) {
                     total += 1;
                     if single(&w, a).to_bits() != wv.to_bits() {
                         differ += 1;
                     }
-                    let got = quant::vec_dot_ordered_fn(ty, order).unwrap()(&w, a);
-                    assert_eq!(
-                        got.to_bits(),
-                        wv.to_bits(),
-                        "{ty} {order:?} n={n} dispatched"
-                    );
+                    check_pair(ty, order, n, &w, a, "ordered");
                 }
                 let buf = rows.concat();
                 let stride = rows[0].len();
-                for vnni in [false, true] {
-                    if let Some(k1) = quant::arch::avx2_vec_dot_ordered(ty, vnni, order) {
-                        for (a, &wv) in rows.iter().zip(&want) {
-                            assert_eq!(k1(&w, a).to_bits(), wv.to_bits(), "{ty} {order:?} n={n}");
-                        }
-                    }
-                    let Some(many) = quant::arch::avx2_vec_dot_many_ordered(ty, vnni, order) else {
+                for k in sets(ty, order) {
+                    let Some(tile) = k.tile else {
                         continue;
                     };
-                    for k in 1..=8 {
-                        let mut out = vec![f32::NAN; k];
-                        many(&w, 1, &buf, stride, quant::ActSide::default(), &mut out);
-                        for c in 0..k {
+                    for c_n in 1..=TILE_MAX_TOKENS {
+                        let mut out = vec![f32::NAN; c_n];
+                        tile(&w, 1, &buf, stride, ActSide::default(), &mut out);
+                        for c in 0..c_n {
                             assert_eq!(
                                 out[c].to_bits(),
                                 want[c].to_bits(),
-                                "{ty} {order:?} n={n} k={k} c={c}"
+                                "{ty} {order:?} {} n={n} k={c_n} c={c}",
+                                k.isa
                             );
                         }
                     }
@@ -689,7 +675,8 @@ fn ordered_kernels_match_scalar() {
 /// when the extreme value occurs with both signs and the negative one comes first.
 #[test]
 fn q8_k_4x8_quantization() {
-    use quant::q8_k::BlockQ8K;
+    use quant::formats::q8_k::BlockQ8K;
+    use quant::Block;
     let mut rng = StdRng::seed_from_u64(13);
     for _ in 0..200 {
         let x = random_f32s(&mut rng, 256);
@@ -713,7 +700,7 @@ fn q8_k_4x8_quantization() {
 /// llama.cpp's kernel choice for K-quant weights by micro-batch size and token index.
 #[test]
 fn dot_order_follows_llama_cpp_kernel_choice() {
-    use quant::{dot_order_for, DotOrder};
+    use quant::kernels::dot_order_for;
     let (q4, q6, q8) = (GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0);
     assert_eq!(dot_order_for(q4, 640, 1, 0), DotOrder::Single);
     assert_eq!(dot_order_for(q4, 640, 4, 3), DotOrder::Gemm4);

@@ -5,14 +5,14 @@ pub mod affinity;
 pub mod chat;
 pub mod gguf;
 pub mod kv;
+pub mod load;
 pub mod matmul;
 pub mod model;
-pub mod ops;
 pub mod pool;
-pub mod reference;
 pub mod registry;
 pub mod runner;
 pub mod sampling;
 pub mod tokenizer;
 
 pub use gguf::{GgufError, GgufFile};
+pub use load::{load, LoadError, Loaded, ModelFile};

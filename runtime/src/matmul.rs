@@ -2,7 +2,8 @@
 //! block format and the activations quantized once per row into W's `vec_dot_type`
 //! (Q8_0, Q8_1 or Q8_K), exactly the scheme llama.cpp's CPU backend uses.
 
-use quant::{DotOrder, GgmlType};
+use quant::kernels::{dot_order_for, effective_order, kernels};
+use quant::{ActSide, DotOrder, GgmlType, KernelSet, SideBuf, TILE_MAX_ROWS, TILE_MAX_TOKENS};
 
 use crate::pool::{SharedMut, ThreadPool};
 
@@ -30,7 +31,7 @@ impl MatRef<'_> {
 
 /// A token's place in llama.cpp's micro-batch (its `n_ubatch` split): `i` of `n` tokens.
 /// It picks which kernel llama.cpp runs for K-quant weights, and so their rounding
-/// ([`quant::dot_order_for`]); ours follow it to return llama.cpp's bits.
+/// ([`quant::kernels::dot_order_for`]); ours follow it to return llama.cpp's bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UbPos {
     pub n: u32,
@@ -44,31 +45,21 @@ impl UbPos {
     }
 }
 
-/// Kernel orders, indexed as `order_index`.
-const ORDERS: [DotOrder; 3] = [DotOrder::Single, DotOrder::Tiled, DotOrder::Gemm4];
-
-fn order_index(o: DotOrder) -> usize {
-    match o {
-        DotOrder::Single => 0,
-        DotOrder::Tiled => 1,
-        DotOrder::Gemm4 => 2,
-    }
-}
-
-/// Quantizes the rows of `x` (each `n_in` long) into `ty` blocks in `out`, row `r` for
-/// dot products in `orders[r]` (empty: all [`DotOrder::Single`]).
-pub fn quantize_rows(
+/// Quantizes the rows of `x` (each `n_in` long) into activation blocks in `out`, row `r`
+/// for the kernels `sets[orders[r]]` (empty `orders`: all [`DotOrder::Single`]).
+fn quantize_rows(
     pool: &ThreadPool,
-    ty: GgmlType,
+    sets: &[KernelSet; 3],
     x: &[f32],
     n_in: usize,
     orders: &[DotOrder],
     out: &mut Vec<u8>,
 ) {
+    let act = sets[0].act;
     let n_rows = x.len() / n_in;
-    let rb = ty.row_bytes(n_in as u64).expect("whole blocks") as usize;
+    let rb = act.row_bytes(n_in as u64).expect("whole blocks") as usize;
     out.resize(n_rows * rb, 0);
-    if ty == GgmlType::F32 {
+    if act == GgmlType::F32 {
         for (d, s) in out.chunks_exact_mut(4).zip(x) {
             d.copy_from_slice(&s.to_le_bytes());
         }
@@ -79,15 +70,16 @@ pub fn quantize_rows(
         // SAFETY: each task writes only its own row.
         let d = unsafe { dst.slice(r * rb, rb) };
         let ord = orders.get(r).copied().unwrap_or_default();
-        quant::quantize_activations_ordered(ty, ord, &x[r * n_in..(r + 1) * n_in], d)
+        sets[ord.index()]
+            .quantize_activations(&x[r * n_in..(r + 1) * n_in], d)
             .expect("sizes match");
     });
 }
 
 /// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
-/// Token rows per multi-row kernel call.
-const TILE: usize = 8;
+/// Token rows per tile kernel call.
+const TILE: usize = TILE_MAX_TOKENS;
 
 /// `y = x · Wᵀ` for the activation rows of `x`, one per token, token `t` at place `ub[t]`
 /// of llama.cpp's micro-batch (which picks the K-quant kernel order, see [`UbPos`]).
@@ -106,21 +98,22 @@ pub fn matmul(
     if n_tok == 0 {
         return;
     }
-    let vt = quant::vec_dot_type(w.ty);
-    let (mut scales, mut sums, mut orders) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let sets = DotOrder::ALL.map(|o| kernels(w.ty, o).expect("checked at load"));
+    let (mut side, mut orders) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
     orders.clear();
-    orders.extend(
-        ub.iter().map(|u| {
-            quant::dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize).effective(w.ty)
-        }),
-    );
+    orders.extend(ub.iter().map(|u| {
+        effective_order(
+            w.ty,
+            dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize),
+        )
+    }));
     if orders.iter().all(|&o| o == DotOrder::Single) {
         orders.clear();
     }
-    quantize_rows(pool, vt, x, w.n_in, &orders, xq);
+    quantize_rows(pool, &sets, x, w.n_in, &orders, xq);
     let ords: &[DotOrder] = &orders;
-    let order_of = |t: usize| ords.get(t).copied().unwrap_or_default();
-    let xrb = vt.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
+    let set_of = |t: usize| &sets[ords.get(t).copied().unwrap_or_default().index()];
+    let xrb = sets[0].act.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
     let xq: &[u8] = xq;
     let n_out = w.n_out;
     let out = SharedMut::new(y);
@@ -136,34 +129,23 @@ pub fn matmul(
         rows_per_task /= 2;
     }
     let n_tasks = n_out.div_ceil(rows_per_task);
-    let dots = ORDERS.map(|o| quant::vec_dot_ordered_fn(w.ty, o).expect("checked at load"));
-    let manys = ORDERS.map(|o| quant::vec_dot_many_ordered_fn(w.ty, o));
-    let has_many = manys[0].is_some();
+    let has_tile = sets.iter().all(|k| k.tile.is_some());
     let wrb = w.row_bytes();
-    // For token tiles, the activation block scales are widened to f32 once here instead of
-    // in every weight row's kernel call (same bits either way).
-    let spr = quant::activation_scales_per_block(vt) * (w.n_in / vt.block_size());
-    scales.clear();
-    sums.clear();
-    if has_many && n_tok > 1 {
-        let want_sums = quant::tile_uses_offset_sums(w.ty);
+    // For token tiles, the per-block activation data (scales widened to f32, offset sums)
+    // is computed once here instead of in every weight row's kernel call (same bits).
+    side.clear();
+    if has_tile && n_tok > 1 {
         for t in 0..n_tok {
-            let row = &xq[t * xrb..(t + 1) * xrb];
-            quant::activation_scales(vt, row, &mut scales);
-            if want_sums {
-                quant::activation_offset_sums(w.ty, row, &mut sums);
-            }
+            side.push(set_of(t), &xq[t * xrb..(t + 1) * xrb]);
         }
     }
-    let sc: &[f32] = &scales;
-    let su: &[i32] = &sums;
-    let spb = w.n_in / vt.block_size() * 8;
+    let side_ref = &side;
     pool.run(n_tasks, &|task| {
         let o0 = task * rows_per_task;
         let o1 = (o0 + rows_per_task).min(n_out);
-        if !has_many {
+        if !has_tile {
             for t in 0..n_tok {
-                let dot = dots[order_index(order_of(t))];
+                let dot = set_of(t).dot;
                 let a = &xq[t * xrb..(t + 1) * xrb];
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
@@ -178,36 +160,29 @@ pub fn matmul(
         // one-row dot in its order.
         let mut t = 0;
         while t < n_tok {
-            let ord = order_of(t);
+            let set = set_of(t);
             let mut k = 1;
-            while k < TILE && t + k < n_tok && order_of(t + k) == ord {
+            while k < TILE && t + k < n_tok && set_of(t + k).order == set.order {
                 k += 1;
             }
-            let many = manys[order_index(ord)].expect("every order has a tile kernel");
+            let tile = set.tile.expect("every order has a tile kernel");
             let a = &xq[t * xrb..(t + k) * xrb];
-            let side = quant::ActSide {
-                scales: if sc.is_empty() {
-                    &[]
-                } else {
-                    &sc[t * spr..(t + k) * spr]
-                },
-                sums: if su.is_empty() {
-                    &[]
-                } else {
-                    &su[t * spb..(t + k) * spb]
-                },
+            let side = if n_tok > 1 {
+                side_ref.rows(set, t, t + k)
+            } else {
+                ActSide::default()
             };
-            let mut ys: [&mut [f32]; quant::DOT_MANY_MAX] = Default::default();
+            let mut ys: [&mut [f32]; TILE_MAX_TOKENS] = Default::default();
             for (c, ys) in ys.iter_mut().enumerate().take(k) {
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
             }
-            let mut r = [0.0f32; quant::DOT_MANY_ROWS * quant::DOT_MANY_MAX];
+            let mut r = [0.0f32; TILE_MAX_ROWS * TILE_MAX_TOKENS];
             let mut o = o0;
             while o < o1 {
-                let rows = (o1 - o).min(quant::DOT_MANY_ROWS);
+                let rows = (o1 - o).min(TILE_MAX_ROWS);
                 let wr = &w.data[o * wrb..(o + rows) * wrb];
-                many(wr, rows, a, xrb, side, &mut r[..rows * k]);
+                tile(wr, rows, a, xrb, side, &mut r[..rows * k]);
                 for q in 0..rows {
                     for c in 0..k {
                         ys[c][o + q - o0] = r[q * k + c];
@@ -218,14 +193,14 @@ pub fn matmul(
             t += k;
         }
     });
-    SIDE.with(|s| *s.borrow_mut() = (scales, sums, orders));
+    SIDE.with(|s| *s.borrow_mut() = (side, orders));
 }
 
 thread_local! {
-    /// Scratch for the tile kernels' per-block activation data (widened scales, offset
-    /// sums, kernel orders), kept between calls on this thread.
-    static SIDE: std::cell::RefCell<(Vec<f32>, Vec<i32>, Vec<DotOrder>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// Scratch for the tile kernels' per-block activation data and the tokens' kernel
+    /// orders, kept between calls on this thread.
+    static SIDE: std::cell::RefCell<(SideBuf, Vec<DotOrder>)> =
+        std::cell::RefCell::new((SideBuf::default(), Vec::new()));
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

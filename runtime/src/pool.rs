@@ -76,6 +76,13 @@ impl Default for PoolOptions {
     }
 }
 
+/// The default number of compute threads for every binary: the CPUs this process may
+/// run on (its affinity mask and cgroup CPU quota, as `available_parallelism` reads them,
+/// so `taskset` and `numactl` limits hold), or 1 when that cannot be read.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// The environment variable that turns pinning off for every pool.
 pub const NO_PIN_ENV: &str = "RLLAMA_NO_PIN";
 

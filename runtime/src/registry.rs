@@ -130,6 +130,17 @@ pub fn cached_path(spec: &ModelSpec) -> PathBuf {
     cache_dir().join(format!("{}.gguf", spec.name))
 }
 
+/// For test suites: the path of registry model `name`, fetched when missing (CI fetches
+/// once and caches), or None when `RLLAMA_SKIP_MODEL_TESTS` is set (the test then skips).
+/// Panics when the model cannot be had: a model test that cannot run must fail loudly.
+pub fn test_model(name: &str) -> Option<PathBuf> {
+    if std::env::var_os("RLLAMA_SKIP_MODEL_TESTS").is_some() {
+        eprintln!("skipping: RLLAMA_SKIP_MODEL_TESTS is set");
+        return None;
+    }
+    Some(resolve(name).unwrap_or_else(|e| panic!("cannot get model {name}: {e}")))
+}
+
 /// Turns a user's model argument into a file: an existing path is used as is; a registry
 /// name is looked up in the cache and fetched when missing.
 pub fn resolve(model: &str) -> Result<PathBuf, FetchError> {

@@ -68,6 +68,15 @@ pub struct Parsed {
 const MAX_STOPS: usize = 16;
 const MAX_LOGPROBS: usize = 20;
 
+/// OpenAI's `finish_reason`: a full context is reported as `length`, as OpenAI and
+/// llama-server do.
+fn openai_finish(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::Context => "length",
+    }
+}
+
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::invalid_param(param, msg)
 }
@@ -489,13 +498,13 @@ impl ResponseMeta {
         let lp = logprobs.map_or(Value::Null, |l| logprobs_json(self.kind, l, 0));
         let choice = match self.kind {
             Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": lp, "finish_reason": finish.as_str(),
+                "index": 0, "text": text, "logprobs": lp, "finish_reason": openai_finish(finish),
             }),
             Kind::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": lp,
-                "finish_reason": finish.as_str(),
+                "finish_reason": openai_finish(finish),
             }),
         };
         json!({
@@ -540,7 +549,7 @@ impl ResponseMeta {
         logprobs: Option<Value>,
         finish: Option<FinishReason>,
     ) -> Value {
-        let fr = finish.map_or(Value::Null, |f| json!(f.as_str()));
+        let fr = finish.map_or(Value::Null, |f| json!(openai_finish(f)));
         let lp = logprobs.unwrap_or(Value::Null);
         let choice = match self.kind {
             Kind::Completion => {

@@ -15,7 +15,6 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use runtime::chat::ChatTemplate;
-use runtime::gguf::GgufFile;
 use runtime::kv::{KvCache, SeqId};
 use runtime::model::{Logits, Model, SeqBatch, UBatch, Workspace};
 use runtime::pool::ThreadPool;
@@ -56,7 +55,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             model: "smollm2-135m".into(),
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: runtime::pool::default_threads(),
             n_ctx: None,
             max_seqs: 8,
             max_batch_tokens: 512,
@@ -100,20 +99,7 @@ pub struct TokenLogprobs {
     pub top: Vec<TopLogprob>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
+pub use runtime::runner::FinishReason;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -150,7 +136,7 @@ pub enum State {
 }
 
 /// What handlers need once the model is loaded.
-pub struct ModelInfo {
+pub struct ServedModel {
     pub id: String,
     pub path: PathBuf,
     pub tokenizer: Arc<Tokenizer>,
@@ -182,7 +168,7 @@ pub struct Shared {
     queued: AtomicUsize,
     pub queue_size: usize,
     pub metrics: Mutex<Metrics>,
-    pub info: OnceLock<ModelInfo>,
+    pub info: OnceLock<ServedModel>,
     pub load_error: OnceLock<String>,
 }
 
@@ -344,8 +330,9 @@ impl Drop for FailOnExit {
     }
 }
 
-struct Loaded {
-    model: Model,
+/// What the engine thread owns once the model is loaded and the KV cache sized.
+struct Prepared {
+    model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     kv: KvCache,
     n_ctx: usize,
@@ -391,11 +378,13 @@ pub fn plan_sizing(
     Ok((n_ctx, blocks))
 }
 
-fn load(cfg: &EngineConfig) -> anyhow::Result<(Loaded, ModelInfo)> {
-    let path = runtime::registry::resolve(&cfg.model)?;
-    let file = Arc::new(GgufFile::open(&path)?);
-    let model = Model::from_gguf(file.clone())?;
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&file)?);
+fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
+    let runtime::Loaded {
+        path,
+        file,
+        tokenizer,
+        model,
+    } = runtime::load(&cfg.model)?;
     let template = ChatTemplate::from_gguf(&file);
     let bytes_per_block = model.kv_layout(BLOCK_SIZE, BLOCK_SIZE).total_bytes();
     let (n_ctx, blocks) = plan_sizing(
@@ -430,7 +419,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Loaded, ModelInfo)> {
     } else {
         cfg.model.clone()
     };
-    let info = ModelInfo {
+    let info = ServedModel {
         id,
         path: path.clone(),
         tokenizer: tokenizer.clone(),
@@ -443,7 +432,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Loaded, ModelInfo)> {
         sizing: sizing.clone(),
     };
     Ok((
-        Loaded {
+        Prepared {
             model,
             tokenizer,
             kv,
@@ -519,7 +508,7 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         prefix_caching: cfg.prefix_caching,
     });
     let tokenizer = loaded.tokenizer.clone();
-    let mut run = Runner {
+    let mut run = BatchLoop {
         tok: &tokenizer,
         model: &loaded.model,
         kv: &mut loaded.kv,
@@ -587,7 +576,9 @@ fn token_logprobs(tok: &Tokenizer, raw: &[f32], chosen: u32, n: usize) -> TokenL
     }
 }
 
-struct Runner<'a> {
+/// The batch loop's state on the engine thread: model, cache, scheduler and the active
+/// requests' streams.
+struct BatchLoop<'a> {
     tok: &'a Tokenizer,
     model: &'a Model,
     kv: &'a mut KvCache,
@@ -600,7 +591,7 @@ struct Runner<'a> {
     shared: &'a Shared,
 }
 
-impl<'a> Runner<'a> {
+impl<'a> BatchLoop<'a> {
     fn serve(&mut self, rx: &std_mpsc::Receiver<Msg>) {
         loop {
             // Block only when there is nothing to compute.
@@ -832,10 +823,13 @@ impl<'a> Runner<'a> {
             return;
         }
         let n_tokens = self.sched.get(id).map_or(0, |e| e.tokens.len()) + 1;
-        if a.n_sampled >= a.params.max_tokens || n_tokens > self.n_ctx {
+        let full = n_tokens > self.n_ctx;
+        if a.n_sampled >= a.params.max_tokens || full {
             let (text, stopped) = a.drain_tail();
             let reason = if stopped {
                 FinishReason::Stop
+            } else if full {
+                FinishReason::Context
             } else {
                 FinishReason::Length
             };
@@ -848,7 +842,7 @@ impl<'a> Runner<'a> {
     fn finish(&mut self, id: SeqId, reason: FinishReason, text: String) {
         let outcome = match reason {
             FinishReason::Stop => Outcome::Stop,
-            FinishReason::Length => Outcome::Length,
+            FinishReason::Length | FinishReason::Context => Outcome::Length,
         };
         let Some((e, a)) = self.remove(id, outcome) else {
             return;

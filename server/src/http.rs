@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{self, Kind, RawRequest, ResponseMeta};
-use crate::engine::{Engine, EngineConfig, Event, GenRequest, ModelInfo, State as EngineState};
+use crate::engine::{Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::Outcome;
 
@@ -102,7 +102,7 @@ fn body_error(e: BytesRejection) -> ApiError {
     }
 }
 
-fn loaded(st: &AppState) -> Result<&ModelInfo, ApiError> {
+fn loaded(st: &AppState) -> Result<&ServedModel, ApiError> {
     st.engine.shared.info.get().ok_or_else(|| {
         ApiError::new(
             ApiErrorKind::Unavailable { retry_after_s: 5 },

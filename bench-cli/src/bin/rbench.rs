@@ -8,6 +8,6 @@ fn main() -> std::process::ExitCode {
         Some("serve") => bench_cli::serve::main_with_args(args[1..].to_vec()),
         Some("report") => bench_cli::report::main_with_args(args[1..].to_vec()),
         Some("membw") => bench_cli::membw::main_with_args(args[1..].to_vec()),
-        _ => bench_cli::engine::main_with_args(args),
+        _ => bench_cli::llama_bench::main_with_args(args),
     }
 }

@@ -391,16 +391,9 @@ pub fn html(rows: &[Row]) -> String {
 
 /// Entry point for `rbench report ARGS…` (`args[0]` is the subcommand name).
 pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
-    let a = match ReportArgs::try_parse_from(args) {
+    let a: ReportArgs = match crate::parse_args(args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                std::process::ExitCode::from(2)
-            } else {
-                std::process::ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match run(&a) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -358,22 +358,15 @@ pub fn utc_now() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
-    let (y, m, d, h, mi, s) = crate::engine::run::civil_utc(secs);
+    let (y, m, d, h, mi, s) = crate::llama_bench::run::civil_utc(secs);
     format!("{y:04}{m:02}{d:02}-{h:02}{mi:02}{s:02}")
 }
 
 /// Entry point for `rbench serve ARGS…` (`args[0]` is the subcommand name).
 pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
-    let a = match ServeArgs::try_parse_from(args) {
+    let a: ServeArgs = match crate::parse_args(args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                std::process::ExitCode::from(2)
-            } else {
-                std::process::ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match run(&a) {
         Ok(all_ok) => {

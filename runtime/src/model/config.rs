@@ -1,7 +1,7 @@
 //! Hyperparameters read from GGUF metadata (`{arch}.*` keys), with llama.cpp's defaults.
 
 use crate::gguf::GgufFile;
-use crate::ops::RopeStyle;
+use quant::ops::rope::RopeStyle;
 
 use super::ModelError;
 

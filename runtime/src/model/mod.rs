@@ -3,21 +3,23 @@
 //! sequences together against the paged KV cache. The single-sequence path is this path
 //! with one sequence.
 
+mod attention;
 pub mod config;
 
-use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
 
-use half::f16;
-use quant::ggml_math::{self, F16Order};
+use quant::ops::act::{swiglu, Gelu};
+use quant::ops::norm::{rms_norm, rms_norm_rows};
+use quant::ops::rope::Rope;
+use quant::order::flavor;
 use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
 use crate::matmul::{dequant_row, matmul, MatRef, UbPos};
-use crate::ops::{rms_norm, Gelu, Rope};
-use crate::pool::{SharedMut, ThreadPool};
+use crate::pool::ThreadPool;
+use attention::{attention, AttnShape, AttnTokens};
 
 pub use config::{Arch, Config};
 
@@ -116,7 +118,7 @@ pub struct SeqBatch<'a> {
     pub logits: Logits,
     /// How llama.cpp would split these tokens into micro-batches: that picks its
     /// attention and K-quant kernels and so their rounding, which ours follow to return
-    /// its bits (see `quant::ggml_math`, `quant::DotOrder`).
+    /// its bits (see `quant::ops`, `quant::DotOrder`).
     pub ubatch: UBatch,
 }
 
@@ -194,10 +196,6 @@ macro_rules! trace {
             f($name, $il, &$ws.$field);
         }
     };
-}
-
-thread_local! {
-    static SCORES: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
@@ -354,6 +352,24 @@ impl Model {
         }
     }
 
+    /// The distinct types of the model's matrices with the instruction set of the kernels
+    /// that multiply them (the one-row order's set; the other orders of a type come from
+    /// the same table at the same level), sorted by type id.
+    pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa)> {
+        let mut tys: Vec<GgmlType> = self
+            .layers
+            .iter()
+            .flat_map(|l| [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])
+            .chain([self.output])
+            .map(|m| m.ty)
+            .collect();
+        tys.sort_by_key(|&t| t as u32);
+        tys.dedup();
+        tys.into_iter()
+            .filter_map(|t| quant::kernels::kernels(t, quant::DotOrder::Single).map(|k| (t, k.isa)))
+            .collect()
+    }
+
     /// Bytes of all weight tensors (what a forward pass streams).
     pub fn weight_bytes(&self) -> u64 {
         self.file.tensor_bytes()
@@ -471,11 +487,7 @@ impl Model {
         // Final norm and logits; the last layer kept the rows with logits only.
         let n_out = ws.out_rows.len();
         ws.xn.resize(n_out * d, 0.0);
-        for i in 0..n_out {
-            let xn = &mut ws.xn[i * d..(i + 1) * d];
-            xn.copy_from_slice(&ws.x[i * d..(i + 1) * d]);
-            rms_norm(xn, &self.output_norm, c.rms_eps);
-        }
+        rms_norm_rows(&mut ws.xn, &ws.x[..n_out * d], &self.output_norm, c.rms_eps);
         trace!(ws, "result_norm", usize::MAX, xn);
         ws.logits.resize(n_out * c.n_vocab, 0.0);
         matmul(
@@ -512,11 +524,7 @@ impl Model {
         let v_dim = c.n_head_kv * hv;
 
         ws.xn.resize(n_tok * d, 0.0);
-        for t in 0..n_tok {
-            let xn = &mut ws.xn[t * d..(t + 1) * d];
-            xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
-            rms_norm(xn, &l.attn_norm, c.rms_eps);
-        }
+        rms_norm_rows(&mut ws.xn, &ws.x, &l.attn_norm, c.rms_eps);
         trace!(ws, "attn_norm", il, xn);
         ws.q.resize(n_tok * q_dim, 0.0);
         ws.k.resize(n_tok * k_dim, 0.0);
@@ -584,61 +592,29 @@ impl Model {
 
         trace!(ws, "Qrope", il, q);
         trace!(ws, "Krope", il, k);
-        // Attention: one task per (token, head).
-        let kq_scale = if c.arch == Arch::Gemma3 {
-            1.0
-        } else {
-            c.attn_scale
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim_k: hk,
+            head_dim_v: hv,
+            window: if c.swa_layers[il] { c.n_swa } else { 0 },
+            // gemma3 scales the query before the cache (above), the others the scores.
+            kq_scale: if c.arch == Arch::Gemma3 {
+                1.0
+            } else {
+                c.attn_scale
+            },
         };
-        let window = if c.swa_layers[il] { c.n_swa } else { 0 };
         let (kc, vc) = kv.layer(il);
-        let group = c.n_head / c.n_head_kv;
         ws.attn.resize(n_tok * c.n_head * hv, 0.0);
-        let out = SharedMut::new(&mut ws.attn);
-        let (q, tok_pos, tok_seq, seq_slots) = (&ws.q, &ws.tok_pos, &ws.tok_seq, &ws.seq_slots);
-        let tok_ub = &ws.tok_ub;
-        let fl = ggml_math::flavor();
-        pool.run(n_tok * c.n_head, &|task| {
-            let (t, h) = (task / c.n_head, task % c.n_head);
-            let g = h / group;
-            let pos = tok_pos[t];
-            let first = if window > 0 {
-                (pos + 1).saturating_sub(window)
-            } else {
-                0
-            };
-            let slots = &seq_slots[tok_seq[t]][first..=pos];
-            let qh = &q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
-            // SAFETY: each task writes its own (token, head) output row.
-            let o = unsafe { out.slice((t * c.n_head + h) * hv, hv) };
-            // Like ggml's f16 KV path, the query and the attention probabilities are
-            // rounded to f16 before their dot products with the f16 cache.
-            // llama.cpp multiplies f16 operands with its tiled GEMM when the micro-batch
-            // has several tokens and with vec_dot_f16 for one: follow the same order per
-            // token (a sequence's results never depend on the other sequences).
-            let ord = if tok_ub[t].n == 1 {
-                F16Order::VecDot
-            } else {
-                F16Order::Gemm
-            };
-            SCORES.with(|s| {
-                let mut s = s.borrow_mut();
-                let (scores, q16) = &mut *s;
-                q16.clear();
-                q16.extend(qh.iter().map(|&v| f16::from_f32(v).to_f32()));
-                scores.clear();
-                for &slot in slots {
-                    let kr = &kc[slot * k_dim + g * hk..slot * k_dim + (g + 1) * hk];
-                    scores.push(ggml_math::dot_f16(fl, ord, q16, kr) * kq_scale);
-                }
-                ggml_math::softmax(fl, scores, first);
-                scores
-                    .iter_mut()
-                    .for_each(|p| *p = f16::from_f32(*p).to_f32());
-                // o = sum over slots of p * v, in llama.cpp's order for the same kernel.
-                ggml_math::weighted_rows_f16(fl, ord, o, scores, vc, slots, v_dim, g * hv, first);
-            });
-        });
+        let tokens = AttnTokens {
+            q: &ws.q,
+            pos: &ws.tok_pos,
+            seq: &ws.tok_seq,
+            ub: &ws.tok_ub,
+            seq_slots: &ws.seq_slots,
+        };
+        attention(pool, &shape, &tokens, kc, vc, &mut ws.attn);
 
         ws.proj.resize(n_tok * d, 0.0);
         trace!(ws, "kqv_out", il, attn);
@@ -678,11 +654,7 @@ impl Model {
         trace!(ws, "ffn_inp", il, x);
 
         // Feed-forward.
-        for t in 0..n_tok {
-            let xn = &mut ws.xn[t * d..(t + 1) * d];
-            xn.copy_from_slice(&ws.x[t * d..(t + 1) * d]);
-            rms_norm(xn, &l.ffn_norm, c.rms_eps);
-        }
+        rms_norm_rows(&mut ws.xn[..n_tok * d], &ws.x, &l.ffn_norm, c.rms_eps);
         trace!(ws, "ffn_norm", il, xn);
         ws.gate.resize(n_tok * c.n_ff, 0.0);
         ws.up.resize(n_tok * c.n_ff, 0.0);
@@ -698,17 +670,13 @@ impl Model {
         trace!(ws, "ffn_gate", il, gate);
         trace!(ws, "ffn_up", il, up);
         if c.arch == Arch::Gemma3 {
-            let gelu = &self.gelu;
-            ws.gate
-                .iter_mut()
-                .zip(&ws.up)
-                .for_each(|(g, u)| *g = gelu.apply(*g) * u);
+            self.gelu.geglu(&mut ws.gate, &ws.up);
         } else {
-            let fl = ggml_math::flavor();
+            let fl = flavor();
             ws.gate
                 .chunks_exact_mut(c.n_ff)
                 .zip(ws.up.chunks_exact(c.n_ff))
-                .for_each(|(g, u)| ggml_math::swiglu(fl, g, u));
+                .for_each(|(g, u)| swiglu(fl, g, u));
         }
         trace!(ws, "ffn_act", il, gate);
         matmul(

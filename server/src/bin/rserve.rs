@@ -91,9 +91,7 @@ fn main() {
         port: a.port,
         engine: EngineConfig {
             model: a.model,
-            threads: a
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            threads: a.threads.unwrap_or_else(runtime::pool::default_threads),
             n_ctx: a.ctx_size,
             max_seqs: a.parallel,
             max_batch_tokens: a.max_batch_tokens,

@@ -1,0 +1,128 @@
+//! `rbench`: the llama-bench-compatible engine benchmark (see BENCHMARKS.md for the
+//! definitions), optionally side by side with llama.cpp.
+
+pub mod cli;
+#[cfg(feature = "llamacpp")]
+mod reference;
+pub mod report;
+pub mod run;
+pub mod sys;
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+
+use cli::{Engine, Params};
+use report::{Printer, RunInfo};
+use run::{LoadedModel, Progress, RunOptions, TestResult};
+
+/// Short git hash of this build, from the build script.
+pub const BUILD_COMMIT: &str = env!("RBENCH_GIT_COMMIT");
+/// Commit count of this build's history, from the build script.
+pub const BUILD_NUMBER: &str = env!("RBENCH_GIT_COUNT");
+
+/// llama.cpp's build description (`llama_print_system_info`).
+#[cfg(feature = "llamacpp")]
+fn llamacpp_system_info() -> String {
+    llamacpp_ref::system_info()
+}
+
+/// Never reached: `check_supported` refuses `--engine llamacpp` without the feature.
+#[cfg(not(feature = "llamacpp"))]
+fn llamacpp_system_info() -> String {
+    String::new()
+}
+
+/// Runs the benchmark described by `params`, writing results to `out`.
+pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
+    run::check_supported(params)?;
+    let llamacpp_system_info = if params.engines.contains(&Engine::LlamaCpp) {
+        let info = llamacpp_system_info();
+        if params.engines.contains(&Engine::Rllama) {
+            // Checked before anything runs: no ratio against a crippled reference.
+            run::check_reference_simd(&info)?;
+        }
+        Some(info)
+    } else {
+        None
+    };
+
+    sys::apply(params)?;
+
+    // Resolve (and fetch) every model before timing anything, so a typo fails fast.
+    let mut paths = Vec::new();
+    for m in &params.models {
+        let p = runtime::registry::resolve(m).with_context(|| format!("model '{m}'"))?;
+        paths.push((m.clone(), p));
+    }
+
+    let load_note = report::load_note(report::load_average(), cli::default_threads());
+    if let Some(n) = &load_note {
+        eprintln!("rbench: {n}");
+    }
+    let info = RunInfo {
+        build_commit: BUILD_COMMIT.to_string(),
+        build_number: BUILD_NUMBER.parse().unwrap_or(0),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        cpu_info: report::cpu_info(),
+        cpu_mask: params.cpu_mask.clone().unwrap_or_else(|| "0x0".into()),
+        llamacpp_system_info,
+        load_note,
+    };
+    let mut printer = Printer::new(out, params, info);
+    printer.header()?;
+
+    let tests = params.tests();
+    let mut progress = Progress::new(params.progress);
+    let mut results: Vec<TestResult> = Vec::new();
+    let mut loaded: Option<LoadedModel> = None;
+    let run_opts = RunOptions::from_params(params);
+    let outcome = (|| -> Result<()> {
+        for (i, spec) in tests.iter().enumerate() {
+            let path = &paths
+                .iter()
+                .find(|(name, _)| *name == spec.model)
+                .expect("every test's model was resolved")
+                .1;
+            if !matches!(&loaded, Some(l) if &l.path == path) {
+                loaded = None; // drop the previous model first
+                loaded = Some(LoadedModel::open(path)?);
+            }
+            let model = loaded.as_ref().expect("just loaded");
+            if i > 0 {
+                run::delay(params.delay);
+            }
+            let rs = run::run_test(spec, i, tests.len(), model, &run_opts, &mut progress)?;
+            for r in &rs {
+                printer.test(r)?;
+            }
+            results.extend(rs);
+        }
+        Ok(())
+    })();
+    progress.finish_line();
+    // Close the output (valid JSON, the build line) even when a test failed.
+    printer.footer(&results)?;
+    outcome?;
+    Ok(results)
+}
+
+/// Entry point for the binary: parses `args`, runs, maps errors to exit codes
+/// (2 = usage, 1 = failure).
+pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
+    let params = match Params::parse_from(args) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = e.print();
+            return std::process::ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let stdout = std::io::stdout();
+    match run(&params, stdout.lock()) {
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rbench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

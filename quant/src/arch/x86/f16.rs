@@ -1,0 +1,148 @@
+//! f32 x f16 kernels for attention over the f16 KV cache, in llama.cpp's orders (twins in
+//! `crate::ops::f16`).
+
+use core::arch::x86_64::*;
+
+use half::f16;
+
+use super::simd::hsum_ps;
+use crate::order::{hsum, F16Order, Flavor};
+
+/// `ops::f16::sum_rows_f16_scalar`, vectorised: 32 output elements stay in registers while
+/// every slot's row adds into them (multiply, then add, slot order), then the next 32.
+///
+/// # Safety
+/// AVX2/FMA/F16C available; every `slots[s] * stride + offset + out.len() <= cache.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn sum_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    let n = out.len();
+    let cp = cache.as_ptr().cast::<u8>();
+    let op = out.as_mut_ptr();
+    let row = |s: usize| cp.add(2 * (slots[s] * stride + offset));
+    let mut i = 0;
+    while i + 32 <= n {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (s, &p) in ps.iter().enumerate() {
+            let r = row(s).add(2 * i);
+            let pv = _mm256_set1_ps(p);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
+            }
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(i + 8 * k), *acc);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let mut acc = _mm256_setzero_ps();
+        for (s, &p) in ps.iter().enumerate() {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(row(s).add(2 * i).cast()));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p), v));
+        }
+        _mm256_storeu_ps(op.add(i), acc);
+        i += 8;
+    }
+    for j in i..n {
+        let mut acc = 0.0f32;
+        for (s, &p) in ps.iter().enumerate() {
+            acc += p * (*row(s).add(2 * j).cast::<f16>()).to_f32();
+        }
+        *op.add(j) = acc;
+    }
+}
+
+/// `ops::f16::dot_f16_scalar` with ymm registers: same partial sums (the products of
+/// f16 values are exact in f32, so FMA adds them exactly like the scalar multiply-add),
+/// same reductions.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; `a` and `b` must have equal lengths.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let lanes = fl.lanes();
+    let regs = lanes / 8;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr().cast::<__m128i>());
+    // SAFETY (all loads): every index read is below n.
+    let ld = |i: usize| unsafe {
+        (
+            _mm256_loadu_ps(pa.add(i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(pb.cast::<u16>().add(i).cast())),
+        )
+    };
+    match ord {
+        F16Order::Gemm => {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut i = 0;
+            while i + lanes <= n {
+                for (h, acc) in acc.iter_mut().enumerate().take(regs) {
+                    let (x, y) = ld(i + 8 * h);
+                    *acc = _mm256_fmadd_ps(x, y, *acc);
+                }
+                i += lanes;
+            }
+            if i == n {
+                // The halving tree: (l, l+8) for 16 lanes, then hsum_float_8's order.
+                return hsum_ps(if regs == 2 {
+                    _mm256_add_ps(acc[0], acc[1])
+                } else {
+                    acc[0]
+                });
+            }
+            let mut l = [0.0f32; 16];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
+            for k in i..n {
+                l[k - i] += a[k] * b[k].to_f32();
+            }
+            hsum(fl, &mut l)
+        }
+        F16Order::VecDot => {
+            let step = 4 * lanes;
+            let np = n - n % step;
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut i = 0;
+            while i < np {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    for (h, acc) in acc.iter_mut().enumerate().take(regs) {
+                        let (x, y) = ld(i + j * lanes + 8 * h);
+                        *acc = _mm256_fmadd_ps(x, y, *acc);
+                    }
+                }
+                i += step;
+            }
+            // Fold the four accumulators (0+2, 1+3, 0+1), then reduce as ggml does.
+            let mut f = [_mm256_setzero_ps(); 2];
+            for (h, f) in f.iter_mut().enumerate().take(regs) {
+                let a02 = _mm256_add_ps(acc[0][h], acc[2][h]);
+                let a13 = _mm256_add_ps(acc[1][h], acc[3][h]);
+                *f = _mm256_add_ps(a02, a13);
+            }
+            let r = if regs == 2 {
+                hsum_ps(_mm256_add_ps(f[0], f[1]))
+            } else {
+                let t0 = _mm_add_ps(
+                    _mm256_castps256_ps128(f[0]),
+                    _mm256_extractf128_ps::<1>(f[0]),
+                );
+                let t1 = _mm_hadd_ps(t0, t0);
+                _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+            };
+            let mut s = r as f64;
+            for k in np..n {
+                s += (a[k] * b[k].to_f32()) as f64;
+            }
+            s as f32
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! The K-quants on AVX2: Q4_K and Q6_K as tiles (one weight row against up to eight Q8_K
+//! activation rows) in each of llama.cpp's kernel orders, and one-row Q2_K, Q3_K and
+//! Q5_K in ggml's generic order (lane `e % 8` per element, multiply then add, reproduced
+//! with byte shuffles). Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`,
+//! `q6_k::vec_dot_q8k{,_tiled}`, `q2_k/q3_k/q5_k::vec_dot_q8k`.
+
+use core::arch::x86_64::*;
+
+use super::simd::*;
+use crate::contract::{check_tile, ActSide};
+use crate::formats::common::{check_dot, Block};
+use crate::formats::q2_k::BlockQ2K;
+use crate::formats::q3_k::BlockQ3K;
+use crate::formats::q4_k::BlockQ4K;
+use crate::formats::q5_k::BlockQ5K;
+use crate::formats::q6_k::BlockQ6K;
+use crate::formats::q8_k::BlockQ8K;
+
+#[inline(always)]
+fn assert_cpu() {
+    debug_assert!(crate::isa::Isa::Avx2.available());
+}
+
+macro_rules! safe_entry {
+    ($name:ident, $w:ty, $a:ty, $imp:expr) => {
+        pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
+            assert_cpu();
+            let nb = check_dot::<$w, $a>(w, a);
+            // SAFETY: these functions are only handed out (by the kernel table) once AVX2,
+            // FMA and F16C were detected, and `check_dot` validated both lengths for `nb`
+            // blocks, which is all the raw loads in the kernel read.
+            unsafe { $imp(w, a, nb) }
+        }
+    };
+}
+
+safe_entry!(q2_k_q8_k, BlockQ2K, BlockQ8K, q2_k_impl);
+safe_entry!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_impl);
+safe_entry!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_impl);
+
+// ---------------------------------------------------------------------------------------
+// Q4_K and Q6_K, one weight row against up to eight Q8_K activation rows, in ggml's AVX2
+// order (the twins `q4_k::vec_dot_q8k`, `q6_k::vec_dot_q8k`). Q8_K: d (f32) at 0, qs at
+// 4..260, bsums (16 x i16) at 260..292.
+
+const Q8K_BYTES: usize = 292;
+
+/// Byte shuffle broadcasting i16 scale pair `k` (bytes 2k, 2k+1) to every i16 slot.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_bcast_k4(k: i8) -> __m256i {
+    _mm256_set1_epi16(((2 * k + 1) as i16) << 8 | (2 * k) as i16)
+}
+
+/// Kernel orders (const parameter `ORD` of the K-quant kernels; see `crate::order::DotOrder`).
+const ORD_SINGLE: u8 = 0;
+const ORD_TILED: u8 = 1;
+const ORD_GEMM4: u8 = 2;
+
+/// # Safety
+/// AVX2/FMA/F16C; `w` holds `nb` Q4_K blocks, `a` `N` rows of `nb` Q8_K blocks `stride`
+/// bytes apart, `out` `N` slots. `ORD` picks the twin: `q4_k::vec_dot_q8k` (single),
+/// `vec_dot_q8k_tiled` or `vec_dot_q8k_gemm4`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_many<const N: usize, const ORD: u8>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [0.0f32; N];
+    let mut acc_m = [0.0f32; N];
+    for i in 0..nb {
+        let x = w.add(i * BlockQ4K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ4K::BYTES);
+        }
+        let xb = std::slice::from_raw_parts(x, BlockQ4K::BYTES);
+        let (xd, xdmin) = f16x2_at(xb, 0);
+        let u = |k: usize| {
+            u32::from_le_bytes([xb[4 + 4 * k], xb[5 + 4 * k], xb[6 + 4 * k], xb[7 + 4 * k]])
+        };
+        let (u0, u1, u2) = (u(0), u(1), u(2));
+        let (km1, km2, km3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let t3 = ((u2 >> 4) & km2) | (((u1 >> 6) & km3) << 4);
+        let t2 = u1 & km1;
+        let t1 = (u2 & km2) | (((u0 >> 6) & km3) << 4);
+        let t0 = u0 & km1;
+        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(t3 as i32, t2 as i32, t1 as i32, t0 as i32));
+        let mins16 = _mm256_extracti128_si256::<1>(ms);
+        let sc128 = _mm256_castsi256_si128(ms);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut q4 = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let bits = ld256(x.add(16 + 32 * j));
+            q4[2 * j] = _mm256_and_si256(bits, m4);
+            q4[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+            sc[2 * j] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8));
+            sc[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8 + 1));
+        }
+        // Tiled: each min as an i16 pair (m, m), so one madd with the raw bsums gives
+        // `m[j] * (bsums[2j] + bsums[2j+1])` widened to i32 before the pair sum.
+        let mins_pairs = if ORD == ORD_TILED {
+            let m32 = _mm256_cvtepu16_epi32(mins16);
+            _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+        } else {
+            _mm256_setzero_si256()
+        };
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let q8sums = ld256(y.add(Q8K_BSUMS));
+            let q8 = |b: usize| ld256(y.add(Q8K_QS + 32 * b));
+            let p = |b: usize| _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q4[b], q8(b)));
+            if ORD == ORD_TILED {
+                let s2 = hsum_i32(_mm256_madd_epi16(q8sums, mins_pairs));
+                let mut sumi = _mm256_setzero_si256();
+                for b in 0..8 {
+                    sumi = _mm256_add_epi32(sumi, p(b));
+                }
+                let s1 = hsum_i32(sumi);
+                let r = (-xdmin).mul_add(s2 as f32, s1 as f32 * xd);
+                acc[c] = r.mul_add(yd, acc[c]);
+                continue;
+            }
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(q8sums),
+                _mm256_extracti128_si256::<1>(q8sums),
+            );
+            // Lane k: the mins of 64-element chunk k times its bsums.
+            let mins_k = _mm_madd_epi16(mins16, q8s);
+            if ORD == ORD_GEMM4 {
+                let s: [__m256i; 4] =
+                    std::array::from_fn(|k| _mm256_add_epi32(p(2 * k), p(2 * k + 1)));
+                let h =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+                let s1 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let mut f1 = [0.0f32; 4];
+                let mut f2 = [0.0f32; 4];
+                _mm_storeu_ps(f1.as_mut_ptr(), _mm_cvtepi32_ps(s1));
+                _mm_storeu_ps(f2.as_mut_ptr(), _mm_cvtepi32_ps(mins_k));
+                let (d, dmin) = (xd * yd, xdmin * yd);
+                for k in 0..4 {
+                    acc[c] = f1[k].mul_add(d, acc[c]);
+                    acc_m[c] = f2[k].mul_add(dmin, acc_m[c]);
+                }
+                continue;
+            }
+            let s2 = hsum_i32x4(mins_k);
+            acc_m[c] = (s2 as f32).mul_add(xdmin * yd, acc_m[c]);
+            let mut sumi = _mm256_setzero_si256();
+            for b in 0..8 {
+                sumi = _mm256_add_epi32(sumi, p(b));
+            }
+            let s1 = hsum_i32(sumi);
+            acc[c] = (s1 as f32).mul_add(xd * yd, acc[c]);
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = acc[c] - acc_m[c];
+    }
+}
+
+/// # Safety
+/// As [`q4_k_many`], with Q6_K weights (`ORD`: `q6_k::vec_dot_q8k` or
+/// `vec_dot_q8k_tiled`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_many<const N: usize, const ORD: u8>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_t = [0.0f32; N];
+    for i in 0..nb {
+        let x = w.add(i * BlockQ6K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ6K::BYTES);
+        }
+        let xb = std::slice::from_raw_parts(x, BlockQ6K::BYTES);
+        let xd = f16_at(xb, 208);
+        let scales = ld128(x.add(192));
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        let mut q6 = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for j in 0..2 {
+            let b1 = ld256(x.add(64 * j));
+            let b2 = ld256(x.add(64 * j + 32));
+            let bh = ld256(x.add(128 + 32 * j));
+            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(bh, m3));
+            let h1 = _mm256_slli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(12)));
+            let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16::<2>(_mm256_and_si256(bh, _mm256_set1_epi8(-64)));
+            q6[4 * j] = _mm256_or_si256(_mm256_and_si256(b1, m15), h0);
+            q6[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(b2, m15), h1);
+            q6[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b1), m15), h2);
+            q6[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(b2), m15), h3);
+        }
+        for (m, sc) in sc.iter_mut().enumerate() {
+            // Scales 2m (first 16 elements of chunk m) and 2m + 1, each widened 8 times.
+            let lo = _mm_set1_epi16(*xb.get_unchecked(192 + 2 * m) as i8 as i16);
+            let hi = _mm_set1_epi16(*xb.get_unchecked(193 + 2 * m) as i8 as i16);
+            *sc = _mm256_set_m128i(hi, lo);
+        }
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let q8sums = ld256(y.add(Q8K_BSUMS));
+            let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+            let mut sumi = _mm256_setzero_si256();
+            for m in 0..8 {
+                let q8 = ld256(y.add(Q8K_QS + 32 * m));
+                let p = _mm256_madd_epi16(sc[m], _mm256_maddubs_epi16(q6[m], q8));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            let sumi = _mm256_sub_epi32(sumi, sub);
+            if ORD == ORD_TILED {
+                let s1 = hsum_i32(sumi);
+                acc_t[c] = (s1 as f32 * xd).mul_add(yd, acc_t[c]);
+            } else {
+                let d = yd * xd;
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
+            }
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = if ORD == ORD_TILED {
+            acc_t[c]
+        } else {
+            hsum_ps(acc[c])
+        };
+    }
+}
+
+/// Dispatches a call to the `N`-row instantiation of a K-quant kernel in order `$ord`.
+macro_rules! many_entry_k {
+    ($name:ident, $w:ty, $imp:ident, $ord:expr) => {
+        pub(super) fn $name(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            out: &mut [f32],
+        ) {
+            let k = check_tile::<$w, BlockQ8K>(w, rows, a, stride, side, out.len());
+            let ap = a.as_ptr();
+            for r in 0..k.rows {
+                let wp = w[r * k.wstride..].as_ptr();
+                let op = out[r * k.cols..].as_mut_ptr();
+                // SAFETY: as in `many_entry`.
+                unsafe {
+                    match k.cols {
+                        1 => $imp::<1, { $ord }>(wp, ap, stride, k.nb, op),
+                        2 => $imp::<2, { $ord }>(wp, ap, stride, k.nb, op),
+                        3 => $imp::<3, { $ord }>(wp, ap, stride, k.nb, op),
+                        4 => $imp::<4, { $ord }>(wp, ap, stride, k.nb, op),
+                        5 => $imp::<5, { $ord }>(wp, ap, stride, k.nb, op),
+                        6 => $imp::<6, { $ord }>(wp, ap, stride, k.nb, op),
+                        7 => $imp::<7, { $ord }>(wp, ap, stride, k.nb, op),
+                        _ => $imp::<8, { $ord }>(wp, ap, stride, k.nb, op),
+                    }
+                }
+            }
+        }
+    };
+}
+
+many_entry_k!(q4_k_many_entry, BlockQ4K, q4_k_many, ORD_SINGLE);
+many_entry_k!(q4_k_tiled_many_entry, BlockQ4K, q4_k_many, ORD_TILED);
+many_entry_k!(q4_k_gemm4_many_entry, BlockQ4K, q4_k_many, ORD_GEMM4);
+many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many, ORD_SINGLE);
+many_entry_k!(q6_k_tiled_many_entry, BlockQ6K, q6_k_many, ORD_TILED);
+
+single_from_many!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_many_entry);
+single_from_many!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_many_entry);
+single_from_many!(q4_k_q8_k_tiled, BlockQ4K, BlockQ8K, q4_k_tiled_many_entry);
+single_from_many!(q4_k_q8_k_gemm4, BlockQ4K, BlockQ8K, q4_k_gemm4_many_entry);
+single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
+
+// ---------------------------------------------------------------------------------------
+// K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
+
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block as little-endian byte lanes
+/// (byte `j` = `get_scale_min_k4(j)`).
+#[inline(always)]
+fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
+    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let sc_lo = a0 & 0x3f3f_3f3f;
+    let mn_lo = a1 & 0x3f3f_3f3f;
+    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
+    let mn_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
+/// `sum_j bsums[j] * mins[j / 2]` for Q4_K/Q5_K (`mins` as 8 byte lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bsums_times_mins8(y: *const u8, mins: u64) -> i32 {
+    let m = _mm_cvtsi64_si128(mins as i64);
+    let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+    hsum_i32(_mm256_madd_epi16(ld256(y.add(Q8K_BSUMS)), m16))
+}
+
+/// The four i16 scale-pair vectors for sub-blocks `(2k, 2k+1)`, `k = 0..4`, from eight
+/// byte scales (Q4_K/Q5_K: one scale per 32-element sub-block, both halves alike).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs_32(scales: u64) -> [__m256i; 4] {
+    // i16 lanes [s0..s8]; as i32 lanes, element k is the pair (s_2k, s_2k+1).
+    let s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales as i64));
+    let b = _mm256_broadcastsi128_si256(s16);
+    [
+        _mm256_shuffle_epi32::<0x00>(b),
+        _mm256_shuffle_epi32::<0x55>(b),
+        _mm256_shuffle_epi32::<0xaa>(b),
+        _mm256_shuffle_epi32::<0xff>(b),
+    ]
+}
+
+/// The four i16 scale-pair vectors for 16-element sub-blocks (Q3_K, Q6_K): for half `h`
+/// of the super-block and vector pair `c` (vectors `2c`, `2c+1`, each covering two
+/// sub-blocks), the low 128 bits hold `(s[8h+4c], s[8h+4c+2])`, the high bits
+/// `(s[8h+4c+1], s[8h+4c+3])`. `sc16` holds the 16 scales as i16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pairs_16(sc16: __m256i) -> [__m256i; 4] {
+    let b0 = _mm256_permute2x128_si256::<0x00>(sc16, sc16);
+    let b1 = _mm256_permute2x128_si256::<0x11>(sc16, sc16);
+    let m01 = _mm256_setr_epi8(
+        0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, //
+        2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7,
+    );
+    let m23 = _mm256_setr_epi8(
+        8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, //
+        10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15,
+    );
+    [
+        _mm256_shuffle_epi8(b0, m01),
+        _mm256_shuffle_epi8(b0, m23),
+        _mm256_shuffle_epi8(b1, m01),
+        _mm256_shuffle_epi8(b1, m23),
+    ]
+}
+
+/// Q4_K and Q5_K share everything but the high bit; `qh` is `Some(offset)` for Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q45_k_impl<const WB: usize, const QS: usize, const QH: usize, const HAS_QH: bool>(
+    w: &[u8],
+    a: &[u8],
+    nb: usize,
+) -> f32 {
+    let perm = lane_pairs();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut sums = _mm256_setzero_ps();
+    let mut sumf = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * WB..(i + 1) * WB];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let (sc, mn) = scales_mins_k4(&x[4..16]);
+        let sumi = bsums_times_mins8(yp, mn);
+        let s = scale_pairs_32(sc);
+        let mut hv = if HAS_QH {
+            _mm256_shuffle_epi8(ld256(xp.add(QH)), perm)
+        } else {
+            _mm256_setzero_si256()
+        };
+        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for (k, &s) in s.iter().enumerate() {
+            let q = _mm256_shuffle_epi8(ld256(xp.add(QS + 32 * k)), perm);
+            let mut lo = _mm256_and_si256(q, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            if HAS_QH {
+                // Bit 2k of qh[l] is the fifth bit of sub-block 2k, bit 2k+1 of 2k+1.
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
+                hv = _mm256_srli_epi16::<1>(hv);
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
+                hv = _mm256_srli_epi16::<1>(hv);
+            }
+            let y0 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k)), perm);
+            let y1 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k + 32)), perm);
+            let p0 = _mm256_maddubs_epi16(lo, y0);
+            let p1 = _mm256_maddubs_epi16(hi, y1);
+            acc = scale_pairs(acc, p0, p1, s);
+        }
+        let yd = f32_at(y, 0);
+        let (xd, xdmin) = f16x2_at(x, 0);
+        let d = xd * yd;
+        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
+        let dmin = xdmin * yd;
+        sumf -= dmin * sumi as f32;
+    }
+    for s in lanes_array(sums) {
+        sumf += s;
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    q45_k_impl::<{ BlockQ5K::BYTES }, 48, 16, true>(w, a, nb)
+}
+
+/// Q3_K's 16 six-bit scales (`q3_k::unpack_scales`) as 16 bytes, little-endian.
+#[inline(always)]
+fn q3_k_scales(s: &[u8]) -> (u64, u64) {
+    let lo = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let m2 = 0x0303_0303u32;
+    let m4 = 0x0f0f_0f0f_0f0f_0f0fu64;
+    // Scale j: low nibble from byte j (j < 8) or the high nibble of byte j - 8, top two
+    // bits from bits 2*(j/4).. of byte 8 + j%4.
+    let top_a = (a2 & m2) as u64 | (((a2 >> 2) & m2) as u64) << 32;
+    let top_b = ((a2 >> 4) & m2) as u64 | (((a2 >> 6) & m2) as u64) << 32;
+    ((lo & m4) | top_a << 4, ((lo >> 4) & m4) | top_b << 4)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let perm = lane_pairs();
+    let m3 = _mm256_set1_epi8(3);
+    let one = _mm256_set1_epi8(1);
+    let mut sums = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = &w[i * BlockQ3K::BYTES..(i + 1) * BlockQ3K::BYTES];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
+        let (s_lo, s_hi) = q3_k_scales(&x[96..108]);
+        let sc8 = _mm_set_epi64x(s_hi as i64, s_lo as i64);
+        let sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc8), _mm256_set1_epi16(32));
+        let s = scale_pairs_16(sc16);
+        let mut hm = _mm256_shuffle_epi8(ld256(xp), perm);
+        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for h in 0..2 {
+            let mut q = _mm256_shuffle_epi8(ld256(xp.add(32 + 32 * h)), perm);
+            let mut p = [_mm256_setzero_si256(); 4];
+            for (c, p) in p.iter_mut().enumerate() {
+                // Element 128h + 32c + l: bits 2c.. of qs[32h + l], minus 4 unless bit
+                // 4h + c of hmask[l] is set.
+                let v = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16::<2>(q);
+                let sub4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(_mm256_and_si256(hm, one), one));
+                hm = _mm256_srli_epi16::<1>(hm);
+                let yv = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 128 * h + 32 * c)), perm);
+                *p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv), _mm256_maddubs_epi16(sub4, yv));
+            }
+            acc = scale_pairs(acc, p[0], p[1], s[2 * h]);
+            acc = scale_pairs(acc, p[2], p[3], s[2 * h + 1]);
+        }
+        let d = f16_at(x, 108) * f32_at(y, 0);
+        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
+    }
+    let mut sumf = 0.0f32;
+    for s in lanes_array(sums) {
+        sumf += s;
+    }
+    sumf
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0x0f);
+    let mut sumf = 0.0f32;
+    for i in 0..nb {
+        let x = &w[i * BlockQ2K::BYTES..(i + 1) * BlockQ2K::BYTES];
+        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        // scales at 0..16 (low nibble scale, high nibble min), qs at 16..80, d, dmin.
+        let sc = ld128(xp);
+        let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
+        let summs = hsum_i32(_mm256_madd_epi16(ld256(yp.add(Q8K_BSUMS)), mins16));
+        let scl = _mm256_broadcastsi128_si256(_mm_and_si128(sc, m4));
+        let mut acc = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q = ld256(xp.add(16 + 32 * h));
+            for j in 0..4 {
+                let v = _mm256_and_si256(q, m3);
+                q = _mm256_srli_epi16::<2>(q);
+                let yv = ld256(yp.add(Q8K_QS + 128 * h + 32 * j));
+                // Sub-block 8h+2j covers the low 16 elements, 8h+2j+1 the high 16.
+                let is = (8 * h + 2 * j) as i16;
+                let pick = _mm256_set_m128i(
+                    _mm_set1_epi16((is + 1) | (0x80u16 << 8) as i16),
+                    _mm_set1_epi16(is | (0x80u16 << 8) as i16),
+                );
+                let scale = _mm256_shuffle_epi8(scl, pick);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(v, yv), scale));
+            }
+        }
+        let isum = hsum_i32(acc);
+        let yd = f32_at(y, 0);
+        let (xd, xdmin) = f16x2_at(x, 80);
+        let dall = yd * xd;
+        let dmin = yd * xdmin;
+        sumf += dall * isum as f32 - dmin * summs as f32;
+    }
+    sumf
+}

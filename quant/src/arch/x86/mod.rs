@@ -1,0 +1,95 @@
+//! x86-64 kernels: AVX2 (+FMA, F16C) and its AVX-512 VNNI variant, each bit-exact with its
+//! scalar twin in `crate::formats`, and their rows of the kernel table.
+//!
+//! How exactness is kept:
+//!
+//! * Integer parts are exact. `_mm256_maddubs_epi16` multiplies an *unsigned* byte by a
+//!   signed one and adds adjacent pairs into a saturating i16; every call here stays below
+//!   the saturation bound (weights' unsigned operand at most 128 with activations in
+//!   -127..=127 for the 32-element formats, at most 63 against any byte for the K-quants).
+//!   `vpdpbusd` (VNNI) forms the same i32 lanes without the i16 step.
+//! * Float parts follow the twin operation for operation. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
+//!   Q4_K and Q6_K use ggml's x86 AVX2 order (eight i32 lanes per block, converted and
+//!   fused-multiply-added into eight float lanes, `hsum_float_8` at the end), which the
+//!   twins spell out with `f32::mul_add`. Q2_K/Q3_K/Q5_K keep ggml's generic order (lane
+//!   `e % 8` per element, multiply then add), reproduced here with byte shuffles.
+//! * The tile kernels (`TileFn`) unpack a weight block once and run the one-row
+//!   operation sequence for each activation row, so a row's result never depends on how
+//!   many rows were computed with it; the one-row entry points are their N = 1 instances.
+//!
+//! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
+//! `f16` (attention's f32 x f16 products).
+
+use crate::contract::{DotFn, KernelRow, TileFn};
+use crate::isa::Isa;
+use crate::order::DotOrder;
+use crate::GgmlType;
+
+/// Single-row entry points: the one-row instantiation of the tile kernels (so a row
+/// alone and a row in a batch give the same bits by construction).
+macro_rules! single_from_many {
+    ($name:ident, $w:ty, $a:ty, $many:ident) => {
+        pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
+            check_dot::<$w, $a>(w, a);
+            let mut out = [0.0f32];
+            $many(w, 1, a, a.len(), ActSide::default(), &mut out);
+            out[0]
+        }
+    };
+}
+
+pub(crate) mod f16;
+mod kquants;
+mod legacy;
+mod simd;
+
+const fn row(
+    ty: GgmlType,
+    order: DotOrder,
+    isa: Isa,
+    dot: DotFn,
+    tile: Option<TileFn>,
+    offset_sums: bool,
+) -> KernelRow {
+    KernelRow {
+        ty,
+        order,
+        isa,
+        dot,
+        tile,
+        offset_sums,
+    }
+}
+
+/// The x86 rows of the kernel table. Formats missing at a level fall back to the level
+/// below (`Isa::fallbacks`): the K-quants have no VNNI variant, so an AVX2+VNNI CPU runs
+/// their AVX2 rows.
+#[rustfmt::skip]
+pub(crate) const ROWS: &[KernelRow] = {
+    use DotOrder::{Gemm4, Single, Tiled};
+    use GgmlType as T;
+    use Isa::{Avx2, Avx2Vnni};
+    use kquants as k;
+    use legacy as l;
+    &[
+        row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), false),
+        row(T::Q4_1, Single, Avx2, l::q4_1_q8_1, Some(l::q4_1_many), false),
+        row(T::Q5_0, Single, Avx2, l::q5_0_q8_0, Some(l::q5_0_many), false),
+        row(T::Q5_1, Single, Avx2, l::q5_1_q8_1, Some(l::q5_1_many), false),
+        row(T::Q8_0, Single, Avx2, l::q8_0_q8_0, Some(l::q8_0_many), false),
+        // Signed formats take unsigned weights plus precomputed offset sums under VNNI.
+        row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true),
+        row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false),
+        row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
+        row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false),
+        row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
+        row(T::Q4_K, Single, Avx2, k::q4_k_q8_k, Some(k::q4_k_many_entry), false),
+        row(T::Q4_K, Tiled, Avx2, k::q4_k_q8_k_tiled, Some(k::q4_k_tiled_many_entry), false),
+        row(T::Q4_K, Gemm4, Avx2, k::q4_k_q8_k_gemm4, Some(k::q4_k_gemm4_many_entry), false),
+        row(T::Q6_K, Single, Avx2, k::q6_k_q8_k, Some(k::q6_k_many_entry), false),
+        row(T::Q6_K, Tiled, Avx2, k::q6_k_q8_k_tiled, Some(k::q6_k_tiled_many_entry), false),
+        row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
+        row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
+        row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
+    ]
+};

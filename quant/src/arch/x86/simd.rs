@@ -1,0 +1,168 @@
+//! Small AVX2 helpers shared by the x86 kernels: loads, f16 fields, nibble and bit
+//! unpacking, horizontal sums, the K-quant lane shuffles, and weight prefetch.
+
+use core::arch::x86_64::*;
+
+// Small helpers.
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn ld256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn ld128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// The two f16s at `b[off..off + 4]`, widened (exact, as `f16_to_f32`). Loaded through a
+/// general register so the conversion does not merge into (and wait for) a live vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16x2_at(b: &[u8], off: usize) -> (f32, f32) {
+    let bits = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The f16 at `b[off..off + 2]`, widened (see [`f16x2_at`]).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_at(b: &[u8], off: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[off], b[off + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+pub(super) fn f32_at(b: &[u8], off: usize) -> f32 {
+    f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// 16 packed bytes to 32 nibbles: low nibbles (elements 0..16) then high (16..32).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let q = ld128(p);
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(q, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `j` is 0xff where bit `j` of `bits` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let t = _mm256_set1_epi32(bits as i32);
+    let sel = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let bytes = _mm256_shuffle_epi8(t, sel);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
+}
+
+/// Sum of the eight i32 lanes (wrapping, so exact whatever the order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
+    hsum_i32x4(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256::<1>(v),
+    ))
+}
+
+/// Sum of the four i32 lanes (wrapping, so exact whatever the order).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_i32x4(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+    _mm_cvtsi128_si32(v)
+}
+
+/// Per 128-bit half, reorders bytes `0..16` as `0, 8, 1, 9, ..., 7, 15`, so that
+/// `maddubs` adds elements `e` and `e + 8`, which belong to the same K-quant lane `e % 8`.
+/// After it, i16 `p` of each half of a `maddubs` result belongs to lane `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn lane_pairs() -> __m256i {
+    _mm256_setr_epi8(
+        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, //
+        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+    )
+}
+
+/// Folds the two accumulators of [`scale_pairs`] into the eight per-lane sums.
+/// `lo` holds lanes 0..4 in both halves, `hi` lanes 4..8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn fold_lanes(lo: __m256i, hi: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
+/// Adds `s0 * p0 + s1 * p1` into the per-lane accumulators, where `p0`, `p1` are
+/// lane-ordered `maddubs` results (see [`lane_pairs`]) and `s` holds the i16 scale pairs
+/// `(s0, s1)` for each half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn scale_pairs(
+    acc: (__m256i, __m256i),
+    p0: __m256i,
+    p1: __m256i,
+    s: __m256i,
+) -> (__m256i, __m256i) {
+    (
+        _mm256_add_epi32(acc.0, _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), s)),
+        _mm256_add_epi32(acc.1, _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), s)),
+    )
+}
+
+/// `sums[l] += d * aux32[l] as f32` for the eight lanes (multiply, then add).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn lanes_update(sums: __m256, d: f32, aux32: __m256i) -> __m256 {
+    _mm256_add_ps(
+        sums,
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(aux32)),
+    )
+}
+
+/// The eight float lanes as an array, for the twin's sequential final sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn lanes_array(v: __m256) -> [f32; 8] {
+    let mut out = [0.0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), v);
+    out
+}
+
+/// How far ahead (bytes) the decode kernels prefetch weights.
+pub(super) const PREFETCH: usize = 1024;
+
+/// Prefetches the cache lines of the `bytes`-long block `PREFETCH` bytes past `p`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off).cast());
+        off += 64;
+    }
+}
+
+/// ggml's `hsum_float_8` (the twin's `hsum_lanes`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn hsum_ps(x: __m256) -> f32 {
+    let r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}

@@ -1,0 +1,191 @@
+//! What a kernel takes and promises: the dot-product and tile signatures, the per-block
+//! activation data a tile may be given, and the checks that make the `unsafe` SIMD
+//! bodies safe to call (every byte they read is validated here first).
+
+use crate::formats::common::Block;
+use crate::GgmlType;
+
+/// A dot-product kernel: weight row bytes, activation row bytes (in the weight type's
+/// `vec_dot_type`) to f32. Panics when the two rows hold different element counts.
+pub type DotFn = fn(&[u8], &[u8]) -> f32;
+
+/// Most activation rows (tokens) one [`TileFn`] call takes.
+pub const TILE_MAX_TOKENS: usize = 8;
+/// Most weight rows one [`TileFn`] call takes.
+pub const TILE_MAX_ROWS: usize = 2;
+
+/// `w_rows` (1..=[`TILE_MAX_ROWS`]) consecutive weight rows (`w` holds them back to back)
+/// against `n` (1..=[`TILE_MAX_TOKENS`]) activation rows that start `a_stride` bytes apart
+/// in `a`: `out[r * n + c] = dot(w row r, a[c * a_stride..])`, `out.len() = w_rows * n`.
+/// Each weight block is unpacked once and reused for every activation row, each
+/// activation block loaded once for both weight rows (the prompt-processing tile), and
+/// each output is bit-identical to the one-row [`DotFn`] of the same kernel set on that
+/// pair alone, so results never depend on how rows were batched. Activation bytes must
+/// come from `quantize_activations` (quants in `-127..=127`). Panics on inconsistent
+/// lengths.
+///
+/// `side` optionally carries per-block data precomputed once per activation row (see
+/// [`ActSide`]); the results are the same bits with or without it.
+pub type TileFn =
+    fn(w: &[u8], w_rows: usize, a: &[u8], a_stride: usize, side: ActSide<'_>, out: &mut [f32]);
+
+/// Per-block data of the activation rows of a [`TileFn`] call, computed once per matrix
+/// product instead of once per weight row. Each field is either empty or covers every row
+/// of the call, rows back to back.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActSide<'a> {
+    /// Q8_0/Q8_1 block scales widened to f32 ([`scales_per_block`] per block).
+    pub scales: &'a [f32],
+    /// For Q4_0/Q5_0/Q8_0 weights: `-offset` times each block's eight lane sums, which lets
+    /// the VNNI kernels use unsigned weights ([`offset_sums`]).
+    pub sums: &'a [i32],
+}
+
+/// f32 scales per block that [`activation_scales`] writes for activation type `act`:
+/// 1 for Q8_0 (`d`), 2 for Q8_1 (`d`, `s`), 0 otherwise.
+pub fn scales_per_block(act: GgmlType) -> usize {
+    match act {
+        GgmlType::Q8_0 => 1,
+        GgmlType::Q8_1 => 2,
+        _ => 0,
+    }
+}
+
+/// Appends the f16 block scales of one quantized activation row `a` (type `act`) widened
+/// to f32 (exact) to `out`, in the layout a [`TileFn`] takes.
+pub fn activation_scales(act: GgmlType, a: &[u8], out: &mut Vec<f32>) {
+    let per = scales_per_block(act);
+    if per == 0 {
+        return;
+    }
+    for b in a.chunks_exact(act.type_size()) {
+        for k in 0..per {
+            out.push(crate::f16::f16_to_f32(u16::from_le_bytes([
+                b[2 * k],
+                b[2 * k + 1],
+            ])));
+        }
+    }
+}
+
+/// The weight quant offset of the signed 32-element formats (Q4_0: 8, Q5_0: 16, Q8_0
+/// as unsigned bytes: 128), 0 for other types.
+pub fn signed_offset(wty: GgmlType) -> i32 {
+    match wty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
+/// Appends, for each Q8_0 block of the activation row `a`, `-offset(wty) * Σ y[4l..4l+4]`
+/// for its eight lanes `l` (see [`ActSide::sums`]); nothing for other weight types.
+pub fn offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
+    let off = signed_offset(wty);
+    if off == 0 {
+        return;
+    }
+    for b in a.chunks_exact(GgmlType::Q8_0.type_size()) {
+        for l in 0..8 {
+            let s: i32 = b[2 + 4 * l..6 + 4 * l]
+                .iter()
+                .map(|&q| q as i8 as i32)
+                .sum();
+            out.push(-off * s);
+        }
+    }
+}
+
+/// A validated [`TileFn`] call: block count, weight row stride in bytes, rows, columns,
+/// scale row stride in floats (0 when no scales were passed), and the offset sums.
+pub(crate) struct TileCall {
+    pub nb: usize,
+    pub wstride: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub ad_stride: usize,
+    pub use_sums: bool,
+    pub sums: *const i32,
+}
+
+/// Validates a [`TileFn`] call for weight blocks `W` and activation blocks `A`: after
+/// this, every byte, scale and sum the kernel reads is inside the slices it was given.
+pub(crate) fn check_tile<W: Block, A: Block>(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: ActSide<'_>,
+    out_len: usize,
+) -> TileCall {
+    assert!(
+        (1..=TILE_MAX_ROWS).contains(&rows) && out_len.is_multiple_of(rows),
+        "tile: {rows} weight rows, {out_len} outputs"
+    );
+    let n = out_len / rows;
+    assert!(
+        (1..=TILE_MAX_TOKENS).contains(&n),
+        "tile: {n} activation rows (1..={TILE_MAX_TOKENS} allowed)"
+    );
+    assert!(
+        w.len().is_multiple_of(rows) && (w.len() / rows).is_multiple_of(W::BYTES),
+        "tile {}: {} weight bytes are not {rows} rows of whole blocks",
+        W::TYPE,
+        w.len()
+    );
+    let wstride = w.len() / rows;
+    let nb = wstride / W::BYTES;
+    let row = nb * A::BYTES;
+    assert!(
+        (n == 1 || stride >= row) && a.len() >= (n - 1) * stride + row,
+        "tile {}x{}: {} activation bytes, stride {stride}, cannot hold {n} rows of {row}",
+        W::TYPE,
+        A::TYPE,
+        a.len()
+    );
+    let per = scales_per_block(A::TYPE);
+    let ad_stride = if side.scales.is_empty() || per == 0 {
+        0
+    } else {
+        assert!(
+            side.scales.len() == n * nb * per,
+            "tile {}: {} activation scales for {n} rows of {nb} blocks",
+            W::TYPE,
+            side.scales.len()
+        );
+        nb * per
+    };
+    let use_sums = !side.sums.is_empty() && signed_offset(W::TYPE) != 0;
+    if use_sums {
+        assert!(
+            side.sums.len() == n * nb * 8,
+            "tile {}: {} offset sums for {n} rows of {nb} blocks",
+            W::TYPE,
+            side.sums.len()
+        );
+    }
+    TileCall {
+        nb,
+        wstride,
+        rows,
+        cols: n,
+        ad_stride,
+        use_sums,
+        sums: side.sums.as_ptr(),
+    }
+}
+
+/// One entry of the kernel table (`crate::kernels`): the dot kernel and, where there is
+/// one, the tile kernel for weights of `ty` summed in `order` on `isa`. The functions of a
+/// SIMD entry assume their ISA: the table hands them out only where it was detected.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelRow {
+    pub ty: GgmlType,
+    pub order: crate::order::DotOrder,
+    pub isa: crate::isa::Isa,
+    pub dot: DotFn,
+    pub tile: Option<TileFn>,
+    /// The tile kernel wants [`ActSide::sums`].
+    pub offset_sums: bool,
+}

@@ -1,0 +1,269 @@
+//! Instruction sets: what this CPU can run, and which level the kernels use.
+//!
+//! Kernels are compiled with `#[target_feature]` and only handed out for an ISA that was
+//! detected at run time, so a binary built for a baseline CPU stays correct (it falls back
+//! to the scalar code) and one built with `target-cpu=native` still never runs an
+//! instruction the CPU lacks. Every kernel returns its scalar twin's bits, so the level is
+//! purely a speed choice; the environment can lower it for testing and comparison:
+//!
+//! - `RLLAMA_SIMD=scalar|avx2|avx2-vnni|avx512|neon`: the highest level to use (a level
+//!   the CPU lacks is refused with a message on stderr, and the detected one is kept);
+//! - `RLLAMA_FORCE_SCALAR=1`: the scalar code only (same as `RLLAMA_SIMD=scalar`);
+//! - `RLLAMA_NO_VNNI=1`: nothing above plain AVX2.
+//!
+//! All three are read once, the first time a kernel is picked.
+
+use std::sync::OnceLock;
+
+/// An instruction-set level kernels are written for. On x86-64 the levels are ordered
+/// (`Scalar < Avx2 < Avx2Vnni < Avx512`): a CPU at one level runs the kernels of every
+/// lower one. NEON stands beside them on aarch64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// The portable scalar reference code (every kernel's twin).
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 kernels that form their integer lanes with `vpdpbusd` on 256-bit registers
+    /// (AVX-512 VNNI + VL).
+    Avx2Vnni,
+    /// AVX-512 F, BW, DQ and VL on 512-bit registers.
+    Avx512,
+    /// aarch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    /// Every level, lowest first.
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx2Vnni,
+        Isa::Avx512,
+        Isa::Neon,
+    ];
+
+    /// `"scalar"`, `"avx2"`, `"avx2-vnni"`, `"avx512"` or `"neon"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx2Vnni => "avx2-vnni",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The level named `s` (as [`Isa::name`] spells it; `avx2vnni` and `vnni` also work).
+    pub fn parse(s: &str) -> Option<Isa> {
+        Some(match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Isa::Scalar,
+            "avx2" => Isa::Avx2,
+            "avx2-vnni" | "avx2vnni" | "vnni" => Isa::Avx2Vnni,
+            "avx512" | "avx-512" => Isa::Avx512,
+            "neon" => Isa::Neon,
+            _ => return None,
+        })
+    }
+
+    /// Whether this CPU can run kernels written for `self` (cached detection).
+    pub fn available(self) -> bool {
+        features().has(self)
+    }
+
+    /// Whether a CPU at level `self` runs kernels written for `other`: the x86 levels
+    /// include the lower ones, NEON includes only itself and scalar.
+    pub fn includes(self, other: Isa) -> bool {
+        match (self, other) {
+            (_, Isa::Scalar) => true,
+            (Isa::Neon, o) => o == Isa::Neon,
+            (_, Isa::Neon) => false,
+            (s, o) => o <= s,
+        }
+    }
+
+    /// The levels whose kernels a CPU at `self` may use, best first, each available here:
+    /// where a kernel table has no entry for one level the next is tried.
+    pub fn fallbacks(self) -> impl Iterator<Item = Isa> {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .filter(move |&o| self.includes(o) && o.available())
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the CPU reports, read once.
+#[derive(Clone, Copy, Debug, Default)]
+struct Features {
+    avx2: bool,
+    vnni: bool,
+    avx512: bool,
+    neon: bool,
+}
+
+impl Features {
+    fn has(self, isa: Isa) -> bool {
+        match isa {
+            Isa::Scalar => true,
+            Isa::Avx2 => self.avx2,
+            Isa::Avx2Vnni => self.avx2 && self.vnni,
+            Isa::Avx512 => self.avx2 && self.avx512,
+            Isa::Neon => self.neon,
+        }
+    }
+}
+
+fn features() -> Features {
+    static F: OnceLock<Features> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut f = Features::default();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            f.avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            f.vnni = has!("avx512vnni") && has!("avx512vl");
+            f.avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl");
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            f.neon = std::arch::is_aarch64_feature_detected!("neon");
+        }
+        f
+    })
+}
+
+/// The best level this CPU supports, ignoring the environment.
+pub fn detected() -> Isa {
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .find(|i| i.available())
+        .unwrap_or(Isa::Scalar)
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| {
+        let v = v.trim();
+        v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")
+    })
+}
+
+/// The level to use given the detected one and the environment's requests (pure, for
+/// tests): `Err` carries the message for a request this CPU cannot honour.
+fn choose(
+    detected: Isa,
+    simd: Option<&str>,
+    force_scalar: bool,
+    no_vnni: bool,
+) -> (Isa, Option<String>) {
+    if force_scalar {
+        return (Isa::Scalar, None);
+    }
+    let mut level = detected;
+    let mut warning = None;
+    if let Some(s) = simd.filter(|s| !s.trim().is_empty()) {
+        match Isa::parse(s) {
+            Some(want) if detected.includes(want) => level = want,
+            Some(want) => {
+                warning = Some(format!(
+                    "RLLAMA_SIMD={s}: this CPU cannot run {want} kernels (it has {detected}); \
+                     using {detected}"
+                ))
+            }
+            None => {
+                warning = Some(format!(
+                    "RLLAMA_SIMD={s}: unknown level (scalar, avx2, avx2-vnni, avx512, neon); \
+                     using {detected}"
+                ))
+            }
+        }
+    }
+    if no_vnni && level > Isa::Avx2 && level != Isa::Neon {
+        level = Isa::Avx2;
+    }
+    (level, warning)
+}
+
+/// The level the kernels use: [`detected`], lowered by `RLLAMA_SIMD`,
+/// `RLLAMA_FORCE_SCALAR` or `RLLAMA_NO_VNNI` (read once, then cached).
+#[inline]
+pub fn active() -> Isa {
+    static ACTIVE: OnceLock<Isa> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let simd = std::env::var("RLLAMA_SIMD").ok();
+        let (isa, warning) = choose(
+            detected(),
+            simd.as_deref(),
+            env_flag("RLLAMA_FORCE_SCALAR"),
+            env_flag("RLLAMA_NO_VNNI"),
+        );
+        if let Some(w) = warning {
+            eprintln!("warning: {w}");
+        }
+        isa
+    })
+}
+
+/// Whether the f32/f16 helpers may use AVX2, FMA and F16C (the active level includes
+/// AVX2). Their results are the same bits either way.
+#[inline]
+pub fn avx2() -> bool {
+    active().includes(Isa::Avx2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_include_lower_ones() {
+        assert!(Isa::Avx512.includes(Isa::Avx2Vnni));
+        assert!(Isa::Avx2Vnni.includes(Isa::Avx2));
+        assert!(Isa::Avx2.includes(Isa::Scalar));
+        assert!(!Isa::Avx2.includes(Isa::Avx2Vnni));
+        assert!(Isa::Neon.includes(Isa::Scalar));
+        assert!(!Isa::Neon.includes(Isa::Avx2));
+        assert!(!Isa::Avx512.includes(Isa::Neon));
+        for i in Isa::ALL {
+            assert_eq!(Isa::parse(i.name()), Some(i));
+        }
+    }
+
+    #[test]
+    fn fallbacks_end_in_scalar_and_are_available() {
+        for i in Isa::ALL {
+            let chain: Vec<Isa> = i.fallbacks().collect();
+            assert_eq!(chain.last(), Some(&Isa::Scalar), "{i}");
+            assert!(chain.iter().all(|c| c.available() && i.includes(*c)));
+            assert!(chain.windows(2).all(|w| w[0] != w[1]));
+        }
+        assert!(detected().available());
+    }
+
+    #[test]
+    fn environment_requests() {
+        use Isa::*;
+        assert_eq!(choose(Avx512, None, false, false), (Avx512, None));
+        assert_eq!(choose(Avx512, Some("avx2"), false, false), (Avx2, None));
+        assert_eq!(
+            choose(Avx512, Some("AVX2-VNNI"), false, false),
+            (Avx2Vnni, None)
+        );
+        assert_eq!(choose(Avx512, None, true, false), (Scalar, None));
+        assert_eq!(choose(Avx512, None, false, true), (Avx2, None));
+        assert_eq!(choose(Neon, None, false, true), (Neon, None));
+        let (l, w) = choose(Avx2, Some("avx512"), false, false);
+        assert_eq!(l, Avx2);
+        assert!(w.unwrap().contains("cannot run avx512"));
+        let (l, w) = choose(Avx2, Some("sse9"), false, false);
+        assert_eq!(l, Avx2);
+        assert!(w.unwrap().contains("unknown level"));
+    }
+}

@@ -1,0 +1,189 @@
+//! Activations as ggml computes them: its vectorised `exp` polynomial (not libm), SwiGLU
+//! (`silu(g) * u`) and the tanh-approximated GELU through ggml's f16 lookup table.
+
+use half::f16;
+
+use super::fma_twin;
+use crate::order::Flavor;
+
+const SHIFT: f32 = 12_582_912.0; // 0x1.8p23
+fn c(bits: u32) -> f32 {
+    f32::from_bits(bits)
+}
+
+/// ggml's `ggml_v_expf` for one element (the vector code is element-wise).
+#[inline(always)]
+pub fn expf(fl: Flavor, x: f32) -> f32 {
+    let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let u = b * b;
+    let poly = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    match fl {
+        Flavor::Avx512 => {
+            let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+            if n.abs() > 192.0 {
+                return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+            }
+            // vscalefps: j * 2^n rounded once. Both halves of n keep the intermediate
+            // normal, so the first product is exact and only the second rounds.
+            let ni = n as i32;
+            let (n1, n2) = (ni >> 1, ni - (ni >> 1));
+            j * pow2(n1) * pow2(n2)
+        }
+        Flavor::Avx2 => {
+            let j = poly.mul_add(u, c(0x3f7f_fff6) * b);
+            let e = z.to_bits() << 23;
+            let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+            if n.abs() <= 126.0 {
+                return j.mul_add(k, k);
+            }
+            let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+            let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+            let s2 = f32::from_bits(e.wrapping_sub(g));
+            if n.abs() > 192.0 {
+                s1 * s1
+            } else {
+                s2.mul_add(j, s2) * s1
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits(((k + 127) as u32) << 23)
+}
+
+fma_twin! {
+    /// `g[i] = silu(g[i]) * u[i]` as ggml's `swiglu` op computes one row: whole vectors
+    /// with [`expf`] and a true division, the tail with libm's `expf`.
+    pub fn swiglu(fl: Flavor, g: &mut [f32], u: &[f32]) = swiglu_scalar
+}
+
+/// Scalar twin of [`swiglu`].
+#[inline(always)]
+pub fn swiglu_scalar(fl: Flavor, g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "swiglu: length mismatch");
+    let nv = g.len() - g.len() % fl.lanes();
+    let (gv, gt) = g.split_at_mut(nv);
+    let (uv, ut) = u.split_at(nv);
+    for (x, &y) in gv.iter_mut().zip(uv) {
+        *x = *x / (1.0 + expf(fl, 0.0 - *x)) * y;
+    }
+    for (x, &y) in gt.iter_mut().zip(ut) {
+        *x = *x / (1.0 + (-*x).exp()) * y;
+    }
+}
+
+const GELU_COEF_A: f32 = 0.044715;
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// ggml's `ggml_gelu_f32` as GCC compiles it (FMA contraction fuses the one
+/// multiply-add, `1 + (a·x)·x`).
+fn gelu_exact_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0)).tanh())
+}
+
+/// Tanh-approximated GELU as ggml's CPU backend computes it: through an f16 lookup table
+/// (input rounded to f16, output stored as f16), identity/zero outside ±10.
+pub struct Gelu {
+    table: Vec<f16>,
+}
+
+impl Default for Gelu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gelu {
+    pub fn new() -> Gelu {
+        let table = (0..=u16::MAX)
+            .map(|bits| f16::from_f32(gelu_exact_tanh(f16::from_bits(bits).to_f32())))
+            .collect();
+        Gelu { table }
+    }
+
+    #[inline]
+    pub fn apply(&self, x: f32) -> f32 {
+        if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x
+        } else {
+            self.table[f16::from_f32(x).to_bits() as usize].to_f32()
+        }
+    }
+
+    /// `g[i] = gelu(g[i]) * u[i]` (GeGLU, as gemma3's feed-forward).
+    pub fn geglu(&self, g: &mut [f32], u: &[f32]) {
+        assert_eq!(g.len(), u.len(), "geglu: length mismatch");
+        g.iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = self.apply(*g) * u);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_is_close_to_libm() {
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for i in -2000..2000 {
+                let x = i as f32 * 0.05;
+                let (a, b) = (expf(fl, x), x.exp());
+                if b.is_infinite() {
+                    assert_eq!(a, b);
+                    continue;
+                }
+                assert!(
+                    (a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE),
+                    "{fl:?} exp({x}) = {a}, libm {b}"
+                );
+            }
+            assert_eq!(expf(fl, -200.0), 0.0);
+            assert_eq!(expf(fl, 200.0), f32::INFINITY);
+            assert_eq!(expf(fl, 0.0), 1.0);
+            // Subnormal results (the scaled path).
+            let (a, b) = (expf(fl, -100.0), (-100.0f32).exp());
+            assert!((a - b).abs() <= b * 1e-3, "{fl:?} {a} {b}");
+        }
+    }
+
+    #[test]
+    fn swiglu_matches_its_twin_and_formula() {
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for n in [0, 1, 7, 8, 16, 37] {
+                let g0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+                let u: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+                let (mut a, mut b) = (g0.clone(), g0.clone());
+                swiglu(fl, &mut a, &u);
+                swiglu_scalar(fl, &mut b, &u);
+                for i in 0..n {
+                    assert_eq!(a[i].to_bits(), b[i].to_bits(), "{fl:?} {n} {i}");
+                    let want = g0[i] / (1.0 + (-g0[i]).exp()) * u[i];
+                    assert!((a[i] - want).abs() <= 1e-5 * (1.0 + want.abs()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_table_tracks_formula() {
+        let g = Gelu::new();
+        for i in -200..200 {
+            let x = i as f32 * 0.07;
+            assert!((g.apply(x) - gelu_exact_tanh(x)).abs() < 1e-2 * (1.0 + x.abs()));
+        }
+        assert_eq!(g.apply(-20.0), 0.0);
+        assert_eq!(g.apply(20.0), 20.0);
+        let mut x = vec![1.0, -20.0, 20.0];
+        g.geglu(&mut x, &[2.0, 1.0, 0.5]);
+        assert_eq!(x, vec![2.0 * g.apply(1.0), 0.0, 10.0]);
+    }
+}

@@ -1,0 +1,266 @@
+//! The f32 x f16 products of attention over an f16 KV cache, in the two orders llama.cpp
+//! uses ([`F16Order`]): score dot products ([`dot_f16`]) and the probability-weighted sum
+//! of V rows ([`weighted_rows_f16`], built on the slot-order [`sum_rows_f16`]). AVX2
+//! kernels in `crate::arch::x86::f16`, bit-identical to the scalar twins here.
+
+use std::cell::RefCell;
+
+use half::f16;
+
+use crate::order::{hsum, reduce4, F16Order, Flavor};
+
+/// `Σ a[i] * b[i]` with `a` already rounded to f16 values (the products are exact in f32,
+/// so FMA and multiply-add agree) in llama.cpp's order `ord`.
+pub fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2, FMA and F16C; lengths are equal.
+        return unsafe { crate::arch::x86::f16::dot_f16(fl, ord, a, b) };
+    }
+    dot_f16_scalar(fl, ord, a, b)
+}
+
+/// Scalar twin of [`dot_f16`].
+pub fn dot_f16_scalar(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
+    let n = fl.lanes();
+    match ord {
+        F16Order::Gemm => {
+            let mut l = [0.0f32; 16];
+            for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+                l[i % n] += x * y.to_f32();
+            }
+            hsum(fl, &mut l)
+        }
+        F16Order::VecDot => {
+            let step = 4 * n;
+            let np = a.len() - a.len() % step;
+            let mut acc = [[0.0f32; 16]; 4];
+            for i in 0..np {
+                let j = i % step;
+                acc[j / n][j % n] += a[i] * b[i].to_f32();
+            }
+            let mut s = reduce4(fl, &mut acc) as f64;
+            for i in np..a.len() {
+                s += (a[i] * b[i].to_f32()) as f64;
+            }
+            s as f32
+        }
+    }
+}
+
+/// Panics unless there is one weight per slot and every row read lies inside `cache`
+/// (what the SIMD [`sum_rows_f16`] relies on).
+fn check_rows(n: usize, ps: &[f32], cache: &[f16], slots: &[usize], stride: usize, offset: usize) {
+    assert_eq!(ps.len(), slots.len(), "sum_rows_f16: one weight per slot");
+    for &s in slots {
+        assert!(
+            s * stride + offset + n <= cache.len(),
+            "sum_rows_f16: slot {s} out of range"
+        );
+    }
+}
+
+/// `out[i] = Σ_s ps[s] * rows[s][i]` for the f16 rows `rows[s] = cache[slots[s] * stride +
+/// offset..][..out.len()]`, accumulated for each element in slot order (multiply, then
+/// add, starting from zero). The SIMD kernel keeps a block of `out` in registers across
+/// all slots instead of reloading and storing the whole row for every slot.
+#[inline]
+pub fn sum_rows_f16(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    check_rows(out.len(), ps, cache, slots, stride, offset);
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2, FMA and F16C; every row read was
+        // bounds-checked above.
+        return unsafe {
+            crate::arch::x86::f16::sum_rows_f16(out, ps, cache, slots, stride, offset)
+        };
+    }
+    sum_rows_f16_scalar(out, ps, cache, slots, stride, offset)
+}
+
+/// Scalar twin of [`sum_rows_f16`].
+pub fn sum_rows_f16_scalar(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
+    assert_eq!(ps.len(), slots.len(), "sum_rows_f16: one weight per slot");
+    let n = out.len();
+    out.fill(0.0);
+    for (&p, &slot) in ps.iter().zip(slots) {
+        let row = &cache[slot * stride + offset..slot * stride + offset + n];
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o += p * v.to_f32();
+        }
+    }
+}
+
+thread_local! {
+    static PARTS: RefCell<(Vec<f32>, Vec<f32>, Vec<usize>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// `out[d] = Σ_s ps[s] * rows[s][d]` over the f16 rows `cache[slots[s] * stride +
+/// offset..]`, where slot `s` is KV cell `first_cell + s`, in llama.cpp's order `ord` for
+/// the product of the transposed V cache with the (f16-rounded) probabilities: cell `c`
+/// feeds partial sum `c % P` (`P` = one register for [`F16Order::Gemm`], four for
+/// [`F16Order::VecDot`]), each partial in cell order ([`sum_rows_f16`]), then the
+/// partials are reduced as the kernel reduces its registers. Assumes the cache length
+/// llama.cpp sees is a multiple of `4 * lanes` (it pads to 256 cells), so there is no
+/// f64 remainder.
+#[allow(clippy::too_many_arguments)] // sum_rows_f16's six, plus the flavor, order and cell
+pub fn weighted_rows_f16(
+    fl: Flavor,
+    ord: F16Order,
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+    first_cell: usize,
+) {
+    assert_eq!(
+        ps.len(),
+        slots.len(),
+        "weighted_rows_f16: one weight per slot"
+    );
+    let n = fl.lanes();
+    let np = match ord {
+        F16Order::Gemm => n,
+        F16Order::VecDot => 4 * n,
+    };
+    let hv = out.len();
+    PARTS.with(|p| {
+        let mut p = p.borrow_mut();
+        let (parts, sub_ps, sub_slots) = &mut *p;
+        parts.clear();
+        parts.resize(np * hv, 0.0);
+        for k in 0..np {
+            sub_ps.clear();
+            sub_slots.clear();
+            // The first slot whose cell is ≡ k (mod np).
+            let start = (k + np - first_cell % np) % np;
+            let mut s = start;
+            while s < slots.len() {
+                sub_ps.push(ps[s]);
+                sub_slots.push(slots[s]);
+                s += np;
+            }
+            if !sub_slots.is_empty() {
+                sum_rows_f16(
+                    &mut parts[k * hv..(k + 1) * hv],
+                    sub_ps,
+                    cache,
+                    sub_slots,
+                    stride,
+                    offset,
+                );
+            }
+        }
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = match ord {
+                F16Order::Gemm => {
+                    let mut l = [0.0f32; 16];
+                    for (k, l) in l.iter_mut().enumerate().take(n) {
+                        *l = parts[k * hv + d];
+                    }
+                    hsum(fl, &mut l)
+                }
+                F16Order::VecDot => {
+                    let mut acc = [[0.0f32; 16]; 4];
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        for (l, a) in a.iter_mut().enumerate().take(n) {
+                            *a = parts[(j * n + l) * hv + d];
+                        }
+                    }
+                    reduce4(fl, &mut acc)
+                }
+            };
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_orders_are_dot_products() {
+        let a: Vec<f32> = (0..200)
+            .map(|i| f16::from_f32((i as f32 * 0.37).sin()).to_f32())
+            .collect();
+        let b: Vec<f16> = (0..200)
+            .map(|i| f16::from_f32((i as f32 * 0.11).cos()))
+            .collect();
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for ord in [F16Order::Gemm, F16Order::VecDot] {
+                for n in [0, 1, 15, 16, 64, 100, 200] {
+                    let e: f64 = a[..n]
+                        .iter()
+                        .zip(&b[..n])
+                        .map(|(&x, y)| x as f64 * y.to_f64())
+                        .sum();
+                    let s = dot_f16_scalar(fl, ord, &a[..n], &b[..n]);
+                    assert!((s as f64 - e).abs() < 1e-4, "{fl:?} {ord:?} {n}");
+                    assert_eq!(
+                        s.to_bits(),
+                        dot_f16(fl, ord, &a[..n], &b[..n]).to_bits(),
+                        "{fl:?} {ord:?} {n}: SIMD and scalar differ"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weighted_rows_match_their_definition() {
+        let hv = 24;
+        let n_cells = 150;
+        let cache: Vec<f16> = (0..n_cells * hv)
+            .map(|i| f16::from_f32(((i * 31) % 17) as f32 * 0.125 - 1.0))
+            .collect();
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for ord in [F16Order::Gemm, F16Order::VecDot] {
+                for first in [0usize, 3, 17] {
+                    let slots: Vec<usize> = (first..n_cells).collect();
+                    let ps: Vec<f32> = slots
+                        .iter()
+                        .map(|&s| f16::from_f32(1.0 / (1.0 + s as f32)).to_f32())
+                        .collect();
+                    let mut out = vec![0.0; hv];
+                    weighted_rows_f16(fl, ord, &mut out, &ps, &cache, &slots, hv, 0, first);
+                    for (d, &o) in out.iter().enumerate() {
+                        // The definition: a dot product over all cells from 0 (masked
+                        // cells weigh zero) in the same order.
+                        let mut pa = vec![0.0f32; n_cells];
+                        let mut col = vec![f16::ZERO; n_cells];
+                        for (i, &s) in slots.iter().enumerate() {
+                            pa[s] = ps[i];
+                        }
+                        for (cell, c) in col.iter_mut().enumerate() {
+                            *c = cache[cell * hv + d];
+                        }
+                        let padded = n_cells.next_multiple_of(64);
+                        pa.resize(padded, 0.0);
+                        col.resize(padded, f16::ZERO);
+                        let want = dot_f16_scalar(fl, ord, &pa, &col);
+                        assert_eq!(o.to_bits(), want.to_bits(), "{fl:?} {ord:?} {first} {d}");
+                    }
+                }
+            }
+        }
+    }
+}

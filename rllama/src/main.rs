@@ -1,0 +1,498 @@
+//! `rllama`: fetch, inspect, tokenize, run and score GGUF models.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use runtime::chat::{ChatMessage, ChatTemplate};
+use runtime::gguf::{GgufFile, Value};
+use runtime::pool::default_threads;
+use runtime::registry;
+use runtime::runner::{FinishReason, Runner};
+use runtime::sampling::{Sampler, SamplingParams};
+use runtime::tokenizer::StreamDecoder;
+use runtime::{load, ModelFile};
+
+#[derive(Parser)]
+#[command(name = "rllama", version, about = "CPU GGUF inference runtime")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Download, assemble and verify a registry model; prints its local path last.
+    Fetch {
+        /// Registry name (see `rllama models`).
+        name: String,
+    },
+    /// List the registry models and whether they are cached.
+    Models,
+    /// Show a GGUF file's metadata and tensor table.
+    Inspect {
+        /// Registry name or path to a .gguf file.
+        model: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Print long arrays (vocabularies, merges) in full instead of summarising them.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Tokenize text with the model's own tokenizer (special tokens in the text are parsed).
+    Tokenize {
+        #[arg(short, long, default_value = registry::DEFAULT_MODEL)]
+        model: String,
+        #[arg(short, long)]
+        prompt: String,
+        /// Do not add BOS/EOS even where the model's metadata asks for them.
+        #[arg(long)]
+        no_special: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate text from a prompt.
+    Run {
+        #[arg(short, long, default_value = registry::DEFAULT_MODEL)]
+        model: String,
+        #[arg(short, long)]
+        prompt: String,
+        /// Tokens to generate.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+        n_predict: usize,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temp: f32,
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0.05)]
+        min_p: f32,
+        #[arg(long, default_value_t = 1.0)]
+        repeat_penalty: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Wrap the prompt as a user message in the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// System message for --chat.
+        #[arg(long)]
+        system: Option<String>,
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+        ctx: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Perplexity over a text file, computed as llama-perplexity does.
+    Perplexity {
+        #[arg(short, long, default_value = registry::DEFAULT_MODEL)]
+        model: String,
+        #[arg(short, long)]
+        file: PathBuf,
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 512)]
+        ctx: usize,
+        /// Stop after this many chunks (0 = all).
+        #[arg(long, default_value_t = 0)]
+        chunks: usize,
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (`rllama inspect m | head`) is not an error worth reporting.
+            if e.downcast_ref::<io::Error>()
+                .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let mut out = io::stdout().lock();
+    match cli.cmd {
+        Cmd::Fetch { name } => {
+            let spec =
+                registry::find(&name).ok_or_else(|| registry::FetchError::Unknown(name.clone()))?;
+            let path = registry::fetch(spec)?;
+            writeln!(out, "{}", path.display())?;
+        }
+        Cmd::Models => {
+            for m in registry::MODELS {
+                let p = registry::cached_path(m);
+                let state = if p.is_file() {
+                    p.display().to_string()
+                } else {
+                    "not fetched".into()
+                };
+                writeln!(out, "{:<20} {:<55} {}", m.name, m.description, state)?;
+            }
+        }
+        Cmd::Tokenize {
+            model,
+            prompt,
+            no_special,
+            json,
+        } => {
+            let tok = ModelFile::open(&model)?.tokenizer;
+            let ids = tok.encode(&prompt, !no_special, true);
+            if json {
+                writeln!(out, "{}", serde_json::json!({ "ids": ids }))?;
+            } else {
+                for id in &ids {
+                    let piece =
+                        String::from_utf8_lossy(&tok.token_to_piece(*id, true)).into_owned();
+                    writeln!(out, "{id:>7} -> {piece:?}")?;
+                }
+                writeln!(out, "{} tokens", ids.len())?;
+            }
+        }
+        Cmd::Run {
+            model,
+            prompt,
+            n_predict,
+            temp,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            seed,
+            chat,
+            system,
+            threads,
+            ctx,
+            json,
+        } => {
+            let t_load = Instant::now();
+            let l = load(&model)?;
+            let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+            let text = if chat {
+                let tmpl = ChatTemplate::from_gguf(&l.file);
+                let mut msgs = Vec::new();
+                if let Some(sys) = &system {
+                    msgs.push(ChatMessage::new("system", sys));
+                }
+                msgs.push(ChatMessage::new("user", &prompt));
+                let mut rendered = tmpl.render(&msgs, true)?;
+                // Templates that write the BOS text themselves must not get a second BOS.
+                if let Some(bos) = l.tokenizer.bos().filter(|_| l.tokenizer.add_bos()) {
+                    let bos_text = l.tokenizer.token_text(bos).to_string();
+                    if !bos_text.is_empty() && rendered.starts_with(&bos_text) {
+                        rendered = rendered[bos_text.len()..].to_string();
+                    }
+                }
+                rendered
+            } else {
+                prompt.clone()
+            };
+            let prompt_ids = l.tokenizer.encode(&text, true, true);
+            if prompt_ids.is_empty() {
+                anyhow::bail!("the prompt tokenizes to nothing");
+            }
+            if prompt_ids.len() + n_predict > ctx {
+                anyhow::bail!(
+                    "prompt ({} tokens) + n_predict ({n_predict}) exceeds the context size {ctx}; raise -c or lower -n",
+                    prompt_ids.len()
+                );
+            }
+            let params = SamplingParams {
+                temperature: temp,
+                top_k,
+                top_p,
+                min_p,
+                repeat_penalty,
+                seed,
+                ..Default::default()
+            };
+            params.validate().map_err(anyhow::Error::msg)?;
+            let mut runner = Runner::new(
+                l.model.clone(),
+                threads.unwrap_or_else(default_threads),
+                ctx,
+            );
+            let mut sampler = Sampler::new(params);
+            let tok = &l.tokenizer;
+            let mut dec = StreamDecoder::new(tok, true);
+            let mut generated_text = String::new();
+            let mut first_token_at = None;
+            let t0 = Instant::now();
+            let mut write_err = None;
+            let (ids, finish) = runner.generate(
+                &prompt_ids,
+                n_predict,
+                &mut sampler,
+                &|t| tok.is_eog(t),
+                &mut |id| {
+                    first_token_at.get_or_insert_with(Instant::now);
+                    let piece = dec.push(id);
+                    generated_text.push_str(&piece);
+                    if !json {
+                        if let Err(e) = write!(out, "{piece}").and_then(|_| out.flush()) {
+                            write_err = Some(e);
+                            return false;
+                        }
+                    }
+                    true
+                },
+            )?;
+            if let Some(e) = write_err {
+                return Err(e.into());
+            }
+            let tail = dec.finish();
+            generated_text.push_str(&tail);
+            let total = t0.elapsed().as_secs_f64();
+            let prompt_s = first_token_at.map_or(total, |t| (t - t0).as_secs_f64());
+            let gen_s = total - prompt_s;
+            let finish_reason = match finish {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Context => "context",
+            };
+            let decode_tps = if ids.len() > 1 {
+                (ids.len() - 1) as f64 / gen_s
+            } else {
+                0.0
+            };
+            if json {
+                let v = serde_json::json!({
+                    "prompt_ids": prompt_ids,
+                    "generated_ids": ids,
+                    "text": generated_text,
+                    "finish_reason": finish_reason,
+                    "timings": {
+                        "load_ms": load_ms,
+                        "prompt_tokens": prompt_ids.len(),
+                        "prompt_ms": prompt_s * 1e3,
+                        "prompt_tokens_per_s": prompt_ids.len() as f64 / prompt_s,
+                        "generated_tokens": ids.len(),
+                        "decode_ms": gen_s * 1e3,
+                        "decode_tokens_per_s": decode_tps,
+                    }
+                });
+                serde_json::to_writer_pretty(&mut out, &v)?;
+                writeln!(out)?;
+            } else {
+                writeln!(out, "{tail}")?;
+                eprintln!(
+                    "\n[{} prompt tokens in {:.0} ms ({:.1} t/s), {} generated ({:.1} t/s), finish: {finish_reason}]",
+                    prompt_ids.len(),
+                    prompt_s * 1e3,
+                    prompt_ids.len() as f64 / prompt_s,
+                    ids.len(),
+                    decode_tps
+                );
+            }
+        }
+        Cmd::Perplexity {
+            model,
+            file,
+            ctx,
+            chunks,
+            threads,
+        } => {
+            let l = load(&model)?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let mut tokens = l.tokenizer.encode(&text, true, false);
+            let bos = l.tokenizer.bos().filter(|_| l.tokenizer.add_bos());
+            if tokens.len() < 2 * ctx {
+                anyhow::bail!(
+                    "{} tokenizes to {} tokens; perplexity with -c {ctx} needs at least {}",
+                    file.display(),
+                    tokens.len(),
+                    2 * ctx
+                );
+            }
+            if chunks > 0 {
+                tokens.truncate(chunks * ctx);
+            }
+            let mut runner = Runner::new(
+                l.model.clone(),
+                threads.unwrap_or_else(default_threads),
+                ctx,
+            );
+            eprintln!(
+                "perplexity: {} tokens, {} chunks of {ctx}",
+                tokens.len(),
+                tokens.len() / ctx
+            );
+            let (ppl, running) = runner.perplexity(&tokens, ctx, bos)?;
+            let progress: Vec<String> = running
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("[{}]{p:.4}", i + 1))
+                .collect();
+            writeln!(out, "{}", progress.join(","))?;
+            writeln!(out, "PPL = {ppl:.4}")?;
+        }
+        Cmd::Inspect { model, json, full } => {
+            let path = registry::resolve(&model)?;
+            let f = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &inspect_json(&f, full))?;
+                writeln!(out)?;
+            } else {
+                inspect_text(&mut out, &f, path, full)?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+const SUMMARY_ARRAY_LEN: usize = 32;
+
+fn inspect_json(f: &GgufFile, full: bool) -> serde_json::Value {
+    use serde_json::json;
+    let metadata: serde_json::Map<String, serde_json::Value> = f
+        .metadata
+        .iter()
+        .map(|(k, v)| {
+            let jv = match v {
+                Value::Array(a) if !full && a.len() > SUMMARY_ARRAY_LEN => json!({
+                    "array_of": a.elem_type().name(),
+                    "len": a.len(),
+                }),
+                v => v.to_json(),
+            };
+            (k.clone(), jv)
+        })
+        .collect();
+    let tensors: Vec<_> = f
+        .tensors
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "type": t.ty.name(),
+                "shape": t.shape,
+                "n_elements": t.n_elements(),
+                "bytes": t.size,
+                "offset": f.data_offset + t.offset,
+            })
+        })
+        .collect();
+    json!({
+        "path": f.path(),
+        "gguf_version": f.version,
+        "architecture": f.architecture().ok(),
+        "name": f.get_str("general.name").ok().flatten(),
+        "file_type": f.file_type_name(),
+        "file_size": f.file_size(),
+        "n_params": f.n_params(),
+        "tensor_bytes": f.tensor_bytes(),
+        "alignment": f.alignment,
+        "data_offset": f.data_offset,
+        "n_tensors": f.tensors.len(),
+        "tensor_types": type_counts(f),
+        "metadata": metadata,
+        "tensors": tensors,
+    })
+}
+
+fn type_counts(f: &GgufFile) -> serde_json::Map<String, serde_json::Value> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for t in &f.tensors {
+        match counts.iter_mut().find(|(n, _)| n == t.ty.name()) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((t.ty.name().to_string(), 1)),
+        }
+    }
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    counts.into_iter().map(|(k, v)| (k, v.into())).collect()
+}
+
+fn human_bytes(b: u64) -> String {
+    let mib = b as f64 / (1024.0 * 1024.0);
+    if mib >= 1024.0 {
+        format!("{:.2} GiB", mib / 1024.0)
+    } else {
+        format!("{mib:.2} MiB")
+    }
+}
+
+fn inspect_text(out: &mut impl Write, f: &GgufFile, path: PathBuf, full: bool) -> Result<()> {
+    writeln!(out, "file:         {}", path.display())?;
+    writeln!(out, "gguf version: {}", f.version)?;
+    writeln!(
+        out,
+        "architecture: {}",
+        f.architecture().unwrap_or("(missing)")
+    )?;
+    if let Ok(Some(name)) = f.get_str("general.name") {
+        writeln!(out, "name:         {name}")?;
+    }
+    writeln!(
+        out,
+        "file type:    {}",
+        f.file_type_name().unwrap_or_else(|| "(unknown)".into())
+    )?;
+    writeln!(
+        out,
+        "parameters:   {} ({:.2} M)",
+        f.n_params(),
+        f.n_params() as f64 / 1e6
+    )?;
+    writeln!(
+        out,
+        "size:         {} (tensor data {})",
+        human_bytes(f.file_size()),
+        human_bytes(f.tensor_bytes())
+    )?;
+    let types: Vec<String> = type_counts(f)
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    writeln!(
+        out,
+        "tensors:      {} ({})",
+        f.tensors.len(),
+        types.join(", ")
+    )?;
+    writeln!(out, "\nmetadata ({} keys):", f.metadata.len())?;
+    for (k, v) in &f.metadata {
+        match v {
+            Value::Array(a) if full || a.len() <= SUMMARY_ARRAY_LEN => {
+                writeln!(out, "  {k:<45} = {}", v.to_json())?
+            }
+            _ => writeln!(out, "  {k:<45} = {v}")?,
+        }
+    }
+    writeln!(
+        out,
+        "\n{:<5} {:<40} {:<7} {:<22} {:>12}",
+        "#", "name", "type", "shape", "bytes"
+    )?;
+    for (i, t) in f.tensors.iter().enumerate() {
+        let shape = t
+            .shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(" x ");
+        writeln!(
+            out,
+            "{i:<5} {:<40} {:<7} {:<22} {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            t.size
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! Opening a model by registry name or path, the one sequence every binary uses: resolve
+//! (fetching a registry model that is not cached yet), map the GGUF file, build the
+//! tokenizer, then the model. Errors name the file and the step that failed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::model::{Model, ModelError};
+use crate::registry::{self, FetchError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("cannot open {}: {source}", path.display())]
+    Open { path: PathBuf, source: GgufError },
+    #[error("{}: cannot load the tokenizer: {source}", path.display())]
+    Tokenizer {
+        path: PathBuf,
+        source: TokenizerError,
+    },
+    #[error("{}: cannot load the model: {source}", path.display())]
+    Model { path: PathBuf, source: ModelError },
+}
+
+/// A model file opened with its tokenizer, before (or without) building the model.
+pub struct ModelFile {
+    /// The resolved path.
+    pub path: PathBuf,
+    pub file: Arc<GgufFile>,
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+impl ModelFile {
+    /// Resolves `name_or_path` (a registry name or a path; see [`registry::resolve`]) and
+    /// opens it.
+    pub fn open(name_or_path: &str) -> Result<ModelFile, LoadError> {
+        ModelFile::open_path(&registry::resolve(name_or_path)?)
+    }
+
+    /// Opens the GGUF file at `path` and builds its tokenizer.
+    pub fn open_path(path: &Path) -> Result<ModelFile, LoadError> {
+        let file = GgufFile::open(path).map_err(|source| LoadError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|source| LoadError::Tokenizer {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            file: Arc::new(file),
+            tokenizer: Arc::new(tokenizer),
+        })
+    }
+
+    /// Builds the model (weights stay in the mapped file).
+    pub fn model(&self) -> Result<Model, LoadError> {
+        Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Builds the model and keeps everything together.
+    pub fn load(self) -> Result<Loaded, LoadError> {
+        let model = Arc::new(self.model()?);
+        Ok(Loaded {
+            path: self.path,
+            file: self.file,
+            tokenizer: self.tokenizer,
+            model,
+        })
+    }
+}
+
+/// A model ready to run: file, tokenizer and model.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub file: Arc<GgufFile>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model: Arc<Model>,
+}
+
+/// Resolves, opens and builds `name_or_path` (see [`ModelFile::open`]).
+pub fn load(name_or_path: &str) -> Result<Loaded, LoadError> {
+    ModelFile::open(name_or_path)?.load()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_file_and_the_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("empty.gguf");
+        std::fs::write(&p, b"").unwrap();
+        let e = ModelFile::open(p.to_str().unwrap()).err().unwrap();
+        assert!(matches!(e, LoadError::Open { .. }), "{e}");
+        assert!(e.to_string().contains("empty.gguf"), "{e}");
+        let e = load("no-such-model-name").err().unwrap();
+        assert!(matches!(e, LoadError::Fetch(_)), "{e}");
+    }
+}
