@@ -4,6 +4,7 @@
 pub mod llama_bench;
 pub mod membw;
 pub mod report;
+pub mod sched;
 pub mod serve;
 pub mod stats;
 

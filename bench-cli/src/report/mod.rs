@@ -1,18 +1,21 @@
 //! `rbench report FILE… [--html OUT | --md]`: comparison tables and hand-rendered SVG plots
 //! (one self-contained HTML page, no JS, no external assets) from `rbench serve` result
-//! files (JSON lines; a file holding one JSON object, like vLLM's, also works).
+//! files (JSON lines; a file holding one JSON object, like vLLM's, also works) or from
+//! `rbench sched` result files ([`sched`]).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 use serde_json::Value;
+
+pub mod sched;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "rbench report",
-    about = "Tables and SVG plots from rbench serve result files"
+    about = "Tables and SVG plots from rbench serve or rbench sched result files"
 )]
 pub struct ReportArgs {
     /// Result files (JSON lines).
@@ -405,6 +408,21 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
 }
 
 pub fn run(a: &ReportArgs) -> Result<()> {
+    let n_sched = a.files.iter().filter(|f| sched::is_sched_file(f)).count();
+    if n_sched > 0 {
+        if n_sched < a.files.len() {
+            bail!("mixing rbench sched result files with serve result files in one report");
+        }
+        let r = sched::load(&a.files)?;
+        if let Some(out) = &a.html {
+            write_file(out, &sched::html(&r))?;
+            eprintln!("wrote {}", out.display());
+        }
+        if a.md || a.html.is_none() {
+            print!("{}", sched::markdown(&r));
+        }
+        return Ok(());
+    }
     let rows = load(&a.files)?;
     if let Some(out) = &a.html {
         write_file(out, &html(&rows))?;

@@ -1,0 +1,840 @@
+//! `rbench sched`: the benchmark plan under several schedulers, policies, cgroups and
+//! placements, with the proof of what ran (see the `sched-experiments` crate). Engine tests
+//! run `rbench` itself as the placed child (one repetition per window after its own
+//! warmup); serving windows start `rserve` under the variant and run an `rbench serve`
+//! sweep against it from outside. `rbench antagonist spin|membw N` is the background load.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use sched_experiments::harness::{Harness, HarnessOptions, WindowOutcome, Workload};
+use sched_experiments::plan::{self, Order, Plan};
+use sched_experiments::{fingerprint, interrupt, Antagonist, Roots, Variant};
+use serde_json::{json, Value};
+
+#[derive(Parser, Debug, Default)]
+#[command(
+    name = "rbench sched",
+    about = "Benchmarks under schedulers, policies, cgroups and placements, with proof of which applied",
+    after_help = "Variants: eevdf | scx:NAME[:ARGS] | policy:batch|idle|ext|nice:N|fifo:P|rr:P | \
+cgroup:cpu.max=QUOTA/PERIOD|cpuset=CPUS[:MEMS]|weight=W | affinity:CPUS | pinned | unpinned | \
+numactl:ARGS, combined with '+' (e.g. scx:scx_simple+unpinned).\n\
+Workloads: ppN, tgN, ppN+tgM, any of them @dDEPTH, serve:c=1,4,16[:n=PROMPTS][:len=TOKENS].\n\
+Example: rbench sched -m smollm2-135m --variants eevdf,scx:scx_simple,policy:batch \
+--workloads pp512,tg128,serve:c=1,4,16 -r 5 --result-file sched.jsonl"
+)]
+pub struct SchedArgs {
+    /// Model (registry name or GGUF path).
+    #[arg(short = 'm', long)]
+    pub model: Option<String>,
+    /// Comma list of variants (see below); the first is the baseline of the ratios.
+    #[arg(long)]
+    pub variants: Option<String>,
+    /// One more variant (repeatable; for variants whose text holds a comma).
+    #[arg(long = "variant")]
+    pub variant: Vec<String>,
+    /// Comma list of workloads.
+    #[arg(long)]
+    pub workloads: Option<String>,
+    /// Repetitions (windows) per variant and workload.
+    #[arg(short = 'r', long = "repetitions")]
+    pub reps: Option<usize>,
+    /// Compute threads of the workload [default: available CPUs].
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Fixed pause between windows, seconds [default: 5].
+    #[arg(long)]
+    pub cooldown: Option<f64>,
+    /// Extra attempts of a window whose proof failed [default: 2].
+    #[arg(long)]
+    pub retries: Option<usize>,
+    /// Window order: abba (default) or shuffled:SEED.
+    #[arg(long)]
+    pub order: Option<String>,
+    /// Background load for every window: spin:N, membw:N or cmd:"...".
+    #[arg(long)]
+    pub antagonist: Option<String>,
+    /// Stop a sched_ext scheduler that already holds the machine (it is not restarted).
+    #[arg(long)]
+    pub take_over: bool,
+    /// Append one JSON line per window here [default: rbench-sched.jsonl].
+    #[arg(long)]
+    pub result_file: Option<PathBuf>,
+    /// Continue a result file: only the missing windows run.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// A TOML plan with the same keys as these flags (flags override it).
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Serving windows: dataset for `rbench serve` [default: sharegpt-synthetic].
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Serving windows: prompts per sweep point [default: 32].
+    #[arg(long)]
+    pub serve_prompts: Option<usize>,
+    /// Serving windows: output tokens per request [default: 64].
+    #[arg(long)]
+    pub serve_output_len: Option<usize>,
+    /// Seconds a workload may run before the window is invalid [default: 1800].
+    #[arg(long)]
+    pub window_timeout: Option<f64>,
+    /// Seconds to wait for a scheduler to take over or let go [default: 30].
+    #[arg(long)]
+    pub scx_timeout: Option<f64>,
+    /// The rserve binary for serving windows [default: next to this rbench].
+    #[arg(long)]
+    pub rserve: Option<PathBuf>,
+}
+
+/// The plan as the TOML file spells it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanFile {
+    model: Option<String>,
+    variants: Option<Vec<String>>,
+    workloads: Option<Vec<String>>,
+    repetitions: Option<usize>,
+    threads: Option<usize>,
+    cooldown: Option<f64>,
+    retries: Option<usize>,
+    order: Option<String>,
+    antagonist: Option<String>,
+    take_over: Option<bool>,
+    result_file: Option<PathBuf>,
+    dataset: Option<String>,
+    serve_prompts: Option<usize>,
+    serve_output_len: Option<usize>,
+    window_timeout: Option<f64>,
+    scx_timeout: Option<f64>,
+}
+
+/// One workload as written on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkloadSpec {
+    /// llama-bench's tests: prompt, generated tokens, depth; `pg` runs them as one test.
+    Engine {
+        n_prompt: usize,
+        n_gen: usize,
+        depth: usize,
+        pg: bool,
+    },
+    Serve {
+        concurrency: Vec<String>,
+        prompts: Option<usize>,
+        output_len: Option<usize>,
+    },
+}
+
+impl WorkloadSpec {
+    pub fn name(&self) -> String {
+        match self {
+            WorkloadSpec::Engine {
+                n_prompt,
+                n_gen,
+                depth,
+                pg,
+            } => {
+                let base = match (*pg, n_prompt, n_gen) {
+                    (true, p, g) => format!("pp{p}+tg{g}"),
+                    (false, p, 0) => format!("pp{p}"),
+                    (false, _, g) => format!("tg{g}"),
+                };
+                if *depth > 0 {
+                    format!("{base}@d{depth}")
+                } else {
+                    base
+                }
+            }
+            WorkloadSpec::Serve { concurrency, .. } => format!("serve:c={}", concurrency.join(",")),
+        }
+    }
+}
+
+/// Parses the workload list: `pp512,tg128,pp512+tg128@d1024,serve:c=1,4,16:n=8`. A bare
+/// number (or `inf`) after a `serve:c=` item continues its concurrency list.
+pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadSpec>> {
+    let mut out: Vec<WorkloadSpec> = Vec::new();
+    for tok in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let continues = tok.chars().all(|c| c.is_ascii_digit())
+            || tok == "inf"
+            || tok.starts_with(|c: char| c.is_ascii_digit()) && tok.contains(':');
+        if continues {
+            if let Some(WorkloadSpec::Serve {
+                concurrency,
+                prompts,
+                output_len,
+            }) = out.last_mut()
+            {
+                let (c, opts) = tok.split_once(':').unwrap_or((tok, ""));
+                concurrency.push(c.to_string());
+                apply_serve_opts(opts, prompts, output_len)?;
+                continue;
+            }
+        }
+        if let Some(rest) = tok.strip_prefix("serve:") {
+            let rest = rest
+                .strip_prefix("c=")
+                .with_context(|| format!("workload '{tok}': expected serve:c=LIST"))?;
+            let (c, opts) = rest.split_once(':').unwrap_or((rest, ""));
+            let mut prompts = None;
+            let mut output_len = None;
+            apply_serve_opts(opts, &mut prompts, &mut output_len)?;
+            out.push(WorkloadSpec::Serve {
+                concurrency: vec![c.to_string()],
+                prompts,
+                output_len,
+            });
+            continue;
+        }
+        let (test, depth) = match tok.split_once("@d") {
+            Some((t, d)) => (
+                t,
+                d.parse()
+                    .with_context(|| format!("workload '{tok}': bad depth"))?,
+            ),
+            None => (tok, 0),
+        };
+        let num = |p: &str, pre: &str| -> Result<usize> {
+            p.strip_prefix(pre)
+                .and_then(|n| n.parse().ok())
+                .filter(|&n| n > 0)
+                .with_context(|| format!("workload '{tok}': expected {pre}N"))
+        };
+        let spec = match test.split_once('+') {
+            Some((p, g)) => WorkloadSpec::Engine {
+                n_prompt: num(p, "pp")?,
+                n_gen: num(g, "tg")?,
+                depth,
+                pg: true,
+            },
+            None if test.starts_with("pp") => WorkloadSpec::Engine {
+                n_prompt: num(test, "pp")?,
+                n_gen: 0,
+                depth,
+                pg: false,
+            },
+            None if test.starts_with("tg") => WorkloadSpec::Engine {
+                n_prompt: 0,
+                n_gen: num(test, "tg")?,
+                depth,
+                pg: false,
+            },
+            None => bail!("unknown workload '{tok}' (ppN, tgN, ppN+tgM, @dDEPTH, serve:c=LIST)"),
+        };
+        out.push(spec);
+    }
+    if out.is_empty() {
+        bail!("no workloads given");
+    }
+    for w in &out {
+        if let WorkloadSpec::Serve { concurrency, .. } = w {
+            for c in concurrency {
+                if c != "inf" && c.parse::<usize>().map_or(true, |n| n == 0) {
+                    bail!("serve concurrency '{c}' is not a positive number or inf");
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn apply_serve_opts(
+    opts: &str,
+    prompts: &mut Option<usize>,
+    len: &mut Option<usize>,
+) -> Result<()> {
+    for o in opts.split(':').filter(|o| !o.is_empty()) {
+        match o.split_once('=') {
+            Some(("n", v)) => *prompts = Some(v.parse().with_context(|| format!("serve n={v}"))?),
+            Some(("len", v)) => *len = Some(v.parse().with_context(|| format!("serve len={v}"))?),
+            _ => bail!("serve option '{o}' (n=PROMPTS, len=TOKENS)"),
+        }
+    }
+    Ok(())
+}
+
+/// Splits a variant list on commas that are not inside an `affinity:` / `cpuset=` CPU list
+/// (a part made only of digits and `-` continues the previous variant).
+pub fn parse_variants(list: &str, extra: &[String]) -> Result<Vec<Variant>> {
+    let mut labels: Vec<String> = Vec::new();
+    for tok in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let cpu_part = tok
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '-' || c == ':');
+        match labels.last_mut() {
+            Some(prev) if cpu_part && (prev.contains("affinity:") || prev.contains("cpuset=")) => {
+                prev.push(',');
+                prev.push_str(tok);
+            }
+            _ => labels.push(tok.to_string()),
+        }
+    }
+    labels.extend(extra.iter().cloned());
+    if labels.is_empty() {
+        bail!("no variants given (e.g. --variants eevdf,scx:scx_simple,policy:batch)");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for l in labels {
+        if !seen.insert(l.clone()) {
+            bail!("variant '{l}' is listed twice");
+        }
+        out.push(Variant::parse(&l)?);
+    }
+    Ok(out)
+}
+
+/// A free TCP port on 127.0.0.1.
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Everything a plan needs, merged from flags, the plan file and defaults.
+struct Settings {
+    model: String,
+    variants: Vec<Variant>,
+    workloads: Vec<WorkloadSpec>,
+    reps: usize,
+    threads: usize,
+    cooldown: f64,
+    retries: usize,
+    order: Order,
+    antagonist: Option<Antagonist>,
+    take_over: bool,
+    result_file: PathBuf,
+    dataset: String,
+    serve_prompts: usize,
+    serve_output_len: usize,
+    window_timeout: f64,
+    scx_timeout: f64,
+}
+
+fn settings(a: &SchedArgs) -> Result<Settings> {
+    let pf: PlanFile = match &a.plan {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("plan {}", p.display()))?
+        }
+        None => PlanFile::default(),
+    };
+    let variants = match (&a.variants, &pf.variants) {
+        (Some(v), _) => parse_variants(v, &a.variant)?,
+        (None, Some(v)) => parse_variants(&v.join(","), &a.variant)?,
+        (None, None) => parse_variants("", &a.variant)?,
+    };
+    let workloads = match (&a.workloads, &pf.workloads) {
+        (Some(w), _) => parse_workloads(w)?,
+        (None, Some(w)) => parse_workloads(&w.join(","))?,
+        (None, None) => parse_workloads("pp512,tg128")?,
+    };
+    let order = match a.order.as_ref().or(pf.order.as_ref()).map(String::as_str) {
+        None | Some("abba") => Order::Abba,
+        Some(o) => match o.strip_prefix("shuffled:").and_then(|s| s.parse().ok()) {
+            Some(seed) => Order::Shuffled(seed),
+            None => bail!("--order {o}: abba or shuffled:SEED"),
+        },
+    };
+    let antagonist = a
+        .antagonist
+        .as_ref()
+        .or(pf.antagonist.as_ref())
+        .map(|s| Antagonist::parse(s))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let reps = a.reps.or(pf.repetitions).unwrap_or(5);
+    if reps == 0 {
+        bail!("-r must be at least 1");
+    }
+    Ok(Settings {
+        model: a
+            .model
+            .clone()
+            .or(pf.model)
+            .unwrap_or_else(|| runtime::registry::DEFAULT_MODEL.to_string()),
+        variants,
+        workloads,
+        reps,
+        threads: a
+            .threads
+            .or(pf.threads)
+            .unwrap_or_else(runtime::pool::default_threads),
+        cooldown: a.cooldown.or(pf.cooldown).unwrap_or(5.0),
+        retries: a.retries.or(pf.retries).unwrap_or(2),
+        order,
+        antagonist,
+        take_over: a.take_over || pf.take_over.unwrap_or(false),
+        result_file: a
+            .resume
+            .clone()
+            .or_else(|| a.result_file.clone())
+            .or(pf.result_file)
+            .unwrap_or_else(|| PathBuf::from("rbench-sched.jsonl")),
+        dataset: a
+            .dataset
+            .clone()
+            .or(pf.dataset)
+            .unwrap_or_else(|| "sharegpt-synthetic".into()),
+        serve_prompts: a.serve_prompts.or(pf.serve_prompts).unwrap_or(32),
+        serve_output_len: a.serve_output_len.or(pf.serve_output_len).unwrap_or(64),
+        window_timeout: a.window_timeout.or(pf.window_timeout).unwrap_or(1800.0),
+        scx_timeout: a.scx_timeout.or(pf.scx_timeout).unwrap_or(30.0),
+    })
+}
+
+/// The workloads as the harness runs them.
+fn workloads(
+    s: &Settings,
+    model: &Path,
+    rbench: &Path,
+    rserve: &Path,
+    scratch: &Path,
+) -> Result<Vec<Workload>> {
+    let exe = rbench.display().to_string();
+    let model = model.display().to_string();
+    let mut out = Vec::new();
+    for (i, w) in s.workloads.iter().enumerate() {
+        let name = w.name();
+        out.push(match w {
+            WorkloadSpec::Engine {
+                n_prompt,
+                n_gen,
+                depth,
+                pg,
+            } => {
+                let mut argv = vec![exe.clone(), "-m".into(), model.clone()];
+                if *pg {
+                    argv.extend(["-p".into(), "0".into(), "-n".into(), "0".into()]);
+                    argv.extend(["-pg".into(), format!("{n_prompt},{n_gen}")]);
+                } else {
+                    argv.extend([
+                        "-p".into(),
+                        n_prompt.to_string(),
+                        "-n".into(),
+                        n_gen.to_string(),
+                    ]);
+                }
+                argv.extend([
+                    "-d".into(),
+                    depth.to_string(),
+                    "-t".into(),
+                    s.threads.to_string(),
+                    "-r".into(),
+                    "1".into(),
+                    "-o".into(),
+                    "jsonl".into(),
+                    "--no-progress".into(),
+                ]);
+                Workload::Command { name, argv }
+            }
+            WorkloadSpec::Serve {
+                concurrency,
+                prompts,
+                output_len,
+            } => {
+                let port = free_port()?;
+                let addr = format!("127.0.0.1:{port}");
+                let parallel = concurrency
+                    .iter()
+                    .filter_map(|c| c.parse::<usize>().ok())
+                    .max()
+                    .unwrap_or(16)
+                    .clamp(1, 64);
+                let server_argv = vec![
+                    rserve.display().to_string(),
+                    "-m".into(),
+                    model.clone(),
+                    "--port".into(),
+                    port.to_string(),
+                    "-t".into(),
+                    s.threads.to_string(),
+                    "--parallel".into(),
+                    parallel.to_string(),
+                ];
+                let result = scratch.join(format!("serve-{i}.jsonl"));
+                let client_argv = vec![
+                    exe.clone(),
+                    "serve".into(),
+                    "--url".into(),
+                    format!("http://{addr}"),
+                    "--dataset".into(),
+                    s.dataset.clone(),
+                    "--num-prompts".into(),
+                    prompts.unwrap_or(s.serve_prompts).to_string(),
+                    "--concurrency".into(),
+                    concurrency.join(","),
+                    "--output-len".into(),
+                    output_len.unwrap_or(s.serve_output_len).to_string(),
+                    "--tokenizer-model".into(),
+                    model.clone(),
+                    "--result-file".into(),
+                    result.display().to_string(),
+                ];
+                Workload::Serve {
+                    name,
+                    server_argv,
+                    addr,
+                    health_path: "/health".into(),
+                    client_argv,
+                }
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// The metrics of a window and the reasons its output makes it invalid.
+fn window_metrics(
+    variant: Option<&Variant>,
+    w: &Workload,
+    o: &WindowOutcome,
+) -> (Value, Vec<String>) {
+    let mut reasons = Vec::new();
+    match w {
+        Workload::Command { .. } => {
+            let rows: Vec<Value> = o
+                .stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .collect();
+            let Some(r) = rows.first() else {
+                if o.valid {
+                    reasons.push("rbench printed no result row".into());
+                }
+                return (Value::Null, reasons);
+            };
+            if let (Some(v), Some(pinned)) = (variant, r["pinned"].as_bool()) {
+                if v.pin == Some(false) && pinned {
+                    reasons
+                        .push("the variant is unpinned but rbench reports pinned threads".into());
+                }
+                if v.pin == Some(true) && !pinned {
+                    reasons.push("the variant is pinned but rbench could not pin (fewer allowed CPUs than threads?)".into());
+                }
+            }
+            let keep = [
+                "avg_ts",
+                "stddev_ts",
+                "samples_ts",
+                "avg_ns",
+                "n_prompt",
+                "n_gen",
+                "n_depth",
+                "n_threads",
+                "pinned",
+                "isa",
+            ];
+            let m: serde_json::Map<String, Value> = keep
+                .iter()
+                .filter_map(|k| r.get(*k).map(|v| (k.to_string(), v.clone())))
+                .collect();
+            (Value::Object(m), reasons)
+        }
+        Workload::Serve { client_argv, .. } => {
+            let file = client_argv
+                .iter()
+                .position(|a| a == "--result-file")
+                .and_then(|i| client_argv.get(i + 1))
+                .map(PathBuf::from);
+            let text = file
+                .as_ref()
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .unwrap_or_default();
+            if let Some(f) = &file {
+                let _ = std::fs::remove_file(f);
+            }
+            let keep = [
+                "max_concurrency",
+                "num_prompts",
+                "completed",
+                "failed",
+                "success_rate",
+                "request_throughput",
+                "output_throughput",
+                "total_token_throughput",
+                "mean_ttft_ms",
+                "median_ttft_ms",
+                "p99_ttft_ms",
+                "mean_tpot_ms",
+                "median_tpot_ms",
+                "p99_tpot_ms",
+                "mean_itl_ms",
+                "median_itl_ms",
+                "p99_itl_ms",
+                "median_e2el_ms",
+                "p99_e2el_ms",
+                "dataset",
+            ];
+            let points: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .map(|p| {
+                    Value::Object(
+                        keep.iter()
+                            .filter_map(|k| p.get(*k).map(|v| (k.to_string(), v.clone())))
+                            .collect(),
+                    )
+                })
+                .collect();
+            if points.is_empty() && o.valid {
+                reasons.push("rbench serve wrote no result".into());
+            }
+            (json!({ "points": points }), reasons)
+        }
+    }
+}
+
+/// `rbench antagonist spin|membw N`: background load until killed.
+pub fn antagonist_main(args: Vec<String>) -> ExitCode {
+    let kind = args.get(1).map(String::as_str).unwrap_or("");
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+    match kind {
+        "spin" => {
+            for _ in 0..n {
+                std::thread::spawn(|| {
+                    let mut x = 1u64;
+                    loop {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                });
+            }
+        }
+        "membw" => {
+            // One buffer far above the caches, streamed by every thread.
+            let buf: &'static [u64] = Box::leak(vec![1u64; 32 << 20].into_boxed_slice());
+            for t in 0..n {
+                std::thread::spawn(move || loop {
+                    let mut s = 0u64;
+                    let start = t * buf.len() / n;
+                    for &v in buf[start..].iter().chain(&buf[..start]) {
+                        s = s.wrapping_add(v);
+                    }
+                    std::hint::black_box(s);
+                });
+            }
+        }
+        _ => {
+            eprintln!("usage: rbench antagonist spin|membw N");
+            return ExitCode::from(2);
+        }
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Entry point for `rbench sched ARGS…`.
+pub fn main_with_args(args: Vec<String>) -> ExitCode {
+    let a: SchedArgs = match crate::parse_args(args) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    match run(&a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The sibling binary `name` of the running rbench.
+fn sibling(name: &str) -> Result<PathBuf> {
+    let me = std::env::current_exe().context("locating rbench")?;
+    let p = me.with_file_name(name);
+    if !p.is_file() {
+        bail!(
+            "{} not found next to rbench; build it (cargo build --release -p server) or pass --rserve",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+pub fn run(a: &SchedArgs) -> Result<ExitCode> {
+    let s = settings(a)?;
+    if a.resume.is_some() && !s.result_file.exists() {
+        bail!("--resume {}: no such file", s.result_file.display());
+    }
+    let rbench = std::env::current_exe().context("locating rbench")?;
+    let needs_server = s
+        .workloads
+        .iter()
+        .any(|w| matches!(w, WorkloadSpec::Serve { .. }));
+    let rserve = match (&a.rserve, needs_server) {
+        (Some(p), _) => p.clone(),
+        (None, true) => sibling("rserve")?,
+        (None, false) => PathBuf::new(),
+    };
+    let scratch = tempfile::Builder::new()
+        .prefix("rbench-sched-")
+        .tempdir()
+        .context("creating a scratch directory")?;
+    let roots = Roots::host();
+    let h = Harness::new(
+        roots.clone(),
+        HarnessOptions {
+            scx_timeout: Duration::from_secs_f64(s.scx_timeout),
+            window_timeout: Duration::from_secs_f64(s.window_timeout),
+            log_dir: scratch.path().to_path_buf(),
+            antagonist: s.antagonist.clone(),
+            antagonist_argv: vec![rbench.display().to_string(), "antagonist".into()],
+            ..Default::default()
+        },
+    );
+    // Everything that can be refused is refused before the first window (and before a
+    // model download).
+    let bins = h.preflight(&s.variants, s.take_over)?;
+    let model =
+        runtime::registry::resolve(&s.model).with_context(|| format!("model '{}'", s.model))?;
+    interrupt::install();
+    let plan = Plan {
+        variants: s.variants.clone(),
+        workloads: workloads(&s, &model, &rbench, &rserve, scratch.path())?,
+        reps: s.reps,
+        cooldown: Duration::from_secs_f64(s.cooldown),
+        retries: s.retries,
+        order: s.order,
+        take_over: s.take_over,
+    };
+    let scx_bins: Vec<(String, PathBuf)> =
+        bins.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut fp = fingerprint::collect(&roots, &scx_bins);
+    fp["rbench_model"] = json!(model.display().to_string());
+    fp["threads"] = json!(s.threads);
+    eprintln!(
+        "rbench sched: {} variants x {} workloads x {} repetitions on {}; results -> {}",
+        plan.variants.len(),
+        plan.workloads.len(),
+        plan.reps,
+        fingerprint::label(&fp),
+        s.result_file.display()
+    );
+    let mut metrics = |v: &Variant, w: &Workload, o: &WindowOutcome| window_metrics(Some(v), w, o);
+    let mut progress = |m: &str| eprintln!("rbench sched: {m}");
+    let r = plan::run(
+        &h,
+        &plan,
+        &bins,
+        &s.result_file,
+        &fp,
+        &mut metrics,
+        &mut progress,
+    );
+    match r {
+        Ok(sum) => {
+            eprintln!(
+                "rbench sched: {} windows run ({} valid, {} invalid, {} still invalid after retries), {} already in the file",
+                sum.windows_run, sum.valid, sum.invalid, sum.exhausted, sum.skipped
+            );
+            let report = crate::report::sched::load(std::slice::from_ref(&s.result_file))?;
+            print!("{}", crate::report::sched::markdown(&report));
+            Ok(if sum.exhausted > 0 {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Err(plan::PlanError::Harness(sched_experiments::HarnessError::Interrupted)) => {
+            eprintln!(
+                "rbench sched: interrupted; the scheduler was stopped and the machine restored. \
+                 Finished windows are in {f}; `rbench sched --resume {f}` (same flags) runs the rest.",
+                f = s.result_file.display()
+            );
+            Ok(ExitCode::from(130))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_lists() {
+        let w = parse_workloads("pp512,tg128,pp64+tg16@d256,serve:c=1,4,16:n=8,tg4").unwrap();
+        assert_eq!(
+            w.iter().map(WorkloadSpec::name).collect::<Vec<_>>(),
+            ["pp512", "tg128", "pp64+tg16@d256", "serve:c=1,4,16", "tg4"]
+        );
+        assert_eq!(
+            w[3],
+            WorkloadSpec::Serve {
+                concurrency: vec!["1".into(), "4".into(), "16".into()],
+                prompts: Some(8),
+                output_len: None
+            }
+        );
+        for bad in [
+            "pp",
+            "pp0",
+            "xx12",
+            "serve:c=0",
+            "serve:1",
+            "serve:c=2:k=1",
+            "",
+        ] {
+            assert!(parse_workloads(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn variant_lists_keep_cpu_lists_together() {
+        let v = parse_variants(
+            "eevdf,affinity:0,2-3,cgroup:cpuset=0,1:0,policy:batch",
+            &["scx:scx_simple".into()],
+        )
+        .unwrap();
+        let labels: Vec<&str> = v.iter().map(|v| v.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "eevdf",
+                "affinity:0,2-3",
+                "cgroup:cpuset=0,1:0",
+                "policy:batch",
+                "scx:scx_simple"
+            ]
+        );
+        assert!(parse_variants("eevdf,eevdf", &[]).is_err());
+        assert!(parse_variants("", &[]).is_err());
+    }
+
+    #[test]
+    fn metrics_from_rbench_rows() {
+        let w = Workload::Command {
+            name: "pp8".into(),
+            argv: vec![],
+        };
+        let o = WindowOutcome {
+            valid: true,
+            reasons: vec![],
+            proof: Value::Null,
+            stdout: r#"{"avg_ts": 12.5, "samples_ts": [12.5], "pinned": true, "n_prompt": 8, "isa": "Q4_1=avx2"}"#.into(),
+            stderr_tail: String::new(),
+            exit: "exit status: 0".into(),
+            duration_s: 1.0,
+        };
+        let unpinned = Variant::parse("unpinned").unwrap();
+        let (m, r) = window_metrics(Some(&unpinned), &w, &o);
+        assert_eq!(m["avg_ts"], 12.5);
+        assert_eq!(r.len(), 1, "pinned rows in an unpinned variant are caught");
+        let (_, r) = window_metrics(Some(&Variant::parse("eevdf").unwrap()), &w, &o);
+        assert!(r.is_empty());
+        let empty = WindowOutcome {
+            stdout: String::new(),
+            ..o
+        };
+        assert_eq!(
+            window_metrics(None, &w, &empty).1,
+            vec!["rbench printed no result row"]
+        );
+    }
+}
