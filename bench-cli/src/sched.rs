@@ -808,6 +808,33 @@ mod tests {
     }
 
     #[test]
+    fn plan_files_and_flags_merge() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("plan.toml");
+        std::fs::write(
+            &p,
+            "model = \"smollm2-135m\"\nvariants = [\"eevdf\", \"policy:batch\"]\n\
+             workloads = [\"pp64\", \"serve:c=1,4\"]\nrepetitions = 3\nantagonist = \"spin:2\"\n\
+             order = \"shuffled:9\"\n",
+        )
+        .unwrap();
+        let a = SchedArgs {
+            plan: Some(p.clone()),
+            reps: Some(7),
+            ..Default::default()
+        };
+        let s = settings(&a).unwrap();
+        assert_eq!(s.variants.len(), 2);
+        assert_eq!(s.workloads.len(), 2);
+        assert_eq!(s.reps, 7, "flags override the plan");
+        assert_eq!(s.antagonist, Some(Antagonist::Spin(2)));
+        assert_eq!(s.order, Order::Shuffled(9));
+        std::fs::write(&p, "variant = [\"eevdf\"]\n").unwrap();
+        let e = settings(&a).err().unwrap();
+        assert!(format!("{e:#}").contains("unknown field"), "{e:#}");
+    }
+
+    #[test]
     fn metrics_from_rbench_rows() {
         let w = Workload::Command {
             name: "pp8".into(),

