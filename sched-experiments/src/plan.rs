@@ -397,6 +397,26 @@ mod tests {
         crate::harness::test_harness(d)
     }
 
+    /// Runs `p` with a metrics hook that calls every window `bad` when it is non-empty.
+    fn go(
+        h: &Harness,
+        p: &Plan,
+        file: &Path,
+        id: &str,
+        bad: &[&str],
+    ) -> Result<Summary, PlanError> {
+        let bad: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
+        run(
+            h,
+            p,
+            &BTreeMap::new(),
+            file,
+            &fp(id),
+            &mut |_, _, _| (json!({}), bad.clone()),
+            &mut |_| {},
+        )
+    }
+
     fn fp(id: &str) -> Value {
         json!({"id": id, "hostname": "h", "cpu_model": "c", "logical_cpus": 2, "kernel_release": "6.12"})
     }
@@ -445,42 +465,14 @@ mod tests {
         assert_eq!(ex.windows.len(), 4);
         assert!(ex.windows.values().all(|&(_, ok)| ok));
         // Resume: nothing left to do.
-        let s = run(
-            &h,
-            &p,
-            &BTreeMap::new(),
-            &file,
-            &fp("m1"),
-            &mut |_, _, _| (json!({}), vec![]),
-            &mut |_| {},
-        )
-        .unwrap();
+        let s = go(&h, &p, &file, "m1", &[]).unwrap();
         assert_eq!((s.windows_run, s.skipped), (0, 4));
         // Another machine's file is refused.
-        let e = run(
-            &h,
-            &p,
-            &BTreeMap::new(),
-            &file,
-            &fp("m2"),
-            &mut |_, _, _| (json!({}), vec![]),
-            &mut |_| {},
-        )
-        .unwrap_err()
-        .to_string();
+        let e = go(&h, &p, &file, "m2", &[]).unwrap_err().to_string();
         assert!(e.contains("machine m1"), "{e}");
         // A longer plan resumed runs only the new windows.
         let p3 = plan(&["eevdf", "policy:batch"], 3);
-        let s = run(
-            &h,
-            &p3,
-            &BTreeMap::new(),
-            &file,
-            &fp("m1"),
-            &mut |_, _, _| (json!({}), vec![]),
-            &mut |_| {},
-        )
-        .unwrap();
+        let s = go(&h, &p3, &file, "m1", &[]).unwrap();
         assert_eq!((s.windows_run, s.skipped), (2, 4));
     }
 
@@ -490,27 +482,9 @@ mod tests {
         let h = harness(d.path());
         let file = d.path().join("r.jsonl");
         let p = plan(&["eevdf"], 1);
-        let s = run(
-            &h,
-            &p,
-            &BTreeMap::new(),
-            &file,
-            &fp("m1"),
-            &mut |_, _, _| (json!({}), vec!["no".into()]),
-            &mut |_| {},
-        )
-        .unwrap();
+        let s = go(&h, &p, &file, "m1", &["no"]).unwrap();
         assert_eq!((s.windows_run, s.invalid, s.exhausted), (2, 2, 1));
-        let s = run(
-            &h,
-            &p,
-            &BTreeMap::new(),
-            &file,
-            &fp("m1"),
-            &mut |_, _, _| (json!({}), vec![]),
-            &mut |_| {},
-        )
-        .unwrap();
+        let s = go(&h, &p, &file, "m1", &[]).unwrap();
         assert_eq!((s.windows_run, s.skipped), (0, 1));
     }
 

@@ -215,26 +215,10 @@ pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
     let ph = h - t - b;
     let sx = |x: f64| l + (x.log2() - xmin) / (xmax - xmin) * pw;
     let sy = |y: f64| t + ph - y / ymax * ph;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11"><title>{}</title><rect width="{w}" height="{h}" fill="white"/><text x="{}" y="18" font-size="14" text-anchor="middle">{}</text>"#,
-        esc(title),
-        l + pw / 2.0,
-        esc(title)
-    );
+    let mut s = svg_open(w, h, title, l + pw / 2.0);
     for i in 0..=5 {
         let y = ymax * i as f64 / 5.0;
-        let _ = write!(
-            s,
-            r##"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            l + pw,
-            sy(y),
-            sy(y),
-            l - 5.0,
-            sy(y) + 4.0,
-            fmt_tick(y)
-        );
+        y_grid(&mut s, l, pw, sy(y), &fmt_tick(y), "#ddd");
     }
     let mut e = xmin.ceil() as i64;
     while (e as f64) <= xmax + 1e-9 {
@@ -294,6 +278,27 @@ pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
     }
     s.push_str("</svg>");
     s
+}
+
+/// The opening of an SVG chart: size, white background, the title centred at `title_x`.
+pub(crate) fn svg_open(w: f64, h: f64, title: &str, title_x: f64) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11"><title>{t}</title><rect width="{w}" height="{h}" fill="white"/><text x="{title_x}" y="18" font-size="14" text-anchor="middle">{t}</text>"#,
+        t = esc(title)
+    )
+}
+
+/// A horizontal grid line at pixel `y` across the plot (from `l`, `pw` wide), labelled on
+/// the y axis.
+pub(crate) fn y_grid(s: &mut String, l: f64, pw: f64, y: f64, label: &str, color: &str) {
+    let _ = write!(
+        s,
+        r#"<line x1="{l}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{color}"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+        l + pw,
+        l - 5.0,
+        y + 4.0,
+        esc(label)
+    );
 }
 
 fn fmt_tick(v: f64) -> String {

@@ -574,23 +574,10 @@ pub fn svg_bars(
     let sy = |y: f64| t + ph - y / ymax * ph;
     let gw = pw / groups.len().max(1) as f64;
     let bw = gw * 0.8 / series.len().max(1) as f64;
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><rect width="{w}" height="{h}" fill="white"/><text x="{}" y="18" font-size="14" text-anchor="middle">{}</text>"#,
-        l + pw / 2.0,
-        esc(title)
-    );
+    let mut s = super::svg_open(w, h, title, l + pw / 2.0);
     for i in 0..=4 {
         let y = ymax * i as f64 / 4.0;
-        let _ = write!(
-            s,
-            r##"<line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{:.1}</text>"##,
-            l + pw,
-            sy(y),
-            sy(y),
-            l - 5.0,
-            sy(y) + 4.0,
-            y
-        );
+        super::y_grid(&mut s, l, pw, sy(y), &format!("{y:.1}"), "#e5e5e5");
     }
     for (gi, g) in groups.iter().enumerate() {
         let gx = l + gi as f64 * gw;
