@@ -436,55 +436,95 @@ fn workloads(
                 prompts,
                 output_len,
             } => {
-                let port = free_port()?;
-                let addr = format!("127.0.0.1:{port}");
+                // One window per concurrency point, each with a fresh server: a point never
+                // inherits the prefix cache (or the heap) of the points before it. Every
+                // point's server has the same slots, the sweep's largest concurrency.
                 let parallel = concurrency
                     .iter()
                     .filter_map(|c| c.parse::<usize>().ok())
                     .max()
                     .unwrap_or(16)
                     .clamp(1, 64);
-                let server_argv = vec![
-                    rserve.display().to_string(),
-                    "-m".into(),
-                    model.clone(),
-                    "--port".into(),
-                    port.to_string(),
-                    "-t".into(),
-                    s.threads.to_string(),
-                    "--parallel".into(),
-                    parallel.to_string(),
-                ];
-                let result = scratch.join(format!("serve-{i}.jsonl"));
-                let client_argv = vec![
-                    exe.clone(),
-                    "serve".into(),
-                    "--url".into(),
-                    format!("http://{addr}"),
-                    "--dataset".into(),
-                    s.dataset.clone(),
-                    "--num-prompts".into(),
-                    prompts.unwrap_or(s.serve_prompts).to_string(),
-                    "--concurrency".into(),
-                    concurrency.join(","),
-                    "--output-len".into(),
-                    output_len.unwrap_or(s.serve_output_len).to_string(),
-                    "--tokenizer-model".into(),
-                    model.clone(),
-                    "--result-file".into(),
-                    result.display().to_string(),
-                ];
-                Workload::Serve {
-                    name,
-                    server_argv,
-                    addr,
-                    health_path: "/health".into(),
-                    client_argv,
+                for c in concurrency {
+                    out.push(serve_point(
+                        s,
+                        &exe,
+                        rserve,
+                        &model,
+                        c,
+                        parallel,
+                        prompts.unwrap_or(s.serve_prompts),
+                        output_len.unwrap_or(s.serve_output_len),
+                        &scratch.join(format!("serve-{i}-{c}.jsonl")),
+                    )?);
                 }
+                continue;
             }
         });
     }
     Ok(out)
+}
+
+/// One serving window: `rserve` with `parallel` slots, a discarded warmup request, then
+/// `rbench serve` at concurrency `c` writing its result line to `result`.
+#[allow(clippy::too_many_arguments)] // the point's settings, all plain values
+fn serve_point(
+    s: &Settings,
+    exe: &str,
+    rserve: &Path,
+    model: &str,
+    c: &str,
+    parallel: usize,
+    prompts: usize,
+    output_len: usize,
+    result: &Path,
+) -> Result<Workload> {
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let url = format!("http://{addr}");
+    let server_argv = [
+        &rserve.display().to_string(),
+        "-m",
+        model,
+        "--port",
+        &port.to_string(),
+        "-t",
+        &s.threads.to_string(),
+        "--parallel",
+        &parallel.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let client = |dataset: &str, n: usize, conc: &str, len: usize| -> Vec<String> {
+        [
+            exe,
+            "serve",
+            "--url",
+            &url,
+            "--dataset",
+            dataset,
+            "--num-prompts",
+            &n.to_string(),
+            "--concurrency",
+            conc,
+            "--output-len",
+            &len.to_string(),
+            "--tokenizer-model",
+            model,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut client_argv = client(&s.dataset, prompts, c, output_len);
+    client_argv.extend(["--result-file".to_string(), result.display().to_string()]);
+    Ok(Workload::Serve {
+        name: format!("serve:c={c}"),
+        server_argv,
+        addr,
+        health_path: "/health".into(),
+        warmup_argv: Some(client("fixed:16/4", 1, "1", 4)),
+        client_argv,
+    })
 }
 
 /// The metrics of a window and the reasons its output makes it invalid.

@@ -34,12 +34,15 @@ pub enum Workload {
     /// One process, placed under the variant; its stdout is the result.
     Command { name: String, argv: Vec<String> },
     /// A server placed under the variant and a client (not placed) run against it once
-    /// `GET health_path` on `addr` answers 200; the client's stdout is the result.
+    /// `GET health_path` on `addr` answers 200; the client's stdout is the result. The
+    /// optional warmup command runs first and is discarded (a failing warmup fails the
+    /// window).
     Serve {
         name: String,
         server_argv: Vec<String>,
         addr: String,
         health_path: String,
+        warmup_argv: Option<Vec<String>>,
         client_argv: Vec<String>,
     },
 }
@@ -437,6 +440,7 @@ impl Harness {
                     server_argv,
                     addr,
                     health_path,
+                    warmup_argv,
                     client_argv,
                     ..
                 } => {
@@ -483,6 +487,32 @@ impl Harness {
                             return Err(HarnessError::Interrupted);
                         }
                         std::thread::sleep(Duration::from_millis(100));
+                    }
+                    if let (true, Some(w)) = (reasons.is_empty(), warmup_argv) {
+                        let mut c = Guarded(Some(
+                            Placement::default()
+                                .command(w)
+                                .stdin(Stdio::null())
+                                .stdout(Stdio::null())
+                                .stderr(Stdio::null())
+                                .spawn()
+                                .map_err(|source| HarnessError::Spawn {
+                                    what: format!("warmup `{}`", w.join(" ")),
+                                    source,
+                                })?,
+                        ));
+                        loop {
+                            if let Ok(Some(st)) = c.get().try_wait() {
+                                if !st.success() {
+                                    reasons.push(format!("the warmup request failed ({st})"));
+                                }
+                                break;
+                            }
+                            if abort() {
+                                return Err(HarnessError::Interrupted);
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
                     }
                     let client = if reasons.is_empty() {
                         let c = Placement::default()
