@@ -97,8 +97,11 @@ pub fn offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
     }
 }
 
+// Used by the SIMD tile kernels; architectures without any (aarch64 today) compile it
+// unused.
 /// A validated [`TileFn`] call: block count, weight row stride in bytes, rows, columns,
 /// scale row stride in floats (0 when no scales were passed), and the offset sums.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct TileCall {
     pub nb: usize,
     pub wstride: usize,
@@ -111,6 +114,7 @@ pub(crate) struct TileCall {
 
 /// Validates a [`TileFn`] call for weight blocks `W` and activation blocks `A`: after
 /// this, every byte, scale and sum the kernel reads is inside the slices it was given.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn check_tile<W: Block, A: Block>(
     w: &[u8],
     rows: usize,
