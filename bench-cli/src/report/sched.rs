@@ -562,7 +562,7 @@ pub fn svg_bars(
     groups: &[String],
     series: &[(String, Vec<Option<Msd>>)],
 ) -> String {
-    let (w, h, l, r, t, b) = (680.0, 320.0, 70.0, 170.0, 30.0, 90.0);
+    let (w, h, l, r, t, b) = (560.0, 300.0, 65.0, 110.0, 30.0, 85.0);
     let pw = w - l - r;
     let ph = h - t - b;
     let ymax = series
@@ -581,6 +581,14 @@ pub fn svg_bars(
     }
     for (gi, g) in groups.iter().enumerate() {
         let gx = l + gi as f64 * gw;
+        if series.iter().all(|(_, v)| !matches!(v.get(gi), Some(Some(_)))) {
+            let _ = write!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#999">no valid window</text>"##,
+                gx + gw / 2.0,
+                t + ph - 8.0
+            );
+        }
         for (si, (_, vals)) in series.iter().enumerate() {
             let Some(Some(m)) = vals.get(gi) else {
                 continue;
