@@ -111,14 +111,42 @@ pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
 
 /// Appends the keys of the full blocks of `tokens` that `hashes` does not cover yet.
 pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+    extend_block_hashes_from(hashes, None, tokens, block_size);
+}
+
+/// [`extend_block_hashes`] for a chain that starts at `root` (a tenant's, see
+/// [`tenant_root`]) instead of at nothing: chains with different roots share no key, so
+/// their sequences never share a cached block, whatever their tokens.
+pub fn extend_block_hashes_from(
+    hashes: &mut Vec<BlockHash>,
+    root: Option<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+) {
     while (hashes.len() + 1) * block_size <= tokens.len() {
         let i = hashes.len();
         let h = block_hash(
-            hashes.last().copied(),
+            hashes.last().copied().or(root),
             &tokens[i * block_size..(i + 1) * block_size],
         );
         hashes.push(h);
     }
+}
+
+/// The chain root of a cache-isolation domain (a tenant, a `cache_salt`): None for the
+/// shared default domain (empty `id`), else a key no token block can produce.
+pub fn tenant_root(id: &[u8]) -> Option<BlockHash> {
+    if id.is_empty() {
+        return None;
+    }
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update([2u8]); // distinct from block_hash's 0 (first block) and 1 (chained) tags
+    h.update(id);
+    let d = h.finalize();
+    Some(u128::from_le_bytes(
+        d[..16].try_into().expect("32-byte digest"),
+    ))
 }
 
 #[derive(Debug, Default, Clone)]
@@ -459,6 +487,16 @@ impl KvCache {
         Ok(s.len)
     }
 
+    /// Whether a block with key `key` is published (cached or in use).
+    pub fn is_published(&self, key: &BlockHash) -> bool {
+        self.published.contains_key(key)
+    }
+
+    /// Blocks held by `seq` (0 for an unknown sequence).
+    pub fn seq_blocks(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.blocks.len())
+    }
+
     /// Publishes the computed full blocks of `seq` that are not yet read-only, keyed by
     /// `hashes` (see [`extend_block_hashes`]) over the sequence's `tokens`. A block whose
     /// key another block already holds stays private (both hold equal contents). Returns
@@ -726,6 +764,24 @@ mod tests {
         c.publish(seq, &h, t);
         c.check_invariants().unwrap();
         got
+    }
+
+    #[test]
+    fn tenant_roots_separate_chains() {
+        let a: Vec<u32> = (0..8).collect();
+        let mut plain = Vec::new();
+        extend_block_hashes(&mut plain, &a, 4);
+        let mut none = Vec::new();
+        extend_block_hashes_from(&mut none, tenant_root(b""), &a, 4);
+        assert_eq!(plain, none, "the empty tenant is the shared default");
+        let (mut t1, mut t2, mut t1b) = (Vec::new(), Vec::new(), Vec::new());
+        extend_block_hashes_from(&mut t1, tenant_root(b"alice"), &a, 4);
+        extend_block_hashes_from(&mut t2, tenant_root(b"bob"), &a, 4);
+        extend_block_hashes_from(&mut t1b, tenant_root(b"alice"), &a, 4);
+        assert_eq!(t1, t1b);
+        for h in &t1 {
+            assert!(!t2.contains(h) && !plain.contains(h));
+        }
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct RawRequest {
     pub echo: Option<bool>,
     pub ignore_eos: Option<bool>,
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's prefix-cache isolation salt: requests with different salts never share
+    /// cached blocks.
+    pub cache_salt: Option<Value>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -63,6 +66,7 @@ pub struct Parsed {
     pub params: GenParams,
     pub stream: bool,
     pub include_usage: bool,
+    pub cache_salt: Option<String>,
 }
 
 const MAX_STOPS: usize = 16;
@@ -419,6 +423,16 @@ pub fn parse_request(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        cache_salt: match &r.cache_salt {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => Some(s.clone()),
+            Some(_) => {
+                return Err(bad(
+                    "cache_salt",
+                    "cache_salt must be a non-empty string of at most 1024 bytes",
+                ))
+            }
+        },
     })
 }
 

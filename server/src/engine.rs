@@ -84,6 +84,8 @@ pub struct GenRequest {
     pub params: GenParams,
     pub events: mpsc::UnboundedSender<Event>,
     pub arrival: Instant,
+    /// Its cache-isolation domain.
+    pub tenant: crate::tenant::Tenant,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -201,7 +203,7 @@ impl Shared {
 }
 
 enum Msg {
-    Submit(GenRequest),
+    Submit(Box<GenRequest>),
     ResetPrefixCache,
     Stop,
 }
@@ -279,7 +281,7 @@ impl Engine {
             ));
         }
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        if tx.send(Msg::Submit(req)).is_err() {
+        if tx.send(Msg::Submit(Box::new(req))).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(ApiError::new(
                 ApiErrorKind::Unavailable { retry_after_s: 30 },
@@ -597,7 +599,7 @@ impl<'a> BatchLoop<'a> {
             // Block only when there is nothing to compute.
             if self.sched.is_idle() {
                 match rx.recv() {
-                    Ok(Msg::Submit(r)) => self.accept(r),
+                    Ok(Msg::Submit(r)) => self.accept(*r),
                     Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
                     Ok(Msg::Stop) | Err(_) => break,
                 }
@@ -605,7 +607,7 @@ impl<'a> BatchLoop<'a> {
             let mut stop = false;
             loop {
                 match rx.try_recv() {
-                    Ok(Msg::Submit(r)) => self.accept(r),
+                    Ok(Msg::Submit(r)) => self.accept(*r),
                     Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
                     Ok(Msg::Stop) => stop = true,
                     Err(std_mpsc::TryRecvError::Empty) => break,
@@ -669,7 +671,8 @@ impl<'a> BatchLoop<'a> {
                 n_sampled: 0,
             },
         );
-        self.sched.add(SeqEntry::new(id, r.prompt));
+        self.sched
+            .add(SeqEntry::new(id, r.prompt).in_tenant(r.tenant.root, &r.tenant.label));
     }
 
     /// Frees at once every sequence whose client went away.
@@ -870,6 +873,17 @@ impl<'a> BatchLoop<'a> {
         m.kv_blocks_used = self.kv.used_blocks();
         m.kv_blocks_free = self.kv.free_blocks();
         m.kv_blocks_cached = self.kv.cached_blocks();
+        let mut tenants: std::collections::BTreeMap<String, crate::metrics::TenantKv> =
+            Default::default();
+        for e in self.sched.entries() {
+            let t = tenants.entry(e.tenant.to_string()).or_default();
+            t.blocks_used += self.kv.seq_blocks(e.id);
+            t.tokens_used += e.n_computed;
+        }
+        for (tenant, n) in self.sched.cached_by_tenant(self.kv) {
+            tenants.entry(tenant.to_string()).or_default().blocks_cached = n;
+        }
+        m.tenants = tenants;
     }
 }
 

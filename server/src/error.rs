@@ -7,6 +7,8 @@ use serde::Serialize;
 pub enum ApiErrorKind {
     /// 400: the request is malformed or its values are out of range.
     InvalidRequest,
+    /// 401: a missing or wrong API key.
+    Unauthorized,
     /// 404: unknown model or route.
     NotFound,
     /// 413: body larger than the configured limit.
@@ -60,6 +62,7 @@ impl ApiError {
     pub fn status(&self) -> u16 {
         match self.kind {
             ApiErrorKind::InvalidRequest => 400,
+            ApiErrorKind::Unauthorized => 401,
             ApiErrorKind::NotFound => 404,
             ApiErrorKind::PayloadTooLarge => 413,
             ApiErrorKind::Overloaded { .. } => 429,
@@ -80,6 +83,7 @@ impl ApiError {
     pub fn body_json(&self) -> String {
         let (ty, code) = match self.kind {
             ApiErrorKind::InvalidRequest => ("invalid_request_error", None),
+            ApiErrorKind::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
             ApiErrorKind::PayloadTooLarge => ("invalid_request_error", Some("payload_too_large")),
             ApiErrorKind::Overloaded { .. } => ("server_overloaded", Some("rate_limit_exceeded")),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -26,6 +26,7 @@ use crate::api::{self, Kind, RawRequest, ResponseMeta};
 use crate::engine::{Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::Outcome;
+use crate::tenant::{bearer, ApiKeys, Tenant};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -40,6 +41,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Listen for SIGINT / SIGTERM (the binary does; tests do not).
     pub handle_signals: bool,
+    /// API keys every route but /health and /metrics requires (None: open).
+    pub api_keys: Option<Arc<ApiKeys>>,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             http_threads: 2,
             drain_timeout: Duration::from_secs(60),
             handle_signals: false,
+            api_keys: None,
         }
     }
 }
@@ -59,9 +63,44 @@ impl Default for ServerConfig {
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Arc<Engine>,
+    /// When set, every route but /health and /metrics needs one of these keys.
+    pub keys: Option<Arc<ApiKeys>>,
+}
+
+impl AppState {
+    /// Checks the request's API key where keys are configured: the key's label, None
+    /// when the server has no keys, 401 otherwise.
+    fn authorize(&self, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+        let Some(keys) = &self.keys else {
+            return Ok(None);
+        };
+        let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        match bearer(h("authorization"), h("x-api-key")) {
+            Some(k) => match keys.check(&k) {
+                Some(label) => Ok(Some(label.to_string())),
+                None => Err(ApiError::new(
+                    ApiErrorKind::Unauthorized,
+                    "incorrect API key provided",
+                )),
+            },
+            None => Err(ApiError::new(
+                ApiErrorKind::Unauthorized,
+                "this server needs an API key: send `Authorization: Bearer KEY`",
+            )),
+        }
+    }
 }
 
 pub fn router(engine: Arc<Engine>, max_body_bytes: usize) -> Router {
+    router_with_keys(engine, max_body_bytes, None)
+}
+
+/// [`router`] with API keys required on every route but /health and /metrics.
+pub fn router_with_keys(
+    engine: Arc<Engine>,
+    max_body_bytes: usize,
+    keys: Option<Arc<ApiKeys>>,
+) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -74,7 +113,7 @@ pub fn router(engine: Arc<Engine>, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(AppState { engine })
+        .with_state(AppState { engine, keys })
 }
 
 async fn not_found() -> ApiError {
@@ -120,21 +159,38 @@ fn outcome_of(e: &ApiError) -> Outcome {
     }
 }
 
-async fn completions(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(st, Kind::Completion, body).await
+async fn completions(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(st, headers, Kind::Completion, body).await
 }
 
 async fn chat_completions(
     State(st): State<AppState>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generate(st, Kind::Chat, body).await
+    generate(st, headers, Kind::Chat, body).await
 }
 
-async fn generate(st: AppState, kind: Kind, body: Result<Bytes, BytesRejection>) -> Response {
+async fn generate(
+    st: AppState,
+    headers: HeaderMap,
+    kind: Kind,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrival = Instant::now();
     let shared = st.engine.shared.clone();
     shared.metrics().requests_received += 1;
+    let key_label = match st.authorize(&headers) {
+        Ok(l) => l,
+        Err(e) => {
+            shared.count(Outcome::Unauthorized);
+            return e.into_response();
+        }
+    };
     // Parsing, chat templating and tokenizing a (possibly megabyte) prompt is CPU work:
     // keep it off the async workers.
     let engine = st.engine.clone();
@@ -170,6 +226,7 @@ async fn generate(st: AppState, kind: Kind, body: Result<Bytes, BytesRejection>)
         params: parsed.params,
         events: tx,
         arrival,
+        tenant: Tenant::of(key_label.as_deref(), parsed.cache_salt.as_deref()),
     };
     if let Err(e) = st.engine.submit(req) {
         shared.count(outcome_of(&e));
@@ -340,7 +397,10 @@ fn stream_response(
         .into_response()
 }
 
-async fn models(State(st): State<AppState>) -> Response {
+async fn models(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
     match loaded(&st) {
         Ok(info) => Json(json!({
             "object": "list",
@@ -395,7 +455,10 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn reset_prefix_cache(State(st): State<AppState>) -> Response {
+async fn reset_prefix_cache(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
     if st.engine.reset_prefix_cache() {
         Json(json!({"status": "ok"})).into_response()
     } else {
@@ -415,7 +478,14 @@ struct TokenizeRequest {
     add_generation_prompt: Option<bool>,
 }
 
-async fn tokenize(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn tokenize(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
     let r = (|| {
         let body = body.map_err(body_error)?;
         let info = loaded(&st)?;
@@ -453,7 +523,14 @@ struct DetokenizeRequest {
     tokens: Vec<i64>,
 }
 
-async fn detokenize(State(st): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn detokenize(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if let Err(e) = st.authorize(&headers) {
+        return e.into_response();
+    }
     let r = (|| {
         let body = body.map_err(body_error)?;
         let info = loaded(&st)?;
@@ -610,7 +687,7 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = router(engine.clone(), cfg.max_body_bytes);
+    let app = router_with_keys(engine.clone(), cfg.max_body_bytes, cfg.api_keys.clone());
     let mut stop2 = stop.clone();
     let eng = engine.clone();
     let signal = async move {

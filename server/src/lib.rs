@@ -3,7 +3,8 @@
 //! Layers, each testable alone: [`scheduler`] (plain batching state over the KV cache),
 //! [`engine`] (the batch loop on its own OS thread, owning model, cache and thread pool),
 //! [`api`] (OpenAI request validation and response shapes), [`http`] (axum routes, SSE,
-//! admission control, shutdown) and [`error`] (the one error shape every endpoint returns).
+//! admission control, shutdown), [`tenant`] (API keys and cache-isolation domains) and
+//! [`error`] (the one error shape every endpoint returns).
 
 pub mod api;
 pub mod engine;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod scheduler;
+pub mod tenant;
 pub mod text;
 
 pub use http::{start, RunningServer, ServerConfig};

@@ -20,18 +20,21 @@ pub enum Outcome {
     Unavailable,
     /// 400/413: bad request.
     Invalid,
+    /// 401: missing or wrong API key.
+    Unauthorized,
     /// 500: engine failure.
     Error,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Stop,
         Outcome::Length,
         Outcome::Cancelled,
         Outcome::RejectedQueueFull,
         Outcome::Unavailable,
         Outcome::Invalid,
+        Outcome::Unauthorized,
         Outcome::Error,
     ];
 
@@ -43,6 +46,7 @@ impl Outcome {
             Outcome::RejectedQueueFull => "rejected_queue_full",
             Outcome::Unavailable => "unavailable",
             Outcome::Invalid => "invalid",
+            Outcome::Unauthorized => "unauthorized",
             Outcome::Error => "error",
         }
     }
@@ -102,6 +106,14 @@ const LATENCY_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// One tenant's share of the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TenantKv {
+    pub blocks_used: usize,
+    pub tokens_used: usize,
+    pub blocks_cached: usize,
+}
+
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub requests_received: u64,
@@ -121,6 +133,10 @@ pub struct Metrics {
     pub kv_blocks_used: usize,
     pub kv_blocks_free: usize,
     pub kv_blocks_cached: usize,
+    /// Per tenant (by label): KV blocks its running and waiting sequences hold, the
+    /// positions they have computed, and the cached prefix blocks it published that are
+    /// still in the cache.
+    pub tenants: BTreeMap<String, TenantKv>,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
@@ -145,6 +161,7 @@ impl Default for Metrics {
             kv_blocks_used: 0,
             kv_blocks_free: 0,
             kv_blocks_cached: 0,
+            tenants: BTreeMap::new(),
             ttft: Histogram::new(LATENCY_BOUNDS),
             itl: Histogram::new(LATENCY_BOUNDS),
             e2e: Histogram::new(LATENCY_BOUNDS),
@@ -251,6 +268,28 @@ impl Metrics {
             "Free KV blocks that still hold a cached prefix (evictable).",
             self.kv_blocks_cached as f64,
         );
+        for (name, help, get) in [
+            (
+                "rserve_tenant_kv_blocks_used",
+                "KV blocks held by a tenant's sequences.",
+                (|t: &TenantKv| t.blocks_used) as fn(&TenantKv) -> usize,
+            ),
+            (
+                "rserve_tenant_kv_tokens_used",
+                "KV positions computed for a tenant's sequences.",
+                |t: &TenantKv| t.tokens_used,
+            ),
+            (
+                "rserve_tenant_kv_blocks_cached",
+                "Cached prefix blocks a tenant published that are still in the cache (other tenants never see them).",
+                |t: &TenantKv| t.blocks_cached,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (tenant, t) in &self.tenants {
+                let _ = writeln!(s, "{name}{{tenant=\"{tenant}\"}} {}", get(t));
+            }
+        }
         let _ = writeln!(
             s,
             "# HELP rserve_requests_total Generation requests by outcome.\n# TYPE rserve_requests_total counter"

@@ -23,7 +23,10 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use runtime::kv::{extend_block_hashes, BlockHash, KvCache, SeqId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use runtime::kv::{extend_block_hashes_from, BlockHash, KvCache, SeqId};
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -51,6 +54,10 @@ pub struct SeqEntry {
     pub cached_tokens: usize,
     pub admitted_once: bool,
     pub n_preemptions: u32,
+    /// The cache-isolation domain: where its block keys' chain starts (None: shared) and
+    /// how metrics name it.
+    pub root: Option<BlockHash>,
+    pub tenant: Arc<str>,
 }
 
 impl SeqEntry {
@@ -65,7 +72,16 @@ impl SeqEntry {
             cached_tokens: 0,
             admitted_once: false,
             n_preemptions: 0,
+            root: None,
+            tenant: Arc::from("default"),
         }
+    }
+
+    /// The same sequence in tenant `tenant` (its blocks are keyed from `root`).
+    pub fn in_tenant(mut self, root: Option<BlockHash>, tenant: &str) -> SeqEntry {
+        self.root = root;
+        self.tenant = Arc::from(tenant);
+        self
     }
 
     /// Tokens not yet in the KV cache.
@@ -110,6 +126,8 @@ pub struct Scheduler {
     waiting: VecDeque<SeqEntry>,
     /// In admission order (the newest is preempted first).
     running: Vec<SeqEntry>,
+    /// Which tenant published each cached key (pruned as the cache evicts).
+    published_by: HashMap<BlockHash, Arc<str>>,
 }
 
 impl Scheduler {
@@ -120,6 +138,7 @@ impl Scheduler {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            published_by: HashMap::new(),
         }
     }
 
@@ -137,6 +156,21 @@ impl Scheduler {
 
     pub fn n_running(&self) -> usize {
         self.running.len()
+    }
+
+    /// Every sequence, running then waiting.
+    pub fn entries(&self) -> impl Iterator<Item = &SeqEntry> {
+        self.running.iter().chain(self.waiting.iter())
+    }
+
+    /// Cached prefix blocks per tenant that are still in `kv` (forgets evicted ones).
+    pub fn cached_by_tenant(&mut self, kv: &KvCache) -> HashMap<Arc<str>, usize> {
+        self.published_by.retain(|h, _| kv.is_published(h));
+        let mut out = HashMap::new();
+        for t in self.published_by.values() {
+            *out.entry(t.clone()).or_insert(0) += 1;
+        }
+        out
     }
 
     pub fn is_idle(&self) -> bool {
@@ -266,7 +300,7 @@ impl Scheduler {
         let mut w = 0;
         while w < self.waiting.len() && self.running.len() < self.cfg.max_seqs && budget > 0 {
             let s = &mut self.waiting[w];
-            extend_block_hashes(&mut s.hashes, &s.tokens, bs);
+            extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens, bs);
             // The last token is always computed: it gives the logits.
             let usable = (s.tokens.len() - 1) / bs;
             let (hit, hit_unref) = if self.cfg.prefix_caching {
@@ -402,8 +436,16 @@ impl Scheduler {
             s.n_computed += item.len;
             debug_assert_eq!(kv.seq_len(s.id), s.n_computed);
             if self.cfg.prefix_caching {
-                extend_block_hashes(&mut s.hashes, &s.tokens[..s.n_computed], bs);
-                kv.publish(s.id, &s.hashes, &s.tokens);
+                extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens[..s.n_computed], bs);
+                if kv.publish(s.id, &s.hashes, &s.tokens) > 0 {
+                    for h in &s.hashes {
+                        if kv.is_published(h) {
+                            self.published_by
+                                .entry(*h)
+                                .or_insert_with(|| s.tenant.clone());
+                        }
+                    }
+                }
             }
         }
     }

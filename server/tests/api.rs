@@ -547,3 +547,99 @@ fn shutdown_drains_in_flight_streams_and_refuses_new_work() {
     srv.join();
     eprintln!("drained in {:?}", t0.elapsed());
 }
+
+fn cached_of(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Tenants never share cached blocks: the same long prompt under another `cache_salt` (or
+/// another API key) computes everything again, while the same tenant twice hits the cache;
+/// greedy text is the same either way, and /metrics shows each tenant's blocks.
+#[test]
+fn tenants_are_isolated_in_the_prefix_cache() {
+    let _g = serial();
+    if !model_available() {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let keys = d.path().join("keys");
+    std::fs::write(&keys, "alice sk-alice-123\nbob sk-bob-456\n").unwrap();
+    let srv = start_with_keys(
+        engine_config(),
+        Some(server::tenant::ApiKeys::from_file(&keys).unwrap()),
+    );
+    let a = srv.addr;
+    let call = |key: Option<&str>, body: &Value| {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let h: Vec<(&str, &str)> = auth.iter().map(|v| ("Authorization", v.as_str())).collect();
+        request_with(
+            a,
+            "POST",
+            "/v1/completions",
+            Some(body.to_string().as_bytes()),
+            &h,
+            Duration::from_secs(300),
+        )
+        .unwrap()
+    };
+    // Keys: 401 without or with a wrong one, OpenAI-shaped; /health stays open.
+    let long = words(150, 11);
+    let body = json!({"prompt": long, "max_tokens": 4, "temperature": 0});
+    for k in [None, Some("sk-wrong"), Some("")] {
+        let r = call(k, &body);
+        assert_eq!(r.status, 401, "{k:?}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    }
+    assert_eq!(get(a, "/health").status, 200);
+    let r = request_with(
+        a,
+        "GET",
+        "/v1/models",
+        None,
+        &[("x-api-key", "sk-bob-456")],
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Same tenant twice: cached. Another key, same prompt: nothing cached.
+    let a1 = call(Some("sk-alice-123"), &body).json();
+    let a2 = call(Some("sk-alice-123"), &body).json();
+    let b1 = call(Some("sk-bob-456"), &body).json();
+    assert_eq!(cached_of(&a1), 0);
+    assert!(cached_of(&a2) > 0, "{a2}");
+    assert_eq!(cached_of(&b1), 0, "bob must not hit alice's blocks: {b1}");
+    assert_eq!(a1["choices"][0]["text"], b1["choices"][0]["text"]);
+    assert_eq!(a1["choices"][0]["text"], a2["choices"][0]["text"]);
+    // cache_salt splits one key's requests the same way.
+    let salted = json!({"prompt": long, "max_tokens": 4, "temperature": 0, "cache_salt": "s1"});
+    let s1 = call(Some("sk-alice-123"), &salted).json();
+    let s2 = call(Some("sk-alice-123"), &salted).json();
+    assert_eq!(cached_of(&s1), 0, "a new salt starts cold");
+    assert!(cached_of(&s2) > 0);
+    let bad = json!({"prompt": "x", "cache_salt": 5});
+    assert_eq!(call(Some("sk-alice-123"), &bad).status, 400);
+
+    let m = get(a, "/metrics").text();
+    for tenant in ["alice", "bob"] {
+        let v = server::metrics::parse_sample(
+            &m,
+            &format!("rserve_tenant_kv_blocks_cached{{tenant=\"{tenant}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no cached-block gauge for {tenant}:\n{m}"));
+        assert!(v > 0.0, "{tenant}: {v}");
+    }
+    assert!(m.contains("tenant=\"alice/salt-"), "{m}");
+    assert!(
+        !m.contains("sk-alice") && !m.contains("\"s1\""),
+        "keys and salts never appear"
+    );
+    assert!(
+        server::metrics::parse_sample(&m, "rserve_requests_total{outcome=\"unauthorized\"}")
+            == Some(3.0),
+        "{m}"
+    );
+    srv.shutdown();
+}

@@ -581,7 +581,10 @@ pub fn svg_bars(
     }
     for (gi, g) in groups.iter().enumerate() {
         let gx = l + gi as f64 * gw;
-        if series.iter().all(|(_, v)| !matches!(v.get(gi), Some(Some(_)))) {
+        if series
+            .iter()
+            .all(|(_, v)| !matches!(v.get(gi), Some(Some(_))))
+        {
             let _ = write!(
                 s,
                 r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#999">no valid window</text>"##,

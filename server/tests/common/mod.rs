@@ -48,6 +48,14 @@ pub fn engine_config() -> EngineConfig {
 
 /// Starts a server with `engine` on 127.0.0.1 and an ephemeral port, ready to serve.
 pub fn start(engine: EngineConfig) -> RunningServer {
+    start_with_keys(engine, None)
+}
+
+/// [`start`] with API keys required.
+pub fn start_with_keys(
+    engine: EngineConfig,
+    keys: Option<server::tenant::ApiKeys>,
+) -> RunningServer {
     let srv = server::start(ServerConfig {
         host: "127.0.0.1".into(),
         port: 0,
@@ -56,6 +64,7 @@ pub fn start(engine: EngineConfig) -> RunningServer {
         http_threads: 2,
         drain_timeout: Duration::from_secs(30),
         handle_signals: false,
+        api_keys: keys.map(std::sync::Arc::new),
     })
     .expect("server starts");
     srv.wait_ready(Duration::from_secs(120))
@@ -107,8 +116,21 @@ fn send_request(
     path: &str,
     body: Option<&[u8]>,
 ) -> std::io::Result<()> {
+    send_request_with(s, method, path, body, &[])
+}
+
+fn send_request_with(
+    s: &mut TcpStream,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    extra: &[(&str, &str)],
+) -> std::io::Result<()> {
     let mut req =
         format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nAccept: */*\r\n");
+    for (k, v) in extra {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
     if let Some(b) = body {
         req.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -173,8 +195,20 @@ pub fn request(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> std::io::Result<Resp> {
+    request_with(addr, method, path, body, &[], timeout)
+}
+
+/// [`request`] with extra headers.
+pub fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> std::io::Result<Resp> {
     let mut s = connect(addr, timeout)?;
-    send_request(&mut s, method, path, body)?;
+    send_request_with(&mut s, method, path, body, headers)?;
     let mut r = BufReader::new(s);
     let (status, headers) = read_head(&mut r)?;
     let mut body = Vec::new();
