@@ -51,6 +51,10 @@ pub struct RawRequest {
     /// vLLM's prefix-cache isolation salt: requests with different salts never share
     /// cached blocks.
     pub cache_salt: Option<Value>,
+    /// `{"token id": bias}`, bias in [-100, 100], added to the logits before sampling.
+    pub logit_bias: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<Value>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -67,10 +71,14 @@ pub struct Parsed {
     pub stream: bool,
     pub include_usage: bool,
     pub cache_salt: Option<String>,
+    /// How many choices to generate for the prompt (OpenAI's `n`).
+    pub n: usize,
 }
 
 const MAX_STOPS: usize = 16;
 const MAX_LOGPROBS: usize = 20;
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 16;
 
 /// OpenAI's `finish_reason`: a full context is reported as `length`, as OpenAI and
 /// llama-server do.
@@ -298,11 +306,11 @@ pub fn parse_request(
     template: &ChatTemplate,
     n_ctx: usize,
 ) -> Result<Parsed, ApiError> {
-    if let Some(n) = r.n {
-        if n != 1 {
-            return Err(bad("n", format!("only n = 1 is supported, got {n}")));
-        }
-    }
+    let n = match r.n {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => return Err(bad("n", format!("n must be in 1..={MAX_N}, got {n}"))),
+    };
     if r.best_of.is_some_and(|b| b != 1) {
         return Err(bad("best_of", "only best_of = 1 is supported"));
     }
@@ -407,6 +415,49 @@ pub fn parse_request(
             n_ctx - p
         }
     };
+    let logit_bias = match &r.logit_bias {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(m)) => {
+            let mut v = Vec::with_capacity(m.len());
+            for (k, b) in m {
+                let id: u32 = k
+                    .parse()
+                    .ok()
+                    .filter(|&id| (id as usize) < tok.n_vocab())
+                    .ok_or_else(|| {
+                        bad(
+                            "logit_bias",
+                            format!(
+                                "'{k}' is not a token id of this model (0..{})",
+                                tok.n_vocab()
+                            ),
+                        )
+                    })?;
+                let b = b
+                    .as_f64()
+                    .filter(|b| (-100.0..=100.0).contains(b))
+                    .ok_or_else(|| {
+                        bad(
+                            "logit_bias",
+                            format!("the bias of {k} must be a number in [-100, 100]"),
+                        )
+                    })?;
+                v.push((id, b as f32));
+            }
+            v
+        }
+        Some(_) => {
+            return Err(bad(
+                "logit_bias",
+                "logit_bias must be an object of token id -> bias",
+            ))
+        }
+    };
+    let format = match &r.response_format {
+        None | Some(Value::Null) => None,
+        Some(v) => crate::constrain::Format::from_response_format(v)
+            .map_err(|e| bad("response_format", e))?,
+    };
     Ok(Parsed {
         kind,
         prompt,
@@ -416,6 +467,8 @@ pub fn parse_request(
             stop,
             logprobs,
             ignore_eos: r.ignore_eos.unwrap_or(false),
+            logit_bias,
+            format,
         },
         stream: r.stream.unwrap_or(false),
         include_usage: r
@@ -423,6 +476,7 @@ pub fn parse_request(
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
+        n,
         cache_salt: match &r.cache_salt {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => Some(s.clone()),
@@ -500,33 +554,43 @@ pub struct ResponseMeta {
     pub model: String,
 }
 
+/// One finished choice of a non-streaming response.
+pub struct Choice<'a> {
+    pub text: &'a str,
+    pub finish: FinishReason,
+    pub logprobs: Option<&'a [TokenLogprobs]>,
+}
+
 impl ResponseMeta {
-    /// The non-streaming response.
-    pub fn full(
-        &self,
-        text: &str,
-        finish: FinishReason,
-        usage: &Usage,
-        logprobs: Option<&[TokenLogprobs]>,
-    ) -> Value {
-        let lp = logprobs.map_or(Value::Null, |l| logprobs_json(self.kind, l, 0));
-        let choice = match self.kind {
-            Kind::Completion => json!({
-                "index": 0, "text": text, "logprobs": lp, "finish_reason": openai_finish(finish),
-            }),
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": lp,
-                "finish_reason": openai_finish(finish),
-            }),
-        };
+    /// The non-streaming response: one entry of `choices` per generated choice, in order.
+    pub fn full(&self, choices: &[Choice], usage: &Usage) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let lp = c
+                    .logprobs
+                    .map_or(Value::Null, |l| logprobs_json(self.kind, l, 0));
+                match self.kind {
+                    Kind::Completion => json!({
+                        "index": i, "text": c.text, "logprobs": lp,
+                        "finish_reason": openai_finish(c.finish),
+                    }),
+                    Kind::Chat => json!({
+                        "index": i,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": lp,
+                        "finish_reason": openai_finish(c.finish),
+                    }),
+                }
+            })
+            .collect();
         json!({
             "id": self.id,
             "object": match self.kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion" },
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(usage),
         })
     }
@@ -545,20 +609,22 @@ impl ResponseMeta {
         v
     }
 
-    /// The opening chunk (chat: the assistant role), if the format has one.
-    pub fn first_chunk(&self) -> Option<Value> {
+    /// The opening chunk of choice `index` (chat: the assistant role), if the format has
+    /// one.
+    pub fn first_chunk(&self, index: usize) -> Option<Value> {
         match self.kind {
             Kind::Chat => Some(self.chunk(
-                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                json!([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
                 None,
             )),
             Kind::Completion => None,
         }
     }
 
-    /// A chunk with new text, and/or the finish reason for the last one.
+    /// A chunk of choice `index` with new text, and/or the finish reason for its last one.
     pub fn text_chunk(
         &self,
+        index: usize,
         text: &str,
         logprobs: Option<Value>,
         finish: Option<FinishReason>,
@@ -567,7 +633,7 @@ impl ResponseMeta {
         let lp = logprobs.unwrap_or(Value::Null);
         let choice = match self.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": fr})
+                json!({"index": index, "text": text, "logprobs": lp, "finish_reason": fr})
             }
             Kind::Chat => {
                 let delta = if text.is_empty() && finish.is_some() {
@@ -575,7 +641,7 @@ impl ResponseMeta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": fr})
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": fr})
             }
         };
         self.chunk(json!([choice]), None)

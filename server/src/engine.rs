@@ -22,6 +22,7 @@ use runtime::sampling::{Sampler, SamplingParams};
 use runtime::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
+use crate::constrain::JsonMachine;
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::{Metrics, Outcome};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqEntry};
@@ -77,6 +78,10 @@ pub struct GenParams {
     /// Report the chosen token's logprob and this many alternatives.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// Added to the logits of these tokens before sampling.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The output must follow this format (`response_format`).
+    pub format: Option<crate::constrain::Format>,
 }
 
 pub struct GenRequest {
@@ -521,6 +526,7 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         active: HashMap::new(),
         next_id: 1,
         shared,
+        token_bytes: None,
     };
     shared.set_state(State::Ready);
     run.serve(&rx);
@@ -537,6 +543,8 @@ struct Active<'t> {
     admitted: bool,
     last_token_at: Option<Instant>,
     n_sampled: usize,
+    /// Where the output stands in its `response_format`.
+    constraint: Option<JsonMachine>,
 }
 
 impl Active<'_> {
@@ -591,6 +599,52 @@ struct BatchLoop<'a> {
     active: HashMap<SeqId, Active<'a>>,
     next_id: SeqId,
     shared: &'a Shared,
+    /// Each token's bytes (None for special tokens), built on the first constrained
+    /// request.
+    token_bytes: Option<Vec<Option<Vec<u8>>>>,
+}
+
+/// Samples a token `m` accepts: the sampler's choice when that is allowed, otherwise the
+/// sampler again with the refused tokens removed (bounded), then with every refused token
+/// removed. End-of-generation is allowed only once the output could end. None when no
+/// token can continue the output.
+fn sample_constrained(
+    sampler: &mut Sampler,
+    logits: &mut [f32],
+    m: &JsonMachine,
+    bytes: &[Option<Vec<u8>>],
+    is_eog: &dyn Fn(u32) -> bool,
+) -> Option<u32> {
+    let allowed = |t: u32| {
+        if is_eog(t) {
+            m.can_end()
+        } else {
+            bytes[t as usize].as_deref().is_some_and(|b| m.accepts(b))
+        }
+    };
+    let raw = logits.to_vec();
+    let mut refused: Vec<u32> = Vec::new();
+    for _ in 0..32 {
+        logits.copy_from_slice(&raw);
+        for &r in &refused {
+            logits[r as usize] = f32::NEG_INFINITY;
+        }
+        let t = sampler.sample(logits);
+        if allowed(t) {
+            return Some(t);
+        }
+        refused.push(t);
+    }
+    logits.copy_from_slice(&raw);
+    let mut any = false;
+    for (t, l) in logits.iter_mut().enumerate() {
+        if allowed(t as u32) {
+            any = true;
+        } else {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    any.then(|| sampler.sample(logits))
 }
 
 impl<'a> BatchLoop<'a> {
@@ -651,6 +705,8 @@ impl<'a> BatchLoop<'a> {
     }
 
     fn accept(&mut self, r: GenRequest) {
+        let constraint = r.params.format.as_ref().map(|f| f.start());
+        let needs_bytes = constraint.is_some();
         let id = self.next_id;
         self.next_id += 1;
         let mut sampler = Sampler::new(r.params.sampling.clone());
@@ -669,8 +725,17 @@ impl<'a> BatchLoop<'a> {
                 admitted: false,
                 last_token_at: None,
                 n_sampled: 0,
+                constraint,
             },
         );
+        if needs_bytes && self.token_bytes.is_none() {
+            let tok = self.tok;
+            self.token_bytes = Some(
+                (0..tok.n_vocab() as u32)
+                    .map(|t| (!tok.is_control(t)).then(|| tok.token_to_piece(t, false)))
+                    .collect(),
+            );
+        }
         self.sched
             .add(SeqEntry::new(id, r.prompt).in_tenant(r.tenant.root, &r.tenant.label));
     }
@@ -792,7 +857,28 @@ impl<'a> BatchLoop<'a> {
         let logits = &mut self.ws.logits[rows];
         // Logprobs are of the model's distribution, before penalties and temperature.
         let raw = a.params.logprobs.map(|_| logits.to_vec());
-        let t = a.sampler.sample(logits);
+        for &(t, b) in &a.params.logit_bias {
+            logits[t as usize] += b;
+        }
+        let t = match (&a.constraint, &self.token_bytes) {
+            (Some(m), Some(bytes)) => {
+                match sample_constrained(&mut a.sampler, logits, m, bytes, &|t| tok.is_eog(t)) {
+                    Some(t) => t,
+                    None => {
+                        self.end_with_error(
+                            id,
+                            ApiError::new(
+                                ApiErrorKind::Internal,
+                                "no token of this model can continue the response_format output",
+                            ),
+                            Outcome::Error,
+                        );
+                        return;
+                    }
+                }
+            }
+            _ => a.sampler.sample(logits),
+        };
         a.n_sampled += 1;
         {
             let mut m = self.shared.metrics();
@@ -809,6 +895,12 @@ impl<'a> BatchLoop<'a> {
             return;
         }
         a.sampler.accept(t);
+        let mut format_done = false;
+        if let (Some(m), Some(bytes)) = (a.constraint.as_mut(), self.token_bytes.as_ref()) {
+            let ok = bytes[t as usize].as_deref().is_some_and(|b| m.push(b));
+            debug_assert!(ok, "a sampled token is always allowed");
+            format_done = m.is_complete();
+        }
         let piece = a.decoder.push(t);
         let (text, stopped) = a.stop.push(&piece);
         let logprobs = a
@@ -823,6 +915,12 @@ impl<'a> BatchLoop<'a> {
         });
         if stopped {
             self.finish(id, FinishReason::Stop, String::new());
+            return;
+        }
+        if format_done {
+            // The response_format value is complete: nothing may follow it.
+            let (text, _) = a.drain_tail();
+            self.finish(id, FinishReason::Stop, text);
             return;
         }
         let n_tokens = self.sched.get(id).map_or(0, |e| e.tokens.len()) + 1;

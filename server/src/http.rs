@@ -23,7 +23,9 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{self, Kind, RawRequest, ResponseMeta};
-use crate::engine::{Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState};
+use crate::engine::{
+    Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState, Usage,
+};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::Outcome;
 use crate::tenant::{bearer, ApiKeys, Tenant};
@@ -220,17 +222,29 @@ async fn generate(
             return e.into_response();
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let req = GenRequest {
-        prompt: parsed.prompt,
-        params: parsed.params,
-        events: tx,
-        arrival,
-        tenant: Tenant::of(key_label.as_deref(), parsed.cache_salt.as_deref()),
-    };
-    if let Err(e) = st.engine.submit(req) {
-        shared.count(outcome_of(&e));
-        return e.into_response();
+    // Every choice is its own sequence; identical prompts in flight share their computed
+    // prompt blocks (the scheduler lets the later ones wait for the first's), so `n`
+    // costs one prefill, not n.
+    let n = parsed.n;
+    let tenant = Tenant::of(key_label.as_deref(), parsed.cache_salt.as_deref());
+    let mut receivers = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut params = parsed.params.clone();
+        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+        let req = GenRequest {
+            prompt: parsed.prompt.clone(),
+            params,
+            events: tx,
+            arrival,
+            tenant: tenant.clone(),
+        };
+        if let Err(e) = st.engine.submit(req) {
+            // Choices already submitted see their receivers dropped and are freed.
+            shared.count(outcome_of(&e));
+            return e.into_response();
+        }
+        receivers.push(rx);
     }
     let meta = ResponseMeta {
         kind,
@@ -240,40 +254,92 @@ async fn generate(
             .map_or(0, |d| d.as_secs()),
         model: model_id,
     };
+    let rx = merge(receivers);
     if parsed.stream {
-        stream_response(meta, rx, parsed.include_usage, shared)
+        stream_response(meta, rx, n, parsed.include_usage, shared)
     } else {
-        collect_response(meta, rx, shared).await
+        collect_response(meta, rx, n, shared).await
     }
+}
+
+/// The events of every choice on one channel, tagged with the choice's index. A dropped
+/// output (client gone) ends each forwarder at its next event, which drops that choice's
+/// receiver so the engine frees the sequence.
+fn merge(
+    receivers: Vec<mpsc::UnboundedReceiver<Event>>,
+) -> mpsc::UnboundedReceiver<(usize, Event)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (i, mut r) in receivers.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = r.recv().await {
+                if tx.send((i, ev)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    rx
+}
+
+/// Usage of a request with several choices: the prompt once, every choice's output.
+fn add_usage(total: &mut Usage, u: &Usage, first: bool) {
+    if first {
+        total.prompt_tokens = u.prompt_tokens;
+        total.cached_tokens = u.cached_tokens;
+    }
+    total.completion_tokens += u.completion_tokens;
+}
+
+#[derive(Default)]
+struct Collected {
+    text: String,
+    lps: Vec<crate::engine::TokenLogprobs>,
+    want_lp: bool,
+    finish: Option<crate::engine::FinishReason>,
 }
 
 async fn collect_response(
     meta: ResponseMeta,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
     shared: Arc<crate::engine::Shared>,
 ) -> Response {
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    let mut want_lp = false;
-    while let Some(ev) = rx.recv().await {
+    let mut choices: Vec<Collected> = (0..n).map(|_| Collected::default()).collect();
+    let mut usage = Usage::default();
+    let mut done = 0;
+    while let Some((i, ev)) = rx.recv().await {
+        let c = &mut choices[i];
         match ev {
             Event::Token {
                 text: t, logprobs, ..
             } => {
-                text.push_str(&t);
+                c.text.push_str(&t);
                 if let Some(l) = logprobs {
-                    want_lp = true;
-                    lps.push(l);
+                    c.want_lp = true;
+                    c.lps.push(l);
                 }
             }
             Event::Done {
                 text: t,
                 finish,
-                usage,
+                usage: u,
             } => {
-                text.push_str(&t);
-                let lp = want_lp.then_some(&lps[..]);
-                return Json(meta.full(&text, finish, &usage, lp)).into_response();
+                c.text.push_str(&t);
+                c.finish = Some(finish);
+                add_usage(&mut usage, &u, i == 0);
+                done += 1;
+                if done == n {
+                    let out: Vec<api::Choice> = choices
+                        .iter()
+                        .map(|c| api::Choice {
+                            text: &c.text,
+                            finish: c.finish.unwrap_or(crate::engine::FinishReason::Stop),
+                            logprobs: c.want_lp.then_some(&c.lps[..]),
+                        })
+                        .collect();
+                    return Json(meta.full(&out, &usage)).into_response();
+                }
             }
             Event::Error(e) => return e.into_response(),
         }
@@ -291,46 +357,60 @@ fn sse(v: &Value) -> Bytes {
 }
 
 struct SseState {
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
     meta: ResponseMeta,
     include_usage: bool,
-    text_offset: usize,
+    /// Per choice: the text offset of its next logprobs.
+    text_offset: Vec<usize>,
+    n_done: usize,
+    usage: Usage,
     out: std::collections::VecDeque<Bytes>,
     finished: bool,
     shared: Arc<crate::engine::Shared>,
 }
 
 impl SseState {
-    fn on_event(&mut self, ev: Option<Event>) {
+    fn on_event(&mut self, ev: Option<(usize, Event)>) {
         match ev {
-            Some(Event::Token { text, logprobs, .. }) => {
+            Some((i, Event::Token { text, logprobs, .. })) => {
                 if text.is_empty() && logprobs.is_none() {
                     return;
                 }
                 let lp = logprobs.map(|l| {
-                    api::logprobs_json(self.meta.kind, std::slice::from_ref(&l), self.text_offset)
+                    api::logprobs_json(
+                        self.meta.kind,
+                        std::slice::from_ref(&l),
+                        self.text_offset[i],
+                    )
                 });
-                self.text_offset += text.len();
+                self.text_offset[i] += text.len();
                 self.out
-                    .push_back(sse(&self.meta.text_chunk(&text, lp, None)));
+                    .push_back(sse(&self.meta.text_chunk(i, &text, lp, None)));
             }
-            Some(Event::Done {
-                text,
-                finish,
-                usage,
-            }) => {
+            Some((
+                i,
+                Event::Done {
+                    text,
+                    finish,
+                    usage,
+                },
+            )) => {
                 if !text.is_empty() {
                     self.out
-                        .push_back(sse(&self.meta.text_chunk(&text, None, None)));
+                        .push_back(sse(&self.meta.text_chunk(i, &text, None, None)));
                 }
                 self.out
-                    .push_back(sse(&self.meta.text_chunk("", None, Some(finish))));
-                if self.include_usage {
-                    self.out.push_back(sse(&self.meta.usage_chunk(&usage)));
+                    .push_back(sse(&self.meta.text_chunk(i, "", None, Some(finish))));
+                add_usage(&mut self.usage, &usage, i == 0);
+                self.n_done += 1;
+                if self.n_done == self.text_offset.len() {
+                    if self.include_usage {
+                        self.out.push_back(sse(&self.meta.usage_chunk(&self.usage)));
+                    }
+                    self.end();
                 }
-                self.end();
             }
-            Some(Event::Error(e)) => {
+            Some((_, Event::Error(e))) => {
                 self.out
                     .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
                 self.end();
@@ -356,21 +436,26 @@ impl SseState {
 
 fn stream_response(
     meta: ResponseMeta,
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
     include_usage: bool,
     shared: Arc<crate::engine::Shared>,
 ) -> Response {
     let mut st = SseState {
         rx,
         include_usage,
-        text_offset: 0,
+        text_offset: vec![0; n],
+        n_done: 0,
+        usage: Usage::default(),
         out: Default::default(),
         finished: false,
         shared,
         meta,
     };
-    if let Some(first) = st.meta.first_chunk() {
-        st.out.push_back(sse(&first));
+    for i in 0..n {
+        if let Some(first) = st.meta.first_chunk(i) {
+            st.out.push_back(sse(&first));
+        }
     }
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {

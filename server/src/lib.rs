@@ -7,6 +7,7 @@
 //! [`error`] (the one error shape every endpoint returns).
 
 pub mod api;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod http;
