@@ -528,6 +528,74 @@ impl KvCache {
         n
     }
 
+    /// Keys of all published blocks (cached or in use), in no particular order.
+    pub fn published_keys(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.published.keys().copied()
+    }
+
+    /// Bytes of one block's K and V data as [`export_block`](Self::export_block) writes
+    /// them.
+    pub fn block_data_len(&self) -> usize {
+        let bs = self.layout.block_size;
+        (self.layout.k_row() + self.layout.v_row()) * bs * self.layout.n_layers * 2
+    }
+
+    /// The tokens of a published block and its K/V data (per layer, K slots then V
+    /// slots, f16 little-endian) appended to `data`; false when `key` is not published.
+    pub fn export_block(&self, key: &BlockHash, data: &mut Vec<u8>) -> Option<Vec<u32>> {
+        let &b = self.published.get(key)?;
+        let bs = self.layout.block_size;
+        let (kr, vr) = (self.layout.k_row(), self.layout.v_row());
+        let s = b as usize * bs;
+        data.reserve(self.block_data_len());
+        for l in 0..self.layout.n_layers {
+            for x in &self.k[l][s * kr..(s + bs) * kr] {
+                data.extend_from_slice(&x.to_bits().to_le_bytes());
+            }
+            for x in &self.v[l][s * vr..(s + bs) * vr] {
+                data.extend_from_slice(&x.to_bits().to_le_bytes());
+            }
+        }
+        Some(self.meta[b as usize].tokens.clone())
+    }
+
+    /// Adds a block computed elsewhere (a previous run) to the prefix cache as cached and
+    /// unreferenced, the most recently released. Uses only free blocks, never evicting;
+    /// false (nothing changed) when none is free, the key is already published, or the
+    /// sizes do not match the layout.
+    pub fn import_block(&mut self, key: BlockHash, tokens: &[u32], data: &[u8]) -> bool {
+        let bs = self.layout.block_size;
+        if tokens.len() != bs
+            || data.len() != self.block_data_len()
+            || self.published.contains_key(&key)
+        {
+            return false;
+        }
+        let Some(b) = self.free.pop() else {
+            return false;
+        };
+        let (kr, vr) = (self.layout.k_row(), self.layout.v_row());
+        let s = b as usize * bs;
+        let mut vals = data
+            .chunks_exact(2)
+            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])));
+        for l in 0..self.layout.n_layers {
+            for d in &mut self.k[l][s * kr..(s + bs) * kr] {
+                *d = vals.next().expect("length checked");
+            }
+            for d in &mut self.v[l][s * vr..(s + bs) * vr] {
+                *d = vals.next().expect("length checked");
+            }
+        }
+        self.published.insert(key, b);
+        let m = &mut self.meta[b as usize];
+        m.key = Some(key);
+        m.tokens = tokens.to_vec();
+        m.refs = 0;
+        self.lru_push_tail(b);
+        true
+    }
+
     /// Checks the block accounting (see the module docs); for tests.
     pub fn check_invariants(&self) -> Result<(), String> {
         let n = self.layout.n_blocks;
@@ -942,6 +1010,46 @@ mod tests {
         c.remove_seq(1);
         assert_eq!(c.cached_blocks(), 2);
         c.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn exported_blocks_import_into_another_cache_bit_for_bit() {
+        let mut a = cache(8);
+        let t = toks(20, 3);
+        a.add_seq(1);
+        a.reserve(1, 20).unwrap();
+        let (kr, vr) = (a.layout().k_row(), a.layout().v_row());
+        let mut slots = Vec::new();
+        a.slots(1, 20, &mut slots).unwrap();
+        for (p, &slot) in slots.iter().enumerate() {
+            for l in 0..2 {
+                let k: Vec<f32> = (0..kr).map(|i| (p * 7 + i + l) as f32 * 0.37).collect();
+                let v: Vec<f32> = (0..vr).map(|i| -((p + i * 3 + l) as f32) * 0.11).collect();
+                a.write(l, slot, &k, &v);
+            }
+        }
+        let hs = hashes(&t, 4);
+        assert_eq!(a.publish(1, &hs, &t), 5);
+        let mut data = Vec::new();
+        let tk = a.export_block(&hs[2], &mut data).unwrap();
+        assert_eq!(tk, t[8..12]);
+        assert_eq!(data.len(), a.block_data_len());
+        let mut b = cache(2);
+        assert!(b.import_block(hs[2], &tk, &data));
+        assert!(!b.import_block(hs[2], &tk, &data), "already published");
+        assert!(!b.import_block(hs[3], &tk, &data[1..]), "wrong size");
+        b.check_invariants().unwrap();
+        assert_eq!((b.cached_blocks(), b.free_blocks()), (1, 2));
+        let mut again = Vec::new();
+        b.export_block(&hs[2], &mut again).unwrap();
+        assert_eq!(again, data);
+        // Imports never evict: with no free block left they refuse.
+        assert!(b.import_block(hs[3], &t[12..16], &data));
+        assert!(!b.import_block(hs[4], &t[16..20], &data));
+        b.check_invariants().unwrap();
+        assert!(a
+            .export_block(&block_hash(None, &[9; 4]), &mut again)
+            .is_none());
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct EngineConfig {
     pub queue_size: usize,
     pub chunked_prefill: bool,
     pub prefix_caching: bool,
+    /// Keep the prefix cache on disk across restarts (needs prefix caching).
+    pub kv_persist: Option<crate::persist::PersistConfig>,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +67,7 @@ impl Default for EngineConfig {
             queue_size: 64,
             chunked_prefill: true,
             prefix_caching: true,
+            kv_persist: None,
         }
     }
 }
@@ -450,6 +453,28 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
     ))
 }
 
+/// Hashes the model file, loads the persisted prefix cache into `kv`, starts the writer.
+fn open_persist(
+    pc: &crate::persist::PersistConfig,
+    model_path: &std::path::Path,
+    kv: &mut KvCache,
+    sched: &mut Scheduler,
+) -> anyhow::Result<crate::persist::Persist> {
+    let t0 = Instant::now();
+    let sha = runtime::registry::sha256_file(model_path)
+        .map_err(|e| anyhow::anyhow!("cannot hash {}: {e}", model_path.display()))?;
+    let (p, n) =
+        crate::persist::Persist::open(pc.clone(), &sha, kv, |k, t| sched.note_published(k, t))?;
+    eprintln!(
+        "rserve: kv-persist: {}: loaded {n} cached blocks ({} tokens) in {:.1}s (model sha256 {}..)",
+        pc.dir.display(),
+        n * BLOCK_SIZE,
+        t0.elapsed().as_secs_f64(),
+        &sha[..12]
+    );
+    Ok(p)
+}
+
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<Msg>) {
@@ -506,6 +531,7 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         m.kv_blocks_total = s.kv_blocks;
         m.kv_blocks_free = s.kv_blocks;
     }
+    let path = info.path.clone();
     let _ = shared.info.set(info);
     let pool = ThreadPool::new(loaded.sizing.threads);
     let sched = Scheduler::new(SchedulerConfig {
@@ -514,6 +540,27 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         chunked_prefill: cfg.chunked_prefill,
         prefix_caching: cfg.prefix_caching,
     });
+    let mut sched = sched;
+    let persist = match &cfg.kv_persist {
+        None => None,
+        Some(_) if !cfg.prefix_caching => {
+            eprintln!("rserve: --kv-persist needs the prefix cache (drop --no-prefix-cache)");
+            let _ = shared
+                .load_error
+                .set("--kv-persist needs the prefix cache".into());
+            shared.set_state(State::Failed);
+            return;
+        }
+        Some(pc) => match open_persist(pc, &path, &mut loaded.kv, &mut sched) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("rserve: --kv-persist: {e:#}");
+                let _ = shared.load_error.set(format!("--kv-persist: {e:#}"));
+                shared.set_state(State::Failed);
+                return;
+            }
+        },
+    };
     let tokenizer = loaded.tokenizer.clone();
     let mut run = BatchLoop {
         tok: &tokenizer,
@@ -527,6 +574,7 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         next_id: 1,
         shared,
         token_bytes: None,
+        persist,
     };
     shared.set_state(State::Ready);
     run.serve(&rx);
@@ -602,6 +650,8 @@ struct BatchLoop<'a> {
     /// Each token's bytes (None for special tokens), built on the first constrained
     /// request.
     token_bytes: Option<Vec<Option<Vec<u8>>>>,
+    /// The on-disk copy of the prefix cache, with --kv-persist.
+    persist: Option<crate::persist::Persist>,
 }
 
 /// Samples a token `m` accepts: the sampler's choice when that is allowed, otherwise the
@@ -652,10 +702,17 @@ impl<'a> BatchLoop<'a> {
         loop {
             // Block only when there is nothing to compute.
             if self.sched.is_idle() {
-                match rx.recv() {
+                let msg = match self.persist.as_ref().and_then(|p| p.wait_hint()) {
+                    None => rx
+                        .recv()
+                        .map_err(|_| std_mpsc::RecvTimeoutError::Disconnected),
+                    Some(d) => rx.recv_timeout(d),
+                };
+                match msg {
                     Ok(Msg::Submit(r)) => self.accept(*r),
                     Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
-                    Ok(Msg::Stop) | Err(_) => break,
+                    Ok(Msg::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 }
             }
             let mut stop = false;
@@ -677,6 +734,10 @@ impl<'a> BatchLoop<'a> {
             self.drop_cancelled();
             if !self.sched.is_idle() {
                 self.step();
+            }
+            if let Some(p) = self.persist.as_mut().filter(|p| p.due()) {
+                let sched = &self.sched;
+                p.write_new(self.kv, |k| sched.tenant_of(k).cloned());
             }
             self.update_gauges();
         }
@@ -702,6 +763,10 @@ impl<'a> BatchLoop<'a> {
             }
         }
         self.update_gauges();
+        if let Some(mut p) = self.persist.take() {
+            let sched = &self.sched;
+            p.finish(self.kv, |k| sched.tenant_of(k).cloned());
+        }
     }
 
     fn accept(&mut self, r: GenRequest) {
@@ -841,7 +906,10 @@ impl<'a> BatchLoop<'a> {
             }
             return;
         }
-        self.sched.complete(&plan, self.kv);
+        let published = self.sched.complete(&plan, self.kv);
+        if let Some(p) = self.persist.as_mut() {
+            p.published(published);
+        }
         let nv = self.model.config.n_vocab;
         for (r, it) in plan.items.iter().filter(|i| i.logits).enumerate() {
             self.on_logits(it.seq, r * nv..(r + 1) * nv);

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod persist;
 pub mod scheduler;
 pub mod tenant;
 pub mod text;

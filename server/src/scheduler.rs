@@ -173,6 +173,16 @@ impl Scheduler {
         out
     }
 
+    /// The tenant that published a cached key, if known.
+    pub fn tenant_of(&self, key: &BlockHash) -> Option<&Arc<str>> {
+        self.published_by.get(key)
+    }
+
+    /// Records the tenant of a block that entered the cache from elsewhere (a restart).
+    pub fn note_published(&mut self, key: BlockHash, tenant: Arc<str>) {
+        self.published_by.insert(key, tenant);
+    }
+
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
     }
@@ -425,9 +435,10 @@ impl Scheduler {
     }
 
     /// Records that the plan's forward pass succeeded: advances each sequence and publishes
-    /// its newly completed full blocks to the prefix cache.
-    pub fn complete(&mut self, plan: &Plan, kv: &mut KvCache) {
+    /// its newly completed full blocks to the prefix cache. Returns the blocks published.
+    pub fn complete(&mut self, plan: &Plan, kv: &mut KvCache) -> usize {
         let bs = kv.layout().block_size;
+        let mut published = 0;
         for item in &plan.items {
             let Some(s) = self.running.iter_mut().find(|s| s.id == item.seq) else {
                 continue;
@@ -437,7 +448,9 @@ impl Scheduler {
             debug_assert_eq!(kv.seq_len(s.id), s.n_computed);
             if self.cfg.prefix_caching {
                 extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens[..s.n_computed], bs);
-                if kv.publish(s.id, &s.hashes, &s.tokens) > 0 {
+                let n = kv.publish(s.id, &s.hashes, &s.tokens);
+                published += n;
+                if n > 0 {
                     for h in &s.hashes {
                         if kv.is_published(h) {
                             self.published_by
@@ -448,6 +461,7 @@ impl Scheduler {
                 }
             }
         }
+        published
     }
 
     /// Undoes a failed forward pass's plan for these sequences: they leave the scheduler.

@@ -62,6 +62,20 @@ struct Args {
     /// tenants never share cached prefix blocks, and /metrics shows KV use per label.
     #[arg(long)]
     api_keys: Option<std::path::PathBuf>,
+    /// Keep the prefix cache in this directory across restarts: cached blocks are loaded
+    /// at start and written on shutdown and while running (keyed by the model file's
+    /// SHA-256 and the KV layout; damaged files are skipped).
+    #[arg(long, conflicts_with = "no_prefix_cache")]
+    kv_persist: Option<std::path::PathBuf>,
+    /// With --kv-persist: write new blocks at least this often (seconds).
+    #[arg(long, default_value_t = 30.0)]
+    kv_persist_interval: f64,
+    /// With --kv-persist: ... or as soon as this many new blocks are cached.
+    #[arg(long, default_value_t = 256)]
+    kv_persist_blocks: usize,
+    /// With --kv-persist: disk budget (e.g. 2G); the oldest files are deleted first.
+    #[arg(long, value_parser = parse_size, default_value = "4G")]
+    kv_persist_max: u64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -118,6 +132,12 @@ fn main() {
             queue_size: a.queue_size,
             chunked_prefill: !a.no_chunked_prefill,
             prefix_caching: !a.no_prefix_cache,
+            kv_persist: a.kv_persist.map(|dir| server::persist::PersistConfig {
+                dir,
+                interval: Duration::from_secs_f64(a.kv_persist_interval.clamp(0.0, 1e9)),
+                every_blocks: a.kv_persist_blocks.max(1),
+                max_bytes: a.kv_persist_max,
+            }),
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

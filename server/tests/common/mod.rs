@@ -43,6 +43,7 @@ pub fn engine_config() -> EngineConfig {
         queue_size: 64,
         chunked_prefill: true,
         prefix_caching: true,
+        kv_persist: None,
     }
 }
 
