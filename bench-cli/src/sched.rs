@@ -511,6 +511,7 @@ fn serve_point(
             &len.to_string(),
             "--tokenizer-model",
             model,
+            "--ignore-eos",
         ]
         .map(String::from)
         .to_vec()

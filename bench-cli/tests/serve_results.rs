@@ -19,6 +19,7 @@ fn settings(c: Option<usize>) -> PointSettings {
         burstiness: 1.0,
         max_concurrency: c,
         output_len: Some(4),
+        ignore_eos: false,
     }
 }
 

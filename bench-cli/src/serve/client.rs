@@ -20,6 +20,8 @@ pub struct Endpoint {
     /// Path of the API route, e.g. `/v1/completions`.
     pub path: String,
     pub chat: bool,
+    /// Send `ignore_eos: true` (fixed output lengths).
+    pub ignore_eos: bool,
 }
 
 impl Endpoint {
@@ -52,6 +54,7 @@ impl Endpoint {
             port,
             path,
             chat,
+            ignore_eos: false,
         })
     }
 }
@@ -121,7 +124,8 @@ impl RequestOutput {
 }
 
 /// Request body: greedy (`temperature: 0`), streaming with usage, `max_tokens` = the
-/// expected output length, `ignore_eos` unset (early EOS is a legitimate finish).
+/// expected output length, `ignore_eos` only when the endpoint asks for it (otherwise an
+/// early end of generation is a legitimate finish).
 pub fn request_body(ep: &Endpoint, model: &str, prompt: &str, max_tokens: usize) -> Value {
     let mut body = json!({
         "model": model,
@@ -130,6 +134,9 @@ pub fn request_body(ep: &Endpoint, model: &str, prompt: &str, max_tokens: usize)
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if ep.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
     if ep.chat {
         body["messages"] = json!([{"role": "user", "content": prompt}]);
     } else {
@@ -399,6 +406,14 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ignore_eos_is_sent_only_when_asked() {
+        let mut e = Endpoint::parse("http://127.0.0.1:8080", false).unwrap();
+        assert!(request_body(&e, "m", "p", 4).get("ignore_eos").is_none());
+        e.ignore_eos = true;
+        assert_eq!(request_body(&e, "m", "p", 4)["ignore_eos"], true);
+    }
 
     #[test]
     fn endpoint_parsing() {

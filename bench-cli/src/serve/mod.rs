@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// Fixed output length (max_tokens) instead of the dataset's.
     #[arg(long)]
     pub output_len: Option<usize>,
+    /// Ask the server to ignore end-of-generation, so every request produces exactly its
+    /// output length (vLLM's `--ignore-eos`; what scheduler comparisons want). Without
+    /// it an immediate end of generation is an empty output, counted as failed.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// ShareGPT filter limits.
     #[arg(long, default_value_t = 1024)]
     pub max_prompt_len: usize,
@@ -400,7 +405,8 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
 
 /// Run the sweep; `Ok(false)` when some request failed (exit status 3).
 pub fn run(a: &ServeArgs) -> Result<bool> {
-    let ep = Endpoint::parse(&a.url, a.endpoint == "chat")?;
+    let mut ep = Endpoint::parse(&a.url, a.endpoint == "chat")?;
+    ep.ignore_eos = a.ignore_eos;
     let percentiles: Vec<f64> = a
         .metric_percentiles
         .split(',')
@@ -473,6 +479,7 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
             burstiness,
             max_concurrency: c,
             output_len: a.output_len,
+            ignore_eos: a.ignore_eos,
         };
         if result::already_done(&done, &settings) {
             eprintln!("resume: skipping max_concurrency {c:?} (already in the result file)");

@@ -27,6 +27,8 @@ pub struct PointSettings {
     /// `None` = unlimited.
     pub max_concurrency: Option<usize>,
     pub output_len: Option<usize>,
+    /// Requests asked the server to ignore end-of-generation (fixed output lengths).
+    pub ignore_eos: bool,
 }
 
 impl PointSettings {
@@ -54,13 +56,18 @@ impl PointSettings {
             ("max_concurrency", json!(self.max_concurrency)),
             ("concurrency", json!(self.max_concurrency)),
             ("output_len", json!(self.output_len)),
+            ("ignore_eos", json!(self.ignore_eos)),
         ]
     }
 
     /// Whether a result line was produced with these settings.
     pub fn matches(&self, line: &Value) -> bool {
         self.fields().iter().all(|(k, v)| {
-            let got = line.get(*k).unwrap_or(&Value::Null);
+            // Lines from before a field existed carry its default.
+            let got = match line.get(*k) {
+                None if *k == "ignore_eos" => &Value::Bool(false),
+                g => g.unwrap_or(&Value::Null),
+            };
             match (got.as_f64(), v.as_f64()) {
                 (Some(a), Some(b)) => (a - b).abs() < 1e-9,
                 _ => got == v,
