@@ -112,3 +112,76 @@ async fn stub_timeout_truncation_and_refused_connection() {
     let o = send(&ep(port), "m", "hi", 1, 4, T).await;
     assert_eq!(o.error.unwrap().0, ErrorKind::Connection);
 }
+
+/// A stub that answers requests on each connection in turn (keep-alive) and counts the
+/// connections it accepted; with `close_after` it closes a connection after that many.
+async fn keepalive_stub(
+    reply: String,
+    close_after: usize,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let conns = std::sync::Arc::new(AtomicUsize::new(0));
+    let c2 = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            c2.fetch_add(1, Ordering::SeqCst);
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                for _ in 0..close_after {
+                    // Read one request: head up to the blank line, then Content-Length.
+                    let mut req = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !req.ends_with(b"\r\n\r\n") {
+                        if s.read(&mut b).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        req.push(b[0]);
+                    }
+                    let head = String::from_utf8_lossy(&req).to_ascii_lowercase();
+                    let n: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; n];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if s.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, conns)
+}
+
+#[tokio::test]
+async fn keep_alive_reuses_connections_and_survives_servers_that_close_them() {
+    use std::sync::atomic::Ordering;
+    let reply = chunked(&[
+        r#"{"choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}"#,
+        "[DONE]",
+    ]);
+    // 10 sequential requests over one kept-alive connection.
+    let (port, conns) = keepalive_stub(reply.clone(), usize::MAX).await;
+    let e = ep(port);
+    for _ in 0..10 {
+        let o = send(&e, "m", "hi", 1, 4, T).await;
+        assert!(o.success(), "{:?}", o.error);
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+    assert_eq!(e.pool.idle(), 1);
+    // A server that closes every connection after 3 answers (as llama-server's keep-alive
+    // limit does): the stale pooled connection is replaced, no request fails.
+    let (port, conns) = keepalive_stub(reply, 3).await;
+    let e = ep(port);
+    for i in 0..10 {
+        let o = send(&e, "m", "hi", 1, 4, T).await;
+        assert!(o.success(), "request {i}: {:?}", o.error);
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 4);
+}

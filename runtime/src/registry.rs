@@ -166,6 +166,12 @@ pub fn cache_dir() -> PathBuf {
     cache_under("RLLAMA_MODELS", "models")
 }
 
+/// `$RLLAMA_TOOLS`, else `$XDG_CACHE_HOME/rllama/tools`, else `~/.cache/rllama/tools`:
+/// builds of other programs (a llama-server for side-by-side serving runs).
+pub fn tools_cache_dir() -> PathBuf {
+    cache_under("RLLAMA_TOOLS", "tools")
+}
+
 /// `$RLLAMA_DATASETS`, else `$XDG_CACHE_HOME/rllama/datasets`, else
 /// `~/.cache/rllama/datasets`.
 pub fn dataset_cache_dir() -> PathBuf {

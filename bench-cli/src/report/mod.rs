@@ -63,12 +63,19 @@ impl Row {
             sr
         }
     }
+    /// The spawned server's name (`rbench serve --spawn`), if any.
+    fn server(&self) -> Option<&str> {
+        self.v.get("server_cmd")?;
+        self.v.get("backend").and_then(Value::as_str)
+    }
+
     fn series(&self) -> String {
         let ds = self.v.get("dataset").and_then(Value::as_str).unwrap_or("");
+        let who = self.server().unwrap_or(&self.file);
         if ds.is_empty() {
-            self.file.clone()
+            who.to_string()
         } else {
-            format!("{} [{ds}]", self.file)
+            format!("{who} [{ds}]")
         }
     }
 }
@@ -128,7 +135,8 @@ fn cells(r: &Row) -> Vec<String> {
     let completed = r.f("completed");
     let failed = r.f("failed");
     vec![
-        r.file.clone(),
+        r.server()
+            .map_or_else(|| r.file.clone(), |n| format!("{} · {n}", r.file)),
         r.v.get("dataset")
             .and_then(Value::as_str)
             .unwrap_or("")
@@ -150,9 +158,221 @@ fn cells(r: &Row) -> Vec<String> {
     ]
 }
 
+/// Per concurrency point, the spawned servers side by side: each server's runs pooled
+/// (requests summed, rates and latencies the median over its runs), then the ratios of
+/// every other server to the first.
+pub struct Sided {
+    /// Servers in first-seen order, with version and command line.
+    pub servers: Vec<(String, String, String)>,
+    /// (dataset, concurrency label, concurrency) then per server: Option<aggregate>.
+    pub points: Vec<(String, String, f64, Vec<Option<Agg>>)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Agg {
+    pub runs: usize,
+    pub completed: f64,
+    pub total: f64,
+    pub out_tps: f64,
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    pub tpot_p50: f64,
+    pub tpot_p99: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The side-by-side view, when the rows come from `--spawn` runs of two or more servers.
+pub fn side_by_side(rows: &[Row]) -> Option<Sided> {
+    let spawned: Vec<&Row> = rows.iter().filter(|r| r.server().is_some()).collect();
+    let mut servers: Vec<(String, String, String)> = Vec::new();
+    for r in &spawned {
+        let n = r.server().unwrap_or("").to_string();
+        if !servers.iter().any(|s| s.0 == n) {
+            let get = |k: &str| r.v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            servers.push((n, get("server_version"), get("server_cmd")));
+        }
+    }
+    if servers.len() < 2 {
+        return None;
+    }
+    let mut keys: Vec<(String, String, f64)> = Vec::new();
+    for r in &spawned {
+        let ds =
+            r.v.get("dataset")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+        let k = (ds, r.conc_label(), r.concurrency());
+        if !keys.iter().any(|x| x.0 == k.0 && x.1 == k.1) {
+            keys.push(k);
+        }
+    }
+    keys.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.total_cmp(&b.2)));
+    let points = keys
+        .into_iter()
+        .map(|(ds, cl, c)| {
+            let per = servers
+                .iter()
+                .map(|(name, _, _)| {
+                    let rs: Vec<&&Row> = spawned
+                        .iter()
+                        .filter(|r| {
+                            r.server() == Some(name.as_str())
+                                && r.conc_label() == cl
+                                && r.v.get("dataset").and_then(Value::as_str).unwrap_or("") == ds
+                        })
+                        .collect();
+                    if rs.is_empty() {
+                        return None;
+                    }
+                    let m = |k: &str| median(rs.iter().map(|r| r.f(k)).collect());
+                    let completed: f64 = rs.iter().map(|r| r.f("completed")).sum();
+                    let failed: f64 = rs.iter().map(|r| r.f("failed")).sum();
+                    Some(Agg {
+                        runs: rs.len(),
+                        completed,
+                        total: completed + failed,
+                        out_tps: m("output_throughput"),
+                        ttft_p50: m("median_ttft_ms"),
+                        ttft_p99: m("p99_ttft_ms"),
+                        tpot_p50: m("median_tpot_ms"),
+                        tpot_p99: m("p99_tpot_ms"),
+                    })
+                })
+                .collect();
+            (ds, cl, c, per)
+        })
+        .collect();
+    Some(Sided { servers, points })
+}
+
+impl Sided {
+    /// Header and cells of the side-by-side table.
+    pub fn table(&self) -> (Vec<String>, Vec<Vec<String>>) {
+        let mut head = vec!["dataset".to_string(), "concurrency".to_string()];
+        for (n, _, _) in &self.servers {
+            head.push(format!("{n} success %"));
+        }
+        for (n, _, _) in &self.servers {
+            for k in ["out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms"] {
+                head.push(format!("{n} {k}"));
+            }
+        }
+        let first = &self.servers[0].0;
+        for (n, _, _) in &self.servers[1..] {
+            head.push(format!("{n}/{first} out tok/s"));
+            head.push(format!("{n}/{first} TTFT p50"));
+        }
+        let rows = self
+            .points
+            .iter()
+            .map(|(ds, cl, _, per)| {
+                let mut r = vec![ds.clone(), cl.clone()];
+                for a in per {
+                    r.push(a.map_or("–".into(), |a| {
+                        format!(
+                            "{:.1} ({:.0}/{:.0})",
+                            100.0 * a.completed / a.total,
+                            a.completed,
+                            a.total
+                        )
+                    }));
+                }
+                for a in per {
+                    match a {
+                        None => r.extend(["–".to_string(), "–".into(), "–".into()]),
+                        Some(a) => {
+                            r.push(format!("{:.1}", a.out_tps));
+                            r.push(format!("{:.0} / {:.0}", a.ttft_p50, a.ttft_p99));
+                            r.push(format!("{:.1} / {:.1}", a.tpot_p50, a.tpot_p99));
+                        }
+                    }
+                }
+                for a in &per[1..] {
+                    match (per[0], a) {
+                        (Some(b), Some(a)) => {
+                            r.push(format!("{:.2}×", a.out_tps / b.out_tps));
+                            r.push(format!("{:.2}×", a.ttft_p50 / b.ttft_p50));
+                        }
+                        _ => r.extend(["–".to_string(), "–".into()]),
+                    }
+                }
+                r
+            })
+            .collect();
+        (head, rows)
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut s =
+            String::from("Servers side by side (each point's runs interleaved A B B A):\n\n");
+        for (n, v, c) in &self.servers {
+            let _ = writeln!(s, "- **{n}**: {v} — `{c}`");
+        }
+        let (head, rows) = self.table();
+        let _ = write!(
+            s,
+            "\n| {} |\n|{}\n",
+            head.join(" | "),
+            "---|".repeat(head.len())
+        );
+        for r in rows {
+            let _ = writeln!(s, "| {} |", r.join(" | "));
+        }
+        s
+    }
+
+    pub fn html(&self) -> String {
+        let mut s = String::from("<h2>Servers side by side</h2>\n<ul>");
+        for (n, v, c) in &self.servers {
+            let _ = write!(
+                s,
+                "<li><b>{}</b>: {} — <code>{}</code></li>",
+                esc(n),
+                esc(v),
+                esc(c)
+            );
+        }
+        s.push_str("</ul>\n<p>Success rate first: a server that drops requests is not faster. Runs of each point are interleaved between the servers (A B, B A, …) so drift hits all alike; with several runs per point, rates and latencies are medians over the runs and requests are summed.</p>\n<table><tr>");
+        let (head, rows) = self.table();
+        for h in head {
+            let _ = write!(s, "<th>{}</th>", esc(&h));
+        }
+        s.push_str("</tr>\n");
+        for r in rows {
+            s.push_str("<tr>");
+            for c in r {
+                let _ = write!(s, "<td>{}</td>", esc(&c));
+            }
+            s.push_str("</tr>\n");
+        }
+        s.push_str("</table>\n");
+        s
+    }
+}
+
 /// Markdown comparison table.
 pub fn markdown(rows: &[Row]) -> String {
-    let mut s = format!("| {} |\n|{}\n", COLS.join(" | "), "---|".repeat(COLS.len()));
+    let mut s = side_by_side(rows).map_or_else(String::new, |sd| sd.markdown() + "\nAll runs:\n\n");
+    let _ = write!(
+        s,
+        "| {} |\n|{}\n",
+        COLS.join(" | "),
+        "---|".repeat(COLS.len())
+    );
     for r in rows {
         let _ = writeln!(s, "| {} |", cells(r).join(" | "));
     }
@@ -376,6 +596,10 @@ pub fn html(rows: &[Row]) -> String {
     let mut s = String::from(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>rbench serve report</title><style>body{font-family:sans-serif;margin:20px}table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f3f3f3}td:first-child,td:nth-child(2){text-align:left}.plots svg{margin:6px;border:1px solid #eee}</style></head><body>\n<h1>rbench serve report</h1>\n",
     );
+    if let Some(sd) = side_by_side(rows) {
+        s.push_str(&sd.html());
+        s.push_str("<h2>All runs</h2>\n");
+    }
     s.push_str("<p>TTFT/TPOT/ITL/E2E as vLLM's <code>bench serve</code> defines them; one row per file × concurrency. Datasets labelled <code>sharegpt-synthetic</code> are generated stand-ins, not ShareGPT.</p>\n<table><tr>");
     for c in COLS {
         let _ = write!(s, "<th>{}</th>", esc(c));

@@ -1,11 +1,14 @@
 //! Streaming OpenAI-API client for the serving benchmark: a minimal HTTP/1.1 client over
-//! tokio (one connection per request, `Connection: close`, chunked or plain bodies) that
-//! parses the SSE stream and timestamps every content chunk.
+//! tokio (keep-alive connections from a pool, as vLLM's aiohttp session keeps them;
+//! chunked or plain bodies) that parses the SSE stream and timestamps every content chunk.
+//! A pooled connection the server has closed meanwhile is replaced by a fresh one before
+//! any byte of the request counts.
 //!
 //! Timing follows vLLM's `bench serve`, with one stated difference: TTFT is taken at the
 //! first chunk that carries **non-empty** content (vLLM's chat client stamps the first chunk
 //! with `choices`, which for most servers is an empty `role` delta).
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -22,7 +25,47 @@ pub struct Endpoint {
     pub chat: bool,
     /// Send `ignore_eos: true` (fixed output lengths).
     pub ignore_eos: bool,
+    /// Idle keep-alive connections to this endpoint.
+    pub pool: ConnPool,
 }
+
+/// Idle keep-alive connections, shared by every clone of an [`Endpoint`].
+#[derive(Clone, Default)]
+pub struct ConnPool(Arc<Mutex<Vec<BufReader<TcpStream>>>>);
+
+impl ConnPool {
+    fn take(&self) -> Option<BufReader<TcpStream>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    fn put(&self, c: BufReader<TcpStream>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+    }
+
+    /// Idle connections held.
+    pub fn idle(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Drops every idle connection (a new sweep point, a restarted server).
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+impl std::fmt::Debug for ConnPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ConnPool({} idle)", self.idle())
+    }
+}
+
+/// Every pool is equal: endpoints compare by address.
+impl PartialEq for ConnPool {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for ConnPool {}
 
 impl Endpoint {
     /// Parse `http://host:port[/prefix]`; the route (`/v1/completions` or
@@ -55,6 +98,7 @@ impl Endpoint {
             path,
             chat,
             ignore_eos: false,
+            pool: ConnPool::default(),
         })
     }
 }
@@ -174,6 +218,13 @@ impl Body {
                 )
             })?;
             if size == 0 {
+                // Trailer fields, then the empty line that ends the message.
+                loop {
+                    let mut t = String::new();
+                    if self.r.read_line(&mut t).await? == 0 || t.trim().is_empty() {
+                        break;
+                    }
+                }
                 self.done = true;
                 return Ok(None);
             }
@@ -248,28 +299,47 @@ async fn run(
     out: &mut RequestOutput,
 ) -> Result<(), (ErrorKind, String)> {
     let conn = |e: std::io::Error| (ErrorKind::Connection, e.to_string());
-    let stream = TcpStream::connect((ep.host.as_str(), ep.port))
-        .await
-        .map_err(conn)?;
-    stream.set_nodelay(true).ok();
-    let mut r = BufReader::new(stream);
     let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
         ep.path,
         ep.host,
         ep.port,
         body.len()
     );
-    r.get_mut().write_all(head.as_bytes()).await.map_err(conn)?;
-    r.get_mut().write_all(body.as_bytes()).await.map_err(conn)?;
-
-    let mut status_line = String::new();
-    if r.read_line(&mut status_line).await.map_err(conn)? == 0 {
-        return Err((
-            ErrorKind::Connection,
-            "connection closed before the status line".into(),
-        ));
-    }
+    // A pooled connection first; if the server closed it while idle (nothing of the
+    // response arrives), once more on a fresh one.
+    let mut pooled = ep.pool.take();
+    let (mut r, status_line) = loop {
+        let reused = pooled.is_some();
+        let mut r = match pooled.take() {
+            Some(c) => c,
+            None => {
+                let s = TcpStream::connect((ep.host.as_str(), ep.port))
+                    .await
+                    .map_err(conn)?;
+                s.set_nodelay(true).ok();
+                BufReader::new(s)
+            }
+        };
+        let mut status_line = String::new();
+        let sent = async {
+            r.get_mut().write_all(head.as_bytes()).await?;
+            r.get_mut().write_all(body.as_bytes()).await?;
+            r.read_line(&mut status_line).await
+        }
+        .await;
+        match sent {
+            Ok(n) if n > 0 => break (r, status_line),
+            _ if reused => continue,
+            Ok(_) => {
+                return Err((
+                    ErrorKind::Connection,
+                    "connection closed before the status line".into(),
+                ))
+            }
+            Err(e) => return Err(conn(e)),
+        }
+    };
     let status: u16 = status_line
         .split_whitespace()
         .nth(1)
@@ -282,6 +352,7 @@ async fn run(
         })?;
     let mut chunked = false;
     let mut remaining = None;
+    let mut close = false;
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).await.map_err(conn)? == 0 {
@@ -301,6 +372,8 @@ async fn run(
                 chunked = true;
             } else if k == "content-length" {
                 remaining = v.parse().ok();
+            } else if k == "connection" && v.to_ascii_lowercase().contains("close") {
+                close = true;
             }
         }
     }
@@ -392,6 +465,10 @@ async fn run(
                 out.usage_output_tokens = Some(n as usize);
             }
         }
+    }
+    // A fully read, delimited body leaves the connection ready for the next request.
+    if body.done && (body.chunked || body.remaining == Some(0)) && !close {
+        ep.pool.put(body.r);
     }
     if !saw_done {
         return Err((

@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod result;
+pub mod spawn;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,9 +36,40 @@ use result::{Goodput, PointSettings};
     about = "Serving benchmark: concurrency sweeps against an OpenAI-compatible server"
 )]
 pub struct ServeArgs {
-    /// Server base URL, e.g. http://127.0.0.1:8080
+    /// Server base URL, e.g. http://127.0.0.1:8080 (or start servers with --spawn).
+    #[arg(long, required_unless_present = "spawn", conflicts_with = "spawn")]
+    pub url: Option<String>,
+    /// Start this server and benchmark it; repeat for servers side by side (interleaved per
+    /// point). `NAME="CMD ..."` (`{port}` is replaced; without it `--host 127.0.0.1 --port P`
+    /// is appended) or a built-in: `rserve` (next to rbench) or `llama-server`
+    /// ($LLAMA_SERVER, PATH, or built from the llama.cpp checkout in $LLAMA_CPP_SRC).
     #[arg(long)]
-    pub url: String,
+    pub spawn: Vec<String>,
+    /// Built-in servers: model (registry name or GGUF path).
+    #[arg(long, default_value = "smollm2-135m")]
+    pub server_model: String,
+    /// Built-in servers: compute threads [default: all cores].
+    #[arg(long)]
+    pub server_threads: Option<usize>,
+    /// Built-in servers: slots (sequences decoded together).
+    #[arg(long, default_value_t = 16)]
+    pub server_parallel: usize,
+    /// Built-in servers: per-slot context.
+    #[arg(long, default_value_t = 2048)]
+    pub server_ctx: usize,
+    /// Runs of each spawned server per point: 1 alternates the order by point (A B, B A,
+    /// ...), 2 runs A B B A at every point.
+    #[arg(long, default_value_t = 1)]
+    pub spawn_reps: usize,
+    /// Restart each spawned server before each of its runs (nothing cached carries over).
+    #[arg(long)]
+    pub restart: bool,
+    /// Seconds of idle after each point (fixed, at most 60).
+    #[arg(long, default_value_t = 2.0)]
+    pub cooldown: f64,
+    /// Requests sent and discarded before each point (warms caches, threads, pages).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
     /// Model name sent in requests (default: the first id of GET /v1/models, else "default").
     #[arg(long)]
     pub model: Option<String>,
@@ -403,10 +435,127 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
     }
 }
 
+/// One sweep target: a server and what its result lines record about it.
+struct Target {
+    ep: Endpoint,
+    base_url: String,
+    backend: String,
+    model: String,
+    /// `server_cmd` and `server_version` for spawned servers.
+    extra: Vec<(&'static str, serde_json::Value)>,
+}
+
+/// What every point of a sweep shares.
+struct Sweep<'a> {
+    a: &'a ServeArgs,
+    rt: &'a tokio::runtime::Runtime,
+    w: Workload,
+    count: TokenCounter,
+    percentiles: Vec<f64>,
+    goodput: Goodput,
+    request_rate: Option<f64>,
+    burstiness: f64,
+    result_file: Option<PathBuf>,
+    done: Vec<serde_json::Value>,
+}
+
+impl Sweep<'_> {
+    fn settings(&self, t: &Target, c: Option<usize>) -> PointSettings {
+        PointSettings {
+            backend: t.backend.clone(),
+            base_url: t.base_url.clone(),
+            model_id: t.model.clone(),
+            endpoint: t.ep.path.clone(),
+            dataset: self.w.label.clone(),
+            num_prompts: self.w.requests.len(),
+            seed: self.a.seed,
+            request_rate: self.request_rate,
+            burstiness: self.burstiness,
+            max_concurrency: c,
+            output_len: self.a.output_len,
+            ignore_eos: self.a.ignore_eos,
+        }
+    }
+
+    /// Warmup, the point, its summary and result line, the cooldown. `Ok(false)` when a
+    /// request failed.
+    fn point(
+        &self,
+        t: &Target,
+        c: Option<usize>,
+        extra: &[(&'static str, serde_json::Value)],
+    ) -> Result<bool> {
+        let a = self.a;
+        let settings = self.settings(t, c);
+        let timeout = Duration::from_secs_f64(a.timeout);
+        t.ep.pool.clear();
+        if let Some(r) = self.w.requests.first() {
+            for _ in 0..a.warmup {
+                let o = self.rt.block_on(client::send(
+                    &t.ep,
+                    &t.model,
+                    &r.prompt,
+                    r.prompt_len,
+                    r.expected_output_len.min(16),
+                    timeout,
+                ));
+                if let Some((k, e)) = &o.error {
+                    eprintln!("  warmup request failed ({}): {e}", k.name());
+                }
+            }
+        }
+        let (outs, dur) = self.rt.block_on(run_point(
+            &t.ep,
+            &t.model,
+            &self.w.requests,
+            self.w.arrival,
+            c,
+            a.seed,
+            timeout,
+        ));
+        let mut m = result::summarize(
+            &settings,
+            &outs,
+            dur,
+            &self.percentiles,
+            &self.goodput,
+            &utc_now(),
+            &*self.count,
+        );
+        for (k, v) in t.extra.iter().chain(extra) {
+            m.insert(k.to_string(), v.clone());
+        }
+        if a.save_detailed {
+            m.extend(result::detailed(&outs, &*self.count));
+        }
+        if !t.extra.is_empty() {
+            println!("\n[{}]", t.backend);
+        }
+        print!(
+            "{}",
+            result::summary_text(&m, &self.percentiles, self.request_rate.is_some())
+        );
+        for (i, o) in outs.iter().enumerate() {
+            if let Some((k, e)) = &o.error {
+                eprintln!("  request {i} failed ({}): {e}", k.name());
+            }
+        }
+        if let Some(f) = &self.result_file {
+            result::append_line(f, &m).with_context(|| format!("writing {}", f.display()))?;
+        }
+        if a.cooldown > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(a.cooldown));
+        }
+        Ok(outs.iter().all(RequestOutput::success))
+    }
+}
+
 /// Run the sweep; `Ok(false)` when some request failed (exit status 3).
 pub fn run(a: &ServeArgs) -> Result<bool> {
-    let mut ep = Endpoint::parse(&a.url, a.endpoint == "chat")?;
-    ep.ignore_eos = a.ignore_eos;
+    if !(0.0..=60.0).contains(&a.cooldown) {
+        bail!("--cooldown must be 0..=60 seconds (a fixed pause, never a wait for a condition)");
+    }
+    let chat = a.endpoint == "chat";
     let percentiles: Vec<f64> = a
         .metric_percentiles
         .split(',')
@@ -417,18 +566,86 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let model = match &a.model {
+    let endpoint = |url: &str| -> Result<Endpoint> {
+        let mut ep = Endpoint::parse(url, chat)?;
+        ep.ignore_eos = a.ignore_eos;
+        Ok(ep)
+    };
+    let model_of = |ep: &Endpoint| match &a.model {
         Some(m) => m.clone(),
         None => rt
-            .block_on(first_model(&ep, Duration::from_secs(120)))
+            .block_on(first_model(ep, Duration::from_secs(120)))
             .unwrap_or_else(|| {
                 eprintln!("warning: GET /v1/models gave no model id; sending model \"default\"");
                 "default".into()
             }),
     };
+    // Spawned servers: parse every spec before starting anything.
+    let defaults = spawn::SpawnDefaults {
+        model: a.server_model.clone(),
+        threads: a
+            .server_threads
+            .unwrap_or_else(runtime::pool::default_threads),
+        parallel: a.server_parallel.max(1),
+        ctx: a.server_ctx,
+    };
+    let specs: Vec<spawn::SpawnSpec> = a
+        .spawn
+        .iter()
+        .map(|s| spawn::parse_spawn(s, &defaults))
+        .collect::<Result<_>>()?;
+    {
+        let mut names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            bail!("--spawn: every server needs its own name");
+        }
+    }
+    let logs = tempfile::Builder::new()
+        .prefix("rbench-serve-")
+        .tempdir()
+        .context("creating a directory for server logs")?;
+    let log_dir = match &a.result_file {
+        Some(f) => f.parent().map_or_else(|| PathBuf::from("."), PathBuf::from),
+        None => logs.path().to_path_buf(),
+    };
+    let ready = Duration::from_secs(600);
+    let versions: Vec<String> = specs.iter().map(spawn::version_of).collect();
+    let mut running: Vec<Option<spawn::Spawned>> = specs.iter().map(|_| None).collect();
+    let mut targets = Vec::new();
+    if specs.is_empty() {
+        let url = a.url.clone().context("--url or --spawn is required")?;
+        let ep = endpoint(&url)?;
+        targets.push(Target {
+            model: model_of(&ep),
+            base_url: url,
+            backend: a.backend.clone(),
+            ep,
+            extra: Vec::new(),
+        });
+    } else {
+        // Started when first needed (a resumed sweep may need none).
+        for (i, sp) in specs.iter().enumerate() {
+            eprintln!("rbench serve: {} is {}", sp.name, versions[i]);
+            targets.push(Target {
+                model: a.model.clone().unwrap_or_default(),
+                // Ports change on restarts: resumes match spawned servers by name.
+                base_url: format!("spawned:{}", sp.name),
+                backend: sp.name.clone(),
+                ep: endpoint("http://127.0.0.1:0")?,
+                extra: vec![
+                    ("server_cmd", serde_json::json!(sp.command_line(0))),
+                    ("server_version", serde_json::json!(versions[i])),
+                    ("server_url", serde_json::Value::Null),
+                ],
+            });
+        }
+    }
     let tok_name = a.tokenizer_model.clone().unwrap_or_else(|| {
-        if runtime::registry::resolve(&model).is_ok() {
-            model.clone()
+        if !specs.is_empty() {
+            a.server_model.clone()
+        } else if runtime::registry::resolve(&targets[0].model).is_ok() {
+            targets[0].model.clone()
         } else {
             "smollm2-135m".into()
         }
@@ -456,66 +673,105 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
         Arrival::Uniform { rate } => (Some(rate), f64::INFINITY),
         Arrival::Gamma { rate, burstiness } => (Some(rate), burstiness),
     };
-    let staggered = request_rate.is_some();
     eprintln!(
-        "rbench serve: {} -> {} model {model}, dataset {} ({} requests, tokenizer {tok_name}), arrivals {:?}",
-        a.url,
-        ep.path,
+        "rbench serve: {} -> {}, dataset {} ({} requests, tokenizer {tok_name}), arrivals {:?}",
+        targets
+            .iter()
+            .map(|t| format!("{} ({})", t.backend, t.base_url))
+            .collect::<Vec<_>>()
+            .join(", "),
+        targets[0].ep.path,
         w.label,
         w.requests.len(),
         w.arrival
     );
+    let sweep = Sweep {
+        a,
+        rt: &rt,
+        w,
+        count,
+        percentiles,
+        goodput,
+        request_rate,
+        burstiness,
+        result_file,
+        done,
+    };
     let mut all_ok = true;
-    for c in conc {
-        let settings = PointSettings {
-            backend: a.backend.clone(),
-            base_url: a.url.clone(),
-            model_id: model.clone(),
-            endpoint: ep.path.clone(),
-            dataset: w.label.clone(),
-            num_prompts: w.requests.len(),
-            seed: a.seed,
-            request_rate,
-            burstiness,
-            max_concurrency: c,
-            output_len: a.output_len,
-            ignore_eos: a.ignore_eos,
-        };
-        if result::already_done(&done, &settings) {
-            eprintln!("resume: skipping max_concurrency {c:?} (already in the result file)");
+    for (pi, c) in conc.into_iter().enumerate() {
+        if specs.is_empty() {
+            let t = &targets[0];
+            if result::already_done(&sweep.done, &sweep.settings(t, c)) {
+                eprintln!("resume: skipping max_concurrency {c:?} (already in the result file)");
+                continue;
+            }
+            all_ok &= sweep.point(t, c, &[])?;
             continue;
         }
-        let (outs, dur) = rt.block_on(run_point(
-            &ep,
-            &model,
-            &w.requests,
-            w.arrival,
-            c,
-            a.seed,
-            Duration::from_secs_f64(a.timeout),
-        ));
-        let mut m = result::summarize(
-            &settings,
-            &outs,
-            dur,
-            &percentiles,
-            &goodput,
-            &utc_now(),
-            &*count,
-        );
-        if a.save_detailed {
-            m.extend(result::detailed(&outs, &*count));
-        }
-        print!("{}", result::summary_text(&m, &percentiles, staggered));
-        for (i, o) in outs.iter().enumerate() {
-            if let Some((k, e)) = &o.error {
-                eprintln!("  request {i} failed ({}): {e}", k.name());
+        let order = spawn::order(specs.len(), pi, a.spawn_reps.max(1));
+        let mut seen = vec![0usize; specs.len()];
+        for (slot, &i) in order.iter().enumerate() {
+            let rep = seen[i];
+            seen[i] += 1;
+            let extra = [
+                ("run_order", serde_json::json!(slot)),
+                ("rep", serde_json::json!(rep)),
+            ];
+            if sweep.done.iter().any(|l| {
+                // The model id is known once the server answers; match the rest.
+                let mut st = sweep.settings(&targets[i], c);
+                if targets[i].model.is_empty() {
+                    st.model_id = l
+                        .get("model_id")
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                }
+                st.matches(l)
+                    && l.get("rep").and_then(serde_json::Value::as_u64) == Some(rep as u64)
+            }) {
+                eprintln!(
+                    "resume: skipping {} max_concurrency {c:?} rep {rep} (already in the result file)",
+                    specs[i].name
+                );
+                continue;
             }
+            let started = running[i].is_some();
+            let alive = running[i].as_mut().is_some_and(|s| s.alive());
+            if started && !alive {
+                eprintln!(
+                    "rbench serve: warning: {} is no longer running (see its log in {}); starting it again",
+                    specs[i].name,
+                    log_dir.display()
+                );
+            }
+            if a.restart || !alive {
+                if let Some(mut old) = running[i].take() {
+                    old.stop();
+                }
+                let s = spawn::Spawned::start(&specs[i], &log_dir, ready)?;
+                let url = s.url();
+                targets[i].ep = endpoint(&url)?;
+                if targets[i].model.is_empty() {
+                    targets[i].model = model_of(&targets[i].ep);
+                }
+                targets[i].extra[0].1 = serde_json::json!(s.command_line);
+                targets[i].extra[2].1 = serde_json::json!(url);
+                running[i] = Some(s);
+            }
+            eprintln!(
+                "rbench serve: point {} (concurrency {}), run {}/{}: {}",
+                pi + 1,
+                c.map_or("inf".into(), |c| c.to_string()),
+                slot + 1,
+                order.len(),
+                specs[i].name
+            );
+            all_ok &= sweep.point(&targets[i], c, &extra)?;
         }
-        all_ok &= outs.iter().all(RequestOutput::success);
-        if let Some(f) = &result_file {
-            result::append_line(f, &m).with_context(|| format!("writing {}", f.display()))?;
-        }
+    }
+    for s in running.iter_mut().flatten() {
+        s.stop();
     }
     Ok(all_ok)
 }

@@ -10,6 +10,7 @@ use server::ServerConfig;
 #[derive(Parser, Debug)]
 #[command(
     name = "rserve",
+    version,
     about = "Continuous-batching OpenAI-compatible server (completions, chat, SSE streaming)"
 )]
 struct Args {
