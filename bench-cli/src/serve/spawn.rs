@@ -470,7 +470,13 @@ pub fn order(n: usize, point: usize, reps: usize) -> Vec<usize> {
         return if point.is_multiple_of(2) { fwd } else { rev };
     }
     (0..reps)
-        .flat_map(|r| if r.is_multiple_of(2) { fwd.clone() } else { rev.clone() })
+        .flat_map(|r| {
+            if r.is_multiple_of(2) {
+                fwd.clone()
+            } else {
+                rev.clone()
+            }
+        })
         .collect()
 }
 
