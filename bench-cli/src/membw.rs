@@ -3,7 +3,7 @@
 //! bandwidth a model actually reached).
 //!
 //! ```text
-//! rbench membw [-t N] [--size-mib M] [-r R] [--no-pin]
+//! rbench membw [-t N] [--size-mib M] [-r R] [--no-pin] [--numa]
 //! ```
 //!
 //! The threads are our own `runtime::pool::ThreadPool`, pinned as the engine pins them, and
@@ -11,6 +11,11 @@
 //! out from an atomic counter. Each task sums its slice of one large buffer (far above the
 //! caches; written first so every page is resident) with AVX2 loads where the CPU has them.
 //! GB = 1e9 bytes.
+//!
+//! `--numa` adds the node matrix: for every node with CPUs we may use, threads pinned on
+//! that node's CPUs read a buffer bound (`mbind`) to each memory node in turn, so the
+//! diagonal is local bandwidth and the rest is what crossing the interconnect costs. The
+//! buffer's pages are queried afterwards and printed beside each figure.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -47,6 +52,10 @@ pub struct MembwArgs {
     /// Do not pin the threads to their own CPUs
     #[arg(long = "no-pin")]
     pub no_pin: bool,
+    /// Also measure every (CPU node, memory node) pair: the threads on one node's CPUs
+    /// read a buffer bound to one node (local on the diagonal, remote off it)
+    #[arg(long = "numa")]
+    pub numa: bool,
 }
 
 /// Bytes per task: large enough that handing out tasks costs nothing next to reading them,
@@ -170,16 +179,28 @@ pub fn measure(
         .filter(|&b| b <= isize::MAX as usize)
         .ok_or_else(|| anyhow::anyhow!("--size-mib {size_mib} is too large"))?;
     let words = bytes / 8;
+    let pool = ThreadPool::with_options(threads, PoolOptions { pin, numa: None });
+    let mut buf = vec![0u64; words];
+    let samples_gbps = passes(&pool, &mut buf, repetitions)?;
+    Ok(Measurement {
+        threads,
+        bytes: bytes as u64,
+        kernel: Kernel::detect(),
+        pinned: pool.pinned_cpus(),
+        samples_gbps,
+    })
+}
+
+/// Writes `buf` from the pool (so every page is resident, first touched by a reader), then
+/// times `repetitions` read passes (after one untimed pass); GB/s per pass.
+fn passes(pool: &ThreadPool, buf: &mut [u64], repetitions: usize) -> Result<Vec<f64>> {
+    let words = buf.len();
+    let bytes = words * 8;
     let n_tasks = words.div_ceil(TASK_WORDS);
     let task = |t: usize| t * TASK_WORDS..((t + 1) * TASK_WORDS).min(words);
-
-    let pool = ThreadPool::with_options(threads, PoolOptions { pin });
     let kernel = Kernel::detect();
-
-    // Untouched pages would all read the shared zero page: write every word first, from the
-    // pool so each page is first touched by a thread that reads it (NUMA-local, mostly).
-    let mut buf = vec![0u64; words];
-    let out = SharedMut::new(&mut buf);
+    // Untouched pages would all read the shared zero page: write every word first.
+    let out = SharedMut::new(buf);
     pool.run(n_tasks, &|t| {
         let r = task(t);
         // SAFETY: tasks cover disjoint ranges within the buffer.
@@ -188,9 +209,9 @@ pub fn measure(
             *w = j as u64;
         }
     });
+    let buf: &[u64] = buf;
     // The sum of 0..words, wrapped as the kernels wrap: proves every word was read once.
     let expect = ((words as u128) * (words as u128).saturating_sub(1) / 2) as u64;
-
     let pass = || -> Result<f64> {
         let total = AtomicU64::new(0);
         let t0 = Instant::now();
@@ -206,16 +227,116 @@ pub fn measure(
         Ok(bytes as f64 / secs.max(1e-9) / 1e9)
     };
     pass()?; // untimed: wakes the workers and warms the TLB
-    let samples_gbps = (0..repetitions)
-        .map(|_| pass())
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Measurement {
-        threads,
-        bytes: bytes as u64,
-        kernel,
-        pinned: pool.pinned_cpus(),
-        samples_gbps,
-    })
+    (0..repetitions).map(|_| pass()).collect()
+}
+
+/// One cell of the NUMA matrix.
+#[derive(Debug, Clone)]
+pub struct NodePair {
+    pub cpu_node: usize,
+    pub mem_node: usize,
+    pub m: Measurement,
+    /// Where the buffer's pages were (the proof that it sat on `mem_node`).
+    pub pages: runtime::numa::PagePlacement,
+}
+
+/// Every (CPU node, memory node) pair: up to `threads` threads (default: all of the
+/// node's allowed CPUs) pinned on one node's CPUs read a buffer bound to one node.
+pub fn numa_matrix(
+    threads: Option<usize>,
+    size_mib: usize,
+    repetitions: usize,
+) -> Result<Vec<NodePair>> {
+    use runtime::affinity::CpuSet;
+    use runtime::numa::{NodeMemory, Policy, Topology};
+    let topo = Topology::read().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let bytes = size_mib << 20;
+    let saved = CpuSet::of_current_thread();
+    let mut out = Vec::new();
+    let result = (|| -> Result<()> {
+        for c in topo.cpu_nodes() {
+            let cpus = topo.allowed_cpus_of(c);
+            let n = threads.unwrap_or(cpus.len()).clamp(1, cpus.len());
+            // Confine the caller (and so the pool's plan) to this node's CPUs.
+            let set = CpuSet::from_cpus(&cpus)
+                .ok_or_else(|| anyhow::anyhow!("node {c}: CPUs {cpus:?} cannot be set"))?;
+            if !set.apply_to_current_thread() {
+                bail!("cannot move to node {c}'s CPUs {cpus:?}");
+            }
+            let pool = ThreadPool::with_options(
+                n,
+                PoolOptions {
+                    pin: true,
+                    numa: None,
+                },
+            );
+            for m in topo.usable_mems() {
+                let mut mem = NodeMemory::zeroed(bytes, Policy::Bind(m))
+                    .map_err(|e| anyhow::anyhow!("node {m}: {e}"))?;
+                let raw = mem.bytes_mut();
+                // SAFETY: the mapping is page-aligned and `bytes` is a multiple of 8.
+                let words: &mut [u64] = unsafe {
+                    std::slice::from_raw_parts_mut(raw.as_mut_ptr().cast(), raw.len() / 8)
+                };
+                let samples_gbps = passes(&pool, words, repetitions)?;
+                out.push(NodePair {
+                    cpu_node: c,
+                    mem_node: m,
+                    pages: mem.placement(),
+                    m: Measurement {
+                        threads: n,
+                        bytes: bytes as u64,
+                        kernel: Kernel::detect(),
+                        pinned: pool.pinned_cpus(),
+                        samples_gbps,
+                    },
+                });
+            }
+        }
+        Ok(())
+    })();
+    if let Some(s) = saved {
+        s.apply_to_current_thread();
+    }
+    result.map(|_| out)
+}
+
+/// The NUMA matrix as markdown: median GB/s, CPU nodes down, memory nodes across.
+pub fn matrix_markdown(cells: &[NodePair]) -> String {
+    let mut mems: Vec<usize> = cells.iter().map(|c| c.mem_node).collect();
+    mems.sort_unstable();
+    mems.dedup();
+    let mut cpus: Vec<usize> = cells.iter().map(|c| c.cpu_node).collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    let mut s = String::from("| threads on node | threads |");
+    for m in &mems {
+        s += &format!(" memory on node {m} GB/s |");
+    }
+    s += "\n|---|---:|";
+    for _ in &mems {
+        s += "---:|";
+    }
+    s += "\n";
+    for c in &cpus {
+        let n = cells
+            .iter()
+            .find(|x| x.cpu_node == *c)
+            .map_or(0, |x| x.m.threads);
+        s += &format!("| {c} | {n} |");
+        for m in &mems {
+            match cells.iter().find(|x| x.cpu_node == *c && x.mem_node == *m) {
+                Some(x) => {
+                    let on = x.pages.per_node.get(m).copied().unwrap_or(0);
+                    let share = 100.0 * on as f64 / x.pages.total().max(1) as f64;
+                    s += &format!(" {:.2} ({share:.0}% of pages on {m}) |", x.m.median());
+                }
+                None => s += " - |",
+            }
+        }
+        s += "\n";
+    }
+    s
 }
 
 /// The result as a markdown table.
@@ -276,6 +397,22 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
                 m.samples_gbps.len(),
                 m.threads,
             );
+            if a.numa {
+                match numa_matrix(a.threads, a.size_mib, a.repetitions) {
+                    Ok(cells) => {
+                        println!("\n{}", matrix_markdown(&cells));
+                        println!(
+                            "per node pair: the threads pinned on one node's CPUs, the buffer \
+                             bound (mbind) to one node; median GB/s of {} passes.",
+                            a.repetitions
+                        );
+                    }
+                    Err(e) => {
+                        eprintln!("rbench: error: --numa: {e:#}");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                }
+            }
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
@@ -315,5 +452,25 @@ mod tests {
         assert!(t
             .lines()
             .all(|l| l.chars().count() == t.lines().next().unwrap().chars().count()));
+    }
+
+    #[test]
+    fn numa_matrix_covers_every_node_pair_with_pages_where_bound() {
+        let cells = numa_matrix(Some(1), 8, 1).unwrap();
+        let topo = runtime::numa::Topology::read().unwrap();
+        assert_eq!(
+            cells.len(),
+            topo.cpu_nodes().len() * topo.usable_mems().len()
+        );
+        for c in &cells {
+            assert_eq!(
+                c.pages.per_node.get(&c.mem_node),
+                Some(&((8 << 20) / runtime::numa::page_size() as u64)),
+                "{c:?}"
+            );
+            assert!(c.m.median() > 0.0);
+        }
+        let t = matrix_markdown(&cells);
+        assert!(t.contains("memory on node"), "{t}");
     }
 }

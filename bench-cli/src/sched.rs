@@ -21,7 +21,8 @@ use serde_json::{json, Value};
     about = "Benchmarks under schedulers, policies, cgroups and placements, with proof of which applied",
     after_help = "Variants: eevdf | scx:NAME[:ARGS] | policy:batch|idle|ext|nice:N|fifo:P|rr:P | \
 cgroup:cpu.max=QUOTA/PERIOD|cpuset=CPUS[:MEMS]|weight=W | affinity:CPUS | pinned | unpinned | \
-numactl:ARGS, combined with '+' (e.g. scx:scx_simple+unpinned).\n\
+numactl:ARGS | numa:distribute|isolate|numactl | weights:first-touch|interleave|replicate, combined \
+with '+' (e.g. scx:scx_simple+unpinned, numa:distribute+weights:replicate).\n\
 Workloads: ppN, tgN, ppN+tgM, any of them @dDEPTH, serve:c=1,4,16[:n=PROMPTS][:len=TOKENS].\n\
 Example: rbench sched -m smollm2-135m --variants eevdf,scx:scx_simple,policy:batch \
 --workloads pp512,tg128,serve:c=1,4,16 -r 5 --result-file sched.jsonl"
@@ -557,6 +558,24 @@ fn window_metrics(
                     reasons.push("the variant is pinned but rbench could not pin (fewer allowed CPUs than threads?)".into());
                 }
             }
+            if let Some(v) = variant {
+                if let Some(m) = &v.numa {
+                    if r["numa"].as_str() != Some(m.as_str()) {
+                        reasons.push(format!(
+                            "the variant asks for --numa {m} but the row says {}",
+                            r["numa"]
+                        ));
+                    }
+                }
+                if let Some(w) = &v.weights {
+                    if r["numa_weights"].as_str() != Some(w.as_str()) {
+                        reasons.push(format!(
+                            "the variant asks for --numa-weights {w} but the row says {}",
+                            r["numa_weights"]
+                        ));
+                    }
+                }
+            }
             let keep = [
                 "avg_ts",
                 "stddev_ts",
@@ -568,6 +587,10 @@ fn window_metrics(
                 "n_threads",
                 "pinned",
                 "isa",
+                "numa",
+                "numa_weights",
+                "numa_nodes",
+                "numa_detail",
             ];
             let m: serde_json::Map<String, Value> = keep
                 .iter()
@@ -896,6 +919,18 @@ mod tests {
         assert_eq!(r.len(), 1, "pinned rows in an unpinned variant are caught");
         let (_, r) = window_metrics(Some(&Variant::parse("eevdf").unwrap()), &w, &o);
         assert!(r.is_empty());
+        // A NUMA variant whose row shows other settings is caught; a matching one keeps
+        // the row's NUMA proof in the metrics.
+        let numa = Variant::parse("numa:distribute+weights:replicate").unwrap();
+        let (_, r) = window_metrics(Some(&numa), &w, &o);
+        assert_eq!(r.len(), 2, "{r:?}");
+        let placed = WindowOutcome {
+            stdout: r#"{"avg_ts": 3.0, "numa": "distribute", "numa_weights": "replicate", "numa_detail": {"thread_nodes": [0, 1]}}"#.into(),
+            ..o.clone()
+        };
+        let (m, r) = window_metrics(Some(&numa), &w, &placed);
+        assert!(r.is_empty(), "{r:?}");
+        assert_eq!(m["numa_detail"]["thread_nodes"], serde_json::json!([0, 1]));
         let empty = WindowOutcome {
             stdout: String::new(),
             ..o

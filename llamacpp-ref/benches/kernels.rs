@@ -160,6 +160,7 @@ fn matmuls(c: &mut Criterion) {
             n_in: MAT_K,
             n_out: MAT_ROWS,
             data: &wq,
+            copies: None,
         };
         let ggml = ggml_kernel(ty);
         let xrb = row_bytes(vec_dot_type(ty), MAT_K);

@@ -178,6 +178,28 @@ fn init() {
     });
 }
 
+/// llama.cpp's NUMA strategies (`--numa`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaStrategy {
+    Distribute,
+    Isolate,
+    Numactl,
+}
+
+/// `llama_numa_init`, as llama.cpp's tools call it after the backend's init: ggml's CPU
+/// threads then follow the strategy. Once per process; later calls are ignored (ggml
+/// keeps the first).
+pub fn numa_init(s: NumaStrategy) {
+    init();
+    let v = match s {
+        NumaStrategy::Distribute => sys::GGML_NUMA_STRATEGY_DISTRIBUTE,
+        NumaStrategy::Isolate => sys::GGML_NUMA_STRATEGY_ISOLATE,
+        NumaStrategy::Numactl => sys::GGML_NUMA_STRATEGY_NUMACTL,
+    };
+    // SAFETY: plain call with an enum value ggml defines.
+    unsafe { sys::llama_numa_init(v) };
+}
+
 /// llama.cpp's description of the CPU features it was compiled with and detected, e.g.
 /// `"CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | ..."`.
 pub fn system_info() -> String {

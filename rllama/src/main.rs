@@ -9,12 +9,13 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use runtime::chat::{ChatMessage, ChatTemplate};
 use runtime::gguf::{GgufFile, Value};
-use runtime::pool::default_threads;
+use runtime::numa::{self, NumaMode, WeightPlacement};
+use runtime::pool::{default_threads, PoolOptions, ThreadPool};
 use runtime::registry;
 use runtime::runner::{FinishReason, Runner};
 use runtime::sampling::{Sampler, SamplingParams};
 use runtime::tokenizer::StreamDecoder;
-use runtime::{load, ModelFile};
+use runtime::ModelFile;
 
 #[derive(Parser)]
 #[command(name = "rllama", version, about = "CPU GGUF inference runtime")]
@@ -42,6 +43,19 @@ enum Cmd {
         /// Print long arrays (vocabularies, merges) in full instead of summarising them.
         #[arg(long)]
         full: bool,
+        /// Show the NUMA topology, where the compute threads run and where the weight
+        /// pages are after a short prompt (with --numa-mode, --numa-weights, -t).
+        #[arg(long)]
+        numa: bool,
+        /// Thread placement for --numa: distribute, isolate or numactl.
+        #[arg(long, requires = "numa")]
+        numa_mode: Option<NumaMode>,
+        /// Weight placement for --numa: first-touch, interleave or replicate.
+        #[arg(long, requires = "numa", default_value = "first-touch")]
+        numa_weights: WeightPlacement,
+        /// Compute threads for --numa.
+        #[arg(short = 't', long, requires = "numa")]
+        threads: Option<usize>,
     },
     /// Tokenize text with the model's own tokenizer (special tokens in the text are parsed).
     Tokenize {
@@ -85,6 +99,12 @@ enum Cmd {
         system: Option<String>,
         #[arg(short = 't', long)]
         threads: Option<usize>,
+        /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
+        #[arg(long, env = "RLLAMA_NUMA")]
+        numa: Option<NumaMode>,
+        /// Weight placement: first-touch, interleave or replicate.
+        #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
+        numa_weights: WeightPlacement,
         #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
         ctx: usize,
         #[arg(long)]
@@ -103,6 +123,12 @@ enum Cmd {
         chunks: usize,
         #[arg(short = 't', long)]
         threads: Option<usize>,
+        /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
+        #[arg(long, env = "RLLAMA_NUMA")]
+        numa: Option<NumaMode>,
+        /// Weight placement: first-touch, interleave or replicate.
+        #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
+        numa_weights: WeightPlacement,
     },
 }
 
@@ -175,11 +201,14 @@ fn run(cli: Cli) -> Result<()> {
             chat,
             system,
             threads,
+            numa,
+            numa_weights,
             ctx,
             json,
         } => {
             let t_load = Instant::now();
-            let l = load(&model)?;
+            let threads = threads.unwrap_or_else(default_threads);
+            let l = ModelFile::open(&model)?.load_placed(numa_weights, numa, threads)?;
             let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
             let text = if chat {
                 let tmpl = ChatTemplate::from_gguf(&l.file);
@@ -220,11 +249,7 @@ fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             params.validate().map_err(anyhow::Error::msg)?;
-            let mut runner = Runner::new(
-                l.model.clone(),
-                threads.unwrap_or_else(default_threads),
-                ctx,
-            );
+            let mut runner = Runner::with_pool(l.model.clone(), numa_pool(threads, numa)?, ctx);
             let mut sampler = Sampler::new(params);
             let tok = &l.tokenizer;
             let mut dec = StreamDecoder::new(tok, true);
@@ -304,8 +329,11 @@ fn run(cli: Cli) -> Result<()> {
             ctx,
             chunks,
             threads,
+            numa,
+            numa_weights,
         } => {
-            let l = load(&model)?;
+            let threads = threads.unwrap_or_else(default_threads);
+            let l = ModelFile::open(&model)?.load_placed(numa_weights, numa, threads)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let mut tokens = l.tokenizer.encode(&text, true, false);
@@ -321,11 +349,7 @@ fn run(cli: Cli) -> Result<()> {
             if chunks > 0 {
                 tokens.truncate(chunks * ctx);
             }
-            let mut runner = Runner::new(
-                l.model.clone(),
-                threads.unwrap_or_else(default_threads),
-                ctx,
-            );
+            let mut runner = Runner::with_pool(l.model.clone(), numa_pool(threads, numa)?, ctx);
             eprintln!(
                 "perplexity: {} tokens, {} chunks of {ctx}",
                 tokens.len(),
@@ -340,7 +364,27 @@ fn run(cli: Cli) -> Result<()> {
             writeln!(out, "{}", progress.join(","))?;
             writeln!(out, "PPL = {ppl:.4}")?;
         }
-        Cmd::Inspect { model, json, full } => {
+        Cmd::Inspect {
+            model,
+            json,
+            numa: true,
+            numa_mode,
+            numa_weights,
+            threads,
+            ..
+        } => {
+            let threads = threads.unwrap_or_else(default_threads);
+            let report = numa_report(&model, numa_mode, numa_weights, threads)?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &report)?;
+                writeln!(out)?;
+            } else {
+                numa_text(&mut out, &report)?;
+            }
+        }
+        Cmd::Inspect {
+            model, json, full, ..
+        } => {
             let path = registry::resolve(&model)?;
             let f = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
             if json {
@@ -352,6 +396,115 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+/// A pool for `threads` threads placed by `numa` (an error when the mode cannot be
+/// honoured).
+fn numa_pool(threads: usize, numa: Option<NumaMode>) -> Result<ThreadPool> {
+    Ok(ThreadPool::try_with_options(
+        threads,
+        PoolOptions { pin: true, numa },
+    )?)
+}
+
+/// `inspect --numa`: the topology, the thread plan and what the threads report, and the
+/// weight pages per node after an 8-token prompt ran on those threads.
+fn numa_report(
+    model: &str,
+    mode: Option<NumaMode>,
+    weights: WeightPlacement,
+    threads: usize,
+) -> Result<serde_json::Value> {
+    let topo = numa::Topology::read()?;
+    let l = ModelFile::open(model)?.load_placed(weights, mode, threads)?;
+    let pool = numa_pool(threads, mode)?;
+    let observed = pool.observe();
+    let mut runner = Runner::with_pool(l.model.clone(), pool, 64);
+    let toks: Vec<u32> = (0..8u32).map(|i| 100 + i).collect();
+    runner.feed(&toks, true)?;
+    let pages = l.model.weight_pages();
+    let nodes: Vec<serde_json::Value> = topo
+        .nodes
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "id": n.id, "cpus": numa::format_list(&n.cpus), "distances": n.distances,
+                "mem_total_kib": n.mem_total_kib, "mem_free_kib": n.mem_free_kib,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "model": l.path.display().to_string(),
+        "nodes": nodes,
+        "allowed_cpus": numa::format_list(&topo.allowed_cpus),
+        "allowed_mems": numa::format_list(&topo.allowed_mems),
+        "policy_mems": topo.policy_mems.as_deref().map(numa::format_list),
+        "mode": mode.map(|m| m.name()),
+        "weights": weights.name(),
+        "threads": threads,
+        "thread_plan": runner.pool.thread_plan().map(|p| serde_json::json!({
+            "cpus": p.cpus, "nodes": p.nodes,
+        })),
+        "observed": observed.iter().map(|(c, n)| serde_json::json!({"cpu": c, "node": n})).collect::<Vec<_>>(),
+        "weight_bytes": l.model.weight_bytes(),
+        "weight_pages": pages.iter().map(|(n, p)| {
+            let mut v = p.to_json();
+            v["copy_node"] = serde_json::json!(n);
+            v["summary"] = serde_json::json!(p.summary());
+            v
+        }).collect::<Vec<_>>(),
+    }))
+}
+
+fn numa_text(out: &mut impl Write, r: &serde_json::Value) -> Result<()> {
+    writeln!(out, "model:        {}", r["model"].as_str().unwrap_or(""))?;
+    writeln!(
+        out,
+        "allowed:      CPUs {}, memory nodes {}{}",
+        r["allowed_cpus"].as_str().unwrap_or(""),
+        r["allowed_mems"].as_str().unwrap_or(""),
+        r["policy_mems"]
+            .as_str()
+            .map_or(String::new(), |p| format!(" (memory policy: nodes {p})"))
+    )?;
+    for n in r["nodes"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "node {}:       CPUs {:<12} distances {}  memory {} MiB ({} MiB free)",
+            n["id"],
+            n["cpus"].as_str().unwrap_or(""),
+            n["distances"],
+            n["mem_total_kib"]
+                .as_u64()
+                .map_or("?".into(), |k| (k >> 10).to_string()),
+            n["mem_free_kib"]
+                .as_u64()
+                .map_or("?".into(), |k| (k >> 10).to_string()),
+        )?;
+    }
+    writeln!(
+        out,
+        "threads:      {} (--numa {}), plan {}",
+        r["threads"],
+        r["mode"].as_str().unwrap_or("(none)"),
+        r["thread_plan"]
+    )?;
+    let obs: Vec<String> = r["observed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| format!("cpu {} node {}", o["cpu"], o["node"]))
+        .collect();
+    writeln!(out, "observed:     {}", obs.join(", "))?;
+    writeln!(out, "weights:      {}", r["weights"].as_str().unwrap_or(""))?;
+    for p in r["weight_pages"].as_array().into_iter().flatten() {
+        let copy = match p["copy_node"].as_u64() {
+            Some(n) => format!("copy on node {n}"),
+            None => "pages".into(),
+        };
+        writeln!(out, "  {copy}: {}", p["summary"].as_str().unwrap_or(""))?;
+    }
     Ok(())
 }
 

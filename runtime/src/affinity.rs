@@ -94,6 +94,27 @@ impl CpuSet {
         }
     }
 
+    /// The set of these CPUs; `None` if any is beyond the supported range, the list is
+    /// empty, or off Linux.
+    pub fn from_cpus(cpus: &[usize]) -> Option<CpuSet> {
+        #[cfg(target_os = "linux")]
+        {
+            if cpus.is_empty() || cpus.iter().any(|&c| c >= imp::MAX_CPUS) {
+                return None;
+            }
+            let mut s = imp::empty();
+            for &c in cpus {
+                imp::insert(&mut s, c);
+            }
+            Some(s)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = cpus;
+            None
+        }
+    }
+
     /// The CPU indices in the set, ascending.
     pub fn cpus(&self) -> Vec<usize> {
         #[cfg(target_os = "linux")]

@@ -8,6 +8,7 @@ pub mod kv;
 pub mod load;
 pub mod matmul;
 pub mod model;
+pub mod numa;
 pub mod pool;
 pub mod registry;
 pub mod runner;

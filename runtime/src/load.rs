@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::{Model, ModelError};
+use crate::numa::{self, NumaError, NumaMode, WeightPlacement};
 use crate::registry::{self, FetchError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -23,6 +24,8 @@ pub enum LoadError {
     },
     #[error("{}: cannot load the model: {source}", path.display())]
     Model { path: PathBuf, source: ModelError },
+    #[error("{}: cannot place the weights: {source}", path.display())]
+    Numa { path: PathBuf, source: NumaError },
 }
 
 /// A model file opened with its tokenizer, before (or without) building the model.
@@ -65,9 +68,42 @@ impl ModelFile {
         })
     }
 
+    /// Builds the model with its weights placed as `weights` says, for `threads` compute
+    /// threads under `mode` (see [`numa::weight_nodes`]).
+    pub fn model_placed(
+        &self,
+        weights: WeightPlacement,
+        mode: Option<NumaMode>,
+        threads: usize,
+    ) -> Result<Model, LoadError> {
+        let mut model = self.model()?;
+        if weights != WeightPlacement::FirstTouch {
+            let err = |source| LoadError::Numa {
+                path: self.path.clone(),
+                source,
+            };
+            let topo = numa::Topology::read().map_err(err)?;
+            let nodes = numa::weight_nodes(&topo, weights, mode, threads).map_err(err)?;
+            model
+                .place_weights(weights, &nodes, Some(&topo))
+                .map_err(err)?;
+        }
+        Ok(model)
+    }
+
     /// Builds the model and keeps everything together.
     pub fn load(self) -> Result<Loaded, LoadError> {
-        let model = Arc::new(self.model()?);
+        self.load_placed(WeightPlacement::FirstTouch, None, 1)
+    }
+
+    /// As [`ModelFile::load`], with the weights placed (see [`ModelFile::model_placed`]).
+    pub fn load_placed(
+        self,
+        weights: WeightPlacement,
+        mode: Option<NumaMode>,
+        threads: usize,
+    ) -> Result<Loaded, LoadError> {
+        let model = Arc::new(self.model_placed(weights, mode, threads)?);
         Ok(Loaded {
             path: self.path,
             file: self.file,

@@ -5,18 +5,42 @@
 use quant::kernels::{dot_order_for, effective_order, kernels};
 use quant::{ActSide, DotOrder, GgmlType, KernelSet, SideBuf, TILE_MAX_ROWS, TILE_MAX_TOKENS};
 
+use crate::numa::WeightCopies;
 use crate::pool::{SharedMut, ThreadPool};
 
 /// A 2-D weight matrix borrowed from the model file: `n_out` rows of `n_in` elements.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct MatRef<'a> {
     pub ty: GgmlType,
     pub n_in: usize,
     pub n_out: usize,
     pub data: &'a [u8],
+    /// Per-node copies of the weights (`--numa-weights replicate`) and this matrix's
+    /// offset in them: each task reads the copy of its thread's node.
+    pub copies: Option<(&'a WeightCopies, usize)>,
 }
 
-impl MatRef<'_> {
+impl std::fmt::Debug for MatRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MatRef")
+            .field("ty", &self.ty)
+            .field("n_in", &self.n_in)
+            .field("n_out", &self.n_out)
+            .field("copies", &self.copies.map(|(c, _)| c.len()))
+            .finish()
+    }
+}
+
+impl<'a> MatRef<'a> {
+    /// The bytes the calling thread should read: its node's copy when there are several.
+    #[inline]
+    pub fn local(&self) -> &'a [u8] {
+        match self.copies {
+            Some((c, off)) if c.len() > 1 => c.local(off, self.data.len()),
+            _ => self.data,
+        }
+    }
+
     pub fn row_bytes(&self) -> usize {
         self.ty
             .row_bytes(self.n_in as u64)
@@ -141,6 +165,7 @@ pub fn matmul(
     }
     let side_ref = &side;
     pool.run(n_tasks, &|task| {
+        let wdata = w.local();
         let o0 = task * rows_per_task;
         let o1 = (o0 + rows_per_task).min(n_out);
         if !has_tile {
@@ -150,7 +175,7 @@ pub fn matmul(
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
                 for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
-                    *yv = dot(&w.data[o * wrb..(o + 1) * wrb], a);
+                    *yv = dot(&wdata[o * wrb..(o + 1) * wrb], a);
                 }
             }
             return;
@@ -181,7 +206,7 @@ pub fn matmul(
             let mut o = o0;
             while o < o1 {
                 let rows = (o1 - o).min(TILE_MAX_ROWS);
-                let wr = &w.data[o * wrb..(o + rows) * wrb];
+                let wr = &wdata[o * wrb..(o + rows) * wrb];
                 tile(wr, rows, a, xrb, side, &mut r[..rows * k]);
                 for q in 0..rows {
                     for c in 0..k {

@@ -13,7 +13,11 @@
 //! benchmark, the server's runtime) inherit its mask, and confining them to one CPU would
 //! starve them. With more threads than allowed CPUs nothing is pinned (two pinned busy
 //! threads must never share a core). Pinning failures are ignored. `RLLAMA_NO_PIN=1` or
-//! `PoolOptions { pin: false }` turns pinning off.
+//! `PoolOptions { pin: false, .. }` turns pinning off.
+//!
+//! A NUMA mode (`PoolOptions::numa`, llama.cpp's `--numa distribute|isolate|numactl`)
+//! changes the CPU order (see [`numa::plan_threads`]); every pinned worker knows its node
+//! ([`numa::current_node`]), which is how `replicate` weight placement finds its copy.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::affinity;
+use crate::numa::{self, NumaError, NumaMode, ThreadPlan};
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -60,6 +65,8 @@ pub struct ThreadPool {
     n_threads: usize,
     /// CPU of each thread (caller first), when every thread was pinned.
     pinned: Option<Vec<usize>>,
+    /// The NUMA plan the threads follow (pinned or confined), when there is one.
+    plan: Option<ThreadPlan>,
 }
 
 /// How a pool places its threads.
@@ -68,11 +75,16 @@ pub struct PoolOptions {
     /// Pin each compute thread to its own CPU (when there are enough CPUs). The environment
     /// variable `RLLAMA_NO_PIN` overrides this to off.
     pub pin: bool,
+    /// A NUMA thread placement; `None` keeps the allowed CPUs in order.
+    pub numa: Option<NumaMode>,
 }
 
 impl Default for PoolOptions {
     fn default() -> PoolOptions {
-        PoolOptions { pin: true }
+        PoolOptions {
+            pin: true,
+            numa: None,
+        }
     }
 }
 
@@ -123,15 +135,62 @@ impl ThreadPool {
         ThreadPool::with_options(n_threads, PoolOptions::default())
     }
 
-    /// A pool with `n_threads` compute threads in total, the caller included.
+    /// A pool with `n_threads` compute threads in total, the caller included. A NUMA plan
+    /// that cannot be made (see [`ThreadPool::try_with_options`]) leaves threads unpinned.
     pub fn with_options(n_threads: usize, options: PoolOptions) -> ThreadPool {
+        let plan = ThreadPool::plan(n_threads, options).unwrap_or(None);
+        ThreadPool::build(n_threads, options, plan)
+    }
+
+    /// As [`ThreadPool::with_options`], but a NUMA mode that cannot be honoured (no CPU
+    /// on the node to isolate on, an unreadable topology) is an error.
+    pub fn try_with_options(
+        n_threads: usize,
+        options: PoolOptions,
+    ) -> Result<ThreadPool, NumaError> {
+        let plan = ThreadPool::plan(n_threads, options)?;
+        Ok(ThreadPool::build(n_threads, options, plan))
+    }
+
+    fn plan(n_threads: usize, options: PoolOptions) -> Result<Option<ThreadPlan>, NumaError> {
         let n_threads = n_threads.max(1);
         let pin = options.pin && !no_pin_requested(std::env::var(NO_PIN_ENV).ok().as_deref());
-        let plan = if pin && n_threads > 1 {
-            affinity::CpuSet::of_current_thread().and_then(|a| pin_plan(n_threads, &a.cpus()))
-        } else {
-            None
-        };
+        if !pin && options.numa.is_none() {
+            return Ok(None);
+        }
+        // Read fresh: the allowed CPUs may have changed since start (`rbench -C`).
+        match numa::Topology::read() {
+            Ok(topo) => {
+                let mut plan =
+                    numa::plan_threads(&topo, options.numa, n_threads, numa::current_cpu())?;
+                if !pin && plan.cpus.take().is_some() {
+                    // Unpinned: a NUMA mode still confines each thread to its node's CPUs.
+                    plan.masks = match options.numa {
+                        Some(NumaMode::Distribute | NumaMode::Isolate) => plan
+                            .nodes
+                            .iter()
+                            .map(|&n| topo.allowed_cpus_of(n))
+                            .collect(),
+                        _ => vec![topo.allowed_cpus.clone(); n_threads],
+                    };
+                }
+                Ok(Some(plan))
+            }
+            Err(e) if options.numa.is_some() => Err(e),
+            Err(_) => Ok(affinity::CpuSet::of_current_thread()
+                .and_then(|a| pin_plan(n_threads, &a.cpus()))
+                .map(|cpus| ThreadPlan {
+                    masks: cpus.iter().map(|&c| vec![c]).collect(),
+                    nodes: vec![0; cpus.len()],
+                    cpus: Some(cpus),
+                })),
+        }
+    }
+
+    fn build(n_threads: usize, options: PoolOptions, plan: Option<ThreadPlan>) -> ThreadPool {
+        let n_threads = n_threads.max(1);
+        // One thread: nothing to place (the caller is never pinned).
+        let plan = plan.filter(|_| n_threads > 1);
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -144,18 +203,31 @@ impl ThreadPool {
             parked: AtomicUsize::new(0),
             caller_waiting: AtomicBool::new(false),
         });
-        // Workers pin themselves first thing and report whether it took.
+        // Workers place themselves first thing and report whether it took.
         let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<bool>();
         let workers = (1..n_threads)
             .map(|i| {
                 let shared = shared.clone();
-                let cpu = plan.as_ref().map(|p| p[i]);
+                let mask = plan.as_ref().map(|p| p.masks[i].clone());
+                // The node is known when every CPU of the mask is on it.
+                let node = plan.as_ref().map(|p| p.nodes[i]).filter(|&n| {
+                    mask.as_ref().is_some_and(|m| {
+                        m.iter()
+                            .all(|&c| numa::machine().and_then(|t| t.node_of_cpu(c)) == Some(n))
+                    })
+                });
                 let pinned_tx = pinned_tx.clone();
                 std::thread::Builder::new()
                     .name(format!("rllama-worker-{i}"))
                     .spawn(move || {
-                        if let Some(cpu) = cpu {
-                            let _ = pinned_tx.send(affinity::pin_current_thread(cpu));
+                        WORKER_INDEX.with(|w| w.set(i));
+                        if let Some(mask) = mask {
+                            let ok = affinity::CpuSet::from_cpus(&mask)
+                                .is_some_and(|s| s.apply_to_current_thread());
+                            if ok {
+                                numa::set_thread_node(node);
+                            }
+                            let _ = pinned_tx.send(ok);
                         }
                         drop(pinned_tx);
                         worker(shared)
@@ -164,16 +236,57 @@ impl ThreadPool {
             })
             .collect();
         drop(pinned_tx);
-        let pinned = plan.filter(|_| {
-            // Every worker sends once before it starts waiting for jobs.
-            (1..n_threads).all(|_| pinned_rx.recv().unwrap_or(false))
-        });
+        let all_placed =
+            plan.is_some() && (1..n_threads).all(|_| pinned_rx.recv().unwrap_or(false));
+        let plan = plan.filter(|_| all_placed);
+        let _ = options;
         ThreadPool {
             shared,
             workers,
             n_threads,
-            pinned,
+            pinned: plan.as_ref().and_then(|p| p.cpus.clone()),
+            plan,
         }
+    }
+
+    /// Where each thread really is: runs one task per thread (each waits for the others,
+    /// so no thread takes two) and returns, by thread index (0 = the caller, which is
+    /// never pinned), the CPU it ran on and its node. Gives up waiting after 2 s; a thread
+    /// that took no task then reads `(None, 0)`.
+    pub fn observe(&self) -> Vec<(Option<usize>, usize)> {
+        let n = self.n_threads;
+        let arrived = AtomicUsize::new(0);
+        let seen = Mutex::new(Vec::with_capacity(n));
+        self.run(n, &|_| {
+            arrived.fetch_add(1, Ordering::SeqCst);
+            let t0 = std::time::Instant::now();
+            while arrived.load(Ordering::SeqCst) < n && t0.elapsed().as_secs() < 2 {
+                std::thread::yield_now();
+            }
+            seen.lock().unwrap().push((
+                WORKER_INDEX.with(|w| w.get()),
+                numa::current_cpu(),
+                numa::current_node(),
+            ));
+        });
+        let mut out = vec![(None, 0); n];
+        for (i, cpu, node) in seen.into_inner().unwrap() {
+            if i < n {
+                out[i] = (cpu, node);
+            }
+        }
+        out
+    }
+
+    /// The NUMA node of each thread (caller first) when the threads were placed by a plan
+    /// (pinned, or confined to a node's CPUs).
+    pub fn thread_nodes(&self) -> Option<Vec<usize>> {
+        self.plan.as_ref().map(|p| p.nodes.clone())
+    }
+
+    /// The placement the threads follow, when they were placed.
+    pub fn thread_plan(&self) -> Option<&ThreadPlan> {
+        self.plan.as_ref()
     }
 
     /// The CPU plan when every worker was pinned: element 0 is the CPU left to the (unpinned)
@@ -244,6 +357,11 @@ impl ThreadPool {
             panic!("a worker thread panicked while running a pool task");
         }
     }
+}
+
+thread_local! {
+    /// The pool index of a worker thread (0 on any other thread, as for the caller).
+    static WORKER_INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 fn work(job: &Job) {
@@ -443,7 +561,13 @@ mod tests {
     #[test]
     fn pinning_can_be_turned_off() {
         let before = affinity::CpuSet::of_current_thread();
-        let pool = ThreadPool::with_options(1, PoolOptions { pin: false });
+        let pool = ThreadPool::with_options(
+            1,
+            PoolOptions {
+                pin: false,
+                numa: None,
+            },
+        );
         assert_eq!(pool.pinned_cpus(), None);
         assert_eq!(affinity::CpuSet::of_current_thread(), before);
         assert!(!no_pin_requested(None));

@@ -401,10 +401,20 @@ impl Harness {
             numactl: variant.numactl.clone(),
             death_signal: None,
             // Our pool's pinning switch (`RLLAMA_NO_PIN`), read by rbench and rserve.
-            env: match variant.pin {
-                Some(false) => vec![("RLLAMA_NO_PIN".into(), Some("1".into()))],
-                Some(true) => vec![("RLLAMA_NO_PIN".into(), None)],
-                None => vec![],
+            env: {
+                let mut env = match variant.pin {
+                    Some(false) => vec![("RLLAMA_NO_PIN".into(), Some("1".into()))],
+                    Some(true) => vec![("RLLAMA_NO_PIN".into(), None)],
+                    None => vec![],
+                };
+                // NUMA placement of our runtime, read by rbench, rserve and rllama.
+                if let Some(m) = &variant.numa {
+                    env.push(("RLLAMA_NUMA".into(), Some(m.clone())));
+                }
+                if let Some(w) = &variant.weights {
+                    env.push(("RLLAMA_NUMA_WEIGHTS".into(), Some(w.clone())));
+                }
+                env
             },
         };
         let _antagonist = self.start_antagonist()?;

@@ -82,7 +82,17 @@ pub struct Variant {
     pub pin: Option<bool>,
     /// The workload runs under `numactl ARGS`.
     pub numactl: Option<Vec<String>>,
+    /// Our runtime's NUMA thread placement (`numa:distribute|isolate|numactl`), passed as
+    /// `RLLAMA_NUMA` (the default of `--numa` in rbench, rserve and rllama).
+    pub numa: Option<String>,
+    /// Our runtime's weight placement (`weights:first-touch|interleave|replicate`), passed
+    /// as `RLLAMA_NUMA_WEIGHTS`.
+    pub weights: Option<String>,
 }
+
+/// The values of `numa:` and `weights:` parts (the runtime's `--numa` / `--numa-weights`).
+pub const NUMA_MODES: [&str; 3] = ["distribute", "isolate", "numactl"];
+pub const WEIGHT_PLACEMENTS: [&str; 3] = ["first-touch", "interleave", "replicate"];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("variant '{variant}': {msg}")]
@@ -94,7 +104,8 @@ pub struct VariantError {
 impl Variant {
     /// Parses `eevdf`, `scx:NAME[:ARGS]`, `policy:batch|idle|fifo:P|rr:P|nice:N|ext`,
     /// `cgroup:cpu.max=QUOTA/PERIOD|cpuset=CPUS[:MEMS]|weight=W`, `affinity:CPULIST`,
-    /// `pinned`, `unpinned`, `numactl:ARGS`, or several of them joined by `+`.
+    /// `pinned`, `unpinned`, `numactl:ARGS`, `numa:MODE`, `weights:PLACEMENT`, or several
+    /// of them joined by `+`.
     pub fn parse(s: &str) -> Result<Variant, VariantError> {
         let label = s.trim().to_string();
         let err = |msg: String| VariantError {
@@ -137,6 +148,24 @@ impl Variant {
                 "affinity" => {
                     v.affinity = Some(parse_cpu_list(rest).map_err(err)?);
                 }
+                "numa" => {
+                    if !NUMA_MODES.contains(&rest) {
+                        return Err(err(format!(
+                            "numa:{rest}: expected one of {}",
+                            NUMA_MODES.join(", ")
+                        )));
+                    }
+                    v.numa = Some(rest.to_string());
+                }
+                "weights" => {
+                    if !WEIGHT_PLACEMENTS.contains(&rest) {
+                        return Err(err(format!(
+                            "weights:{rest}: expected one of {}",
+                            WEIGHT_PLACEMENTS.join(", ")
+                        )));
+                    }
+                    v.weights = Some(rest.to_string());
+                }
                 "numactl" => {
                     let args: Vec<String> = rest.split_whitespace().map(String::from).collect();
                     if args.is_empty() {
@@ -147,7 +176,8 @@ impl Variant {
                 _ => {
                     return Err(err(format!(
                         "unknown part '{part}' (eevdf, scx:NAME[:ARGS], policy:batch|idle|fifo:P|rr:P|nice:N|ext, \
-                         cgroup:cpu.max=Q/P|cpuset=CPUS[:MEMS]|weight=W, affinity:CPUS, pinned, unpinned, numactl:ARGS)"
+                         cgroup:cpu.max=Q/P|cpuset=CPUS[:MEMS]|weight=W, affinity:CPUS, pinned, unpinned, numactl:ARGS, \
+                         numa:distribute|isolate|numactl, weights:first-touch|interleave|replicate)"
                     )))
                 }
             }
@@ -360,6 +390,18 @@ mod tests {
             Some(vec![0, 2, 3])
         );
         assert_eq!(Variant::parse("unpinned").unwrap().pin, Some(false));
+        let v = Variant::parse("numa:distribute+weights:replicate+numactl:--membind=1").unwrap();
+        assert_eq!(v.numa.as_deref(), Some("distribute"));
+        assert_eq!(v.weights.as_deref(), Some("replicate"));
+        assert_eq!(v.numactl, Some(vec!["--membind=1".to_string()]));
+        assert!(Variant::parse("numa:mirror")
+            .unwrap_err()
+            .msg
+            .contains("distribute"));
+        assert!(Variant::parse("weights:spread")
+            .unwrap_err()
+            .msg
+            .contains("replicate"));
         let v = Variant::parse("scx:scx_simple+unpinned+policy:idle").unwrap();
         assert!(v.scx.is_some() && v.pin == Some(false) && v.policy == Some(Policy::Idle));
         assert_eq!(v.to_string(), "scx:scx_simple+unpinned+policy:idle");

@@ -52,6 +52,9 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Keep the prefix cache on disk across restarts (needs prefix caching).
     pub kv_persist: Option<crate::persist::PersistConfig>,
+    /// NUMA thread placement (`--numa`) and weight placement (`--numa-weights`).
+    pub numa: Option<runtime::numa::NumaMode>,
+    pub numa_weights: runtime::numa::WeightPlacement,
 }
 
 impl Default for EngineConfig {
@@ -68,6 +71,8 @@ impl Default for EngineConfig {
             chunked_prefill: true,
             prefix_caching: true,
             kv_persist: None,
+            numa: None,
+            numa_weights: runtime::numa::WeightPlacement::FirstTouch,
         }
     }
 }
@@ -394,7 +399,21 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         file,
         tokenizer,
         model,
-    } = runtime::load(&cfg.model)?;
+    } = runtime::ModelFile::open(&cfg.model)?.load_placed(
+        cfg.numa_weights,
+        cfg.numa,
+        cfg.threads.max(1),
+    )?;
+    if cfg.numa.is_some() {
+        // Refuse a thread placement that cannot be honoured before serving anything.
+        let topo = runtime::numa::Topology::read()?;
+        runtime::numa::plan_threads(
+            &topo,
+            cfg.numa,
+            cfg.threads.max(1),
+            runtime::numa::current_cpu(),
+        )?;
+    }
     let template = ChatTemplate::from_gguf(&file);
     let bytes_per_block = model.kv_layout(BLOCK_SIZE, BLOCK_SIZE).total_bytes();
     let (n_ctx, blocks) = plan_sizing(
@@ -533,7 +552,32 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
     }
     let path = info.path.clone();
     let _ = shared.info.set(info);
-    let pool = ThreadPool::new(loaded.sizing.threads);
+    let pool = ThreadPool::with_options(
+        loaded.sizing.threads,
+        runtime::pool::PoolOptions {
+            pin: true,
+            numa: cfg.numa,
+        },
+    );
+    if cfg.numa.is_some() || cfg.numa_weights != runtime::numa::WeightPlacement::FirstTouch {
+        let pages: Vec<String> = loaded
+            .model
+            .weight_pages()
+            .iter()
+            .map(|(n, p)| match n {
+                Some(n) => format!("copy on node {n}: {}", p.summary()),
+                None => p.summary(),
+            })
+            .collect();
+        eprintln!(
+            "rserve: numa {}: thread nodes {:?}, CPUs {:?}; weights {} ({})",
+            cfg.numa.map_or("(none)", |m| m.name()),
+            pool.thread_nodes(),
+            pool.pinned_cpus(),
+            cfg.numa_weights,
+            pages.join("; ")
+        );
+    }
     let sched = Scheduler::new(SchedulerConfig {
         max_seqs: loaded.sizing.max_seqs,
         max_batch_tokens: loaded.sizing.max_batch_tokens,

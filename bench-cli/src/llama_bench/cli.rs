@@ -28,6 +28,16 @@ pub enum NumaMode {
     Numactl,
 }
 
+impl From<NumaMode> for runtime::numa::NumaMode {
+    fn from(m: NumaMode) -> runtime::numa::NumaMode {
+        match m {
+            NumaMode::Distribute => runtime::numa::NumaMode::Distribute,
+            NumaMode::Isolate => runtime::numa::NumaMode::Isolate,
+            NumaMode::Numactl => runtime::numa::NumaMode::Numactl,
+        }
+    }
+}
+
 /// An engine under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Engine {
@@ -147,9 +157,21 @@ pub struct Cli {
         allow_negative_numbers = true
     )]
     pub prio: i32,
-    /// NUMA mode (accepted on single-node machines, where it has no effect)
-    #[arg(long = "numa", value_enum)]
+    /// NUMA thread placement, with llama.cpp's meanings: distribute (threads spread over
+    /// the nodes), isolate (the node rbench started on), numactl (the CPUs numactl gave).
+    /// Applies to both engines
+    #[arg(long = "numa", value_enum, env = "RLLAMA_NUMA")]
     pub numa: Option<NumaMode>,
+    /// Where rllama's weight pages go: first-touch (read in place from the mapped file),
+    /// interleave (a copy spread over the allowed nodes), replicate (a copy per node, each
+    /// thread reading its node's). Rows record the per-node page counts
+    #[arg(
+        long = "numa-weights",
+        value_name = "first-touch|interleave|replicate",
+        default_value = "first-touch",
+        env = "RLLAMA_NUMA_WEIGHTS"
+    )]
+    pub numa_weights: runtime::numa::WeightPlacement,
     /// CPU affinity mask in hex (e.g. 0x3 = CPUs 0 and 1), applied to the whole process
     #[arg(short = 'C', long = "cpu-mask", value_name = "HEX", action = ArgAction::Append)]
     pub cpu_mask: Vec<String>,
@@ -326,7 +348,8 @@ pub struct Params {
     pub warmup: bool,
     pub delay: f64,
     pub prio: i32,
-    pub numa: Option<NumaMode>,
+    pub numa: Option<runtime::numa::NumaMode>,
+    pub numa_weights: runtime::numa::WeightPlacement,
     /// Hex mask as given (`None` = no affinity change).
     pub cpu_mask: Option<String>,
     pub engines: Vec<Engine>,
@@ -436,7 +459,8 @@ impl Params {
             warmup: !cli.no_warmup,
             delay: cli.delay,
             prio: cli.prio,
-            numa: cli.numa,
+            numa: cli.numa.map(Into::into),
+            numa_weights: cli.numa_weights,
             cpu_mask,
             engines,
             progress: !cli.no_progress,

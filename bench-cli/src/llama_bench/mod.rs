@@ -86,7 +86,7 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
                 .1;
             if !matches!(&loaded, Some(l) if &l.path == path) {
                 loaded = None; // drop the previous model first
-                loaded = Some(LoadedModel::open(path)?);
+                loaded = Some(LoadedModel::open_placed(path, params)?);
             }
             let model = loaded.as_ref().expect("just loaded");
             if i > 0 {

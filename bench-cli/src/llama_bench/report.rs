@@ -139,6 +139,10 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("kv_tokens", opt(r.kv_tokens)),
         ("pinned", json!(r.pinned)),
         ("isa", json!(r.isa)),
+        ("numa", json!(r.numa.mode)),
+        ("numa_weights", json!(r.numa.weights)),
+        ("numa_nodes", json!(r.numa.nodes)),
+        ("numa_detail", r.numa.to_json()),
     ]
 }
 
@@ -191,6 +195,9 @@ enum Col {
     ModelMib,
     KvMib,
     KvTokens,
+    Numa,
+    NumaWeights,
+    Pages,
 }
 
 impl Col {
@@ -209,6 +216,9 @@ impl Col {
             Col::ModelMib => "model MiB",
             Col::KvMib => "KV MiB",
             Col::KvTokens => "KV tokens",
+            Col::Numa => "numa",
+            Col::NumaWeights => "weights",
+            Col::Pages => "weight pages per node",
         }
     }
 
@@ -223,6 +233,9 @@ impl Col {
             Col::Test => 15,
             Col::Ts => 20,
             Col::ModelMib | Col::KvMib | Col::KvTokens => 10,
+            Col::Numa => -10,
+            Col::NumaWeights => -11,
+            Col::Pages => -24,
         }
     }
 
@@ -241,6 +254,25 @@ impl Col {
             Col::ModelMib => mib(r.model_bytes),
             Col::KvMib => r.kv_bytes.map_or("?".into(), mib),
             Col::KvTokens => r.kv_tokens.map_or("?".into(), |t| t.to_string()),
+            Col::Numa => {
+                let mut s = if r.numa.mode.is_empty() {
+                    "-".to_string()
+                } else {
+                    r.numa.mode.clone()
+                };
+                if let Some(n) = &r.numa.thread_nodes {
+                    s.push_str(&format!(
+                        " [{}]",
+                        n.iter()
+                            .map(|x| x.to_string())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ));
+                }
+                s
+            }
+            Col::NumaWeights => r.numa.weights.clone(),
+            Col::Pages => r.numa.pages_summary(),
         }
     }
 }
@@ -287,6 +319,13 @@ impl<W: Write> Printer<W> {
             cols.push(Col::NUbatch);
         }
         cols.extend([Col::Test, Col::Ts, Col::ModelMib, Col::KvMib, Col::KvTokens]);
+        let multi_node = runtime::numa::machine().is_some_and(|t| t.n_nodes() > 1);
+        if params.numa.is_some()
+            || params.numa_weights != runtime::numa::WeightPlacement::FirstTouch
+            || multi_node
+        {
+            cols.extend([Col::Numa, Col::NumaWeights, Col::Pages]);
+        }
         Printer {
             out,
             format: params.output,
@@ -556,4 +595,7 @@ pub const CSV_FIELDS: &[&str] = &[
     "kv_tokens",
     "pinned",
     "isa",
+    "numa",
+    "numa_weights",
+    "numa_nodes",
 ];

@@ -11,6 +11,7 @@ use datasets::fixed::{random_tokens, TokenSpace};
 use runtime::gguf::GgufFile;
 use runtime::load::ModelFile;
 use runtime::model::Model;
+use runtime::numa::{self, NumaMode, WeightPlacement};
 use runtime::pool::{PoolOptions, ThreadPool};
 use runtime::runner::Runner;
 use runtime::tokenizer::Tokenizer;
@@ -56,6 +57,58 @@ pub struct TestResult {
     /// The instruction sets the engine's kernels used: ours per matrix type
     /// (`Q4_K=avx2,Q8_0=avx2-vnni`), llama.cpp's from its build (`avx512`).
     pub isa: String,
+    /// NUMA: the thread mode, the weight placement, and what was observed.
+    pub numa: NumaRow,
+}
+
+/// A row's NUMA facts: the settings and the proof (page counts after the test).
+#[derive(Debug, Clone, Default)]
+pub struct NumaRow {
+    /// `distribute`, `isolate`, `numactl`, or empty for none.
+    pub mode: String,
+    /// `first-touch`, `interleave` or `replicate` (llama.cpp: `first-touch`, its mmap).
+    pub weights: String,
+    /// NUMA nodes of the machine.
+    pub nodes: usize,
+    /// The node of each compute thread (caller first), when the threads were placed.
+    pub thread_nodes: Option<Vec<usize>>,
+    /// The CPU of each compute thread, when pinned.
+    pub thread_cpus: Option<Vec<usize>>,
+    /// Per weight copy: its node (`None`: the file mapping or an interleaved copy) and
+    /// where its pages were after the test (ours only).
+    pub pages: Vec<(Option<usize>, runtime::numa::PagePlacement)>,
+}
+
+impl NumaRow {
+    /// `n0=1200 n1=1187`, or per replica `@0: n0=2387; @1: n1=2387`.
+    pub fn pages_summary(&self) -> String {
+        if self.pages.is_empty() {
+            return "-".into();
+        }
+        self.pages
+            .iter()
+            .map(|(n, p)| match n {
+                Some(n) => format!("@{n}: {}", p.summary()),
+                None => p.summary(),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": self.mode,
+            "weights": self.weights,
+            "nodes": self.nodes,
+            "thread_nodes": self.thread_nodes,
+            "thread_cpus": self.thread_cpus,
+            "weight_pages": self.pages.iter().map(|(n, p)| {
+                let mut v = p.to_json();
+                v["copy_node"] = serde_json::json!(n);
+                v
+            }).collect::<Vec<_>>(),
+        })
+    }
 }
 
 impl TestResult {
@@ -148,11 +201,17 @@ struct OursInstance {
 }
 
 impl OursInstance {
-    fn new(model: Arc<Model>, spec: &TestSpec, pin: bool) -> OursInstance {
-        let pool = ThreadPool::with_options(spec.threads, PoolOptions { pin });
+    fn new(
+        model: Arc<Model>,
+        spec: &TestSpec,
+        pin: bool,
+        numa: Option<NumaMode>,
+    ) -> Result<OursInstance> {
+        let pool = ThreadPool::try_with_options(spec.threads, PoolOptions { pin, numa })
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut runner = Runner::with_pool(model, pool, spec.n_ctx());
         runner.n_batch = spec.our_chunk();
-        OursInstance { runner }
+        Ok(OursInstance { runner })
     }
 
     fn pinned(&self) -> bool {
@@ -204,6 +263,22 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn open(path: &Path) -> Result<LoadedModel> {
+        LoadedModel::open_with(path, WeightPlacement::FirstTouch, None, 1)
+    }
+
+    /// Opens `path` and places our weights as `--numa-weights` asks, for the thread
+    /// plan of the run's largest thread count.
+    pub fn open_placed(path: &Path, params: &Params) -> Result<LoadedModel> {
+        let threads = params.threads.iter().copied().max().unwrap_or(1);
+        LoadedModel::open_with(path, params.numa_weights, params.numa, threads)
+    }
+
+    fn open_with(
+        path: &Path,
+        weights: WeightPlacement,
+        numa: Option<NumaMode>,
+        threads: usize,
+    ) -> Result<LoadedModel> {
         let mf = ModelFile::open_path(path)?;
         let file = &mf.file;
         let info = ModelDesc {
@@ -212,8 +287,10 @@ impl LoadedModel {
             size: file.tensor_bytes(),
             n_params: file.n_params(),
         };
-        let (ours, ours_error) = match mf.model() {
+        let (ours, ours_error) = match mf.model_placed(weights, numa, threads) {
             Ok(m) => (Some(Arc::new(m)), None),
+            // Placement failures are the user's request failing, not a format we lack.
+            Err(e @ runtime::LoadError::Numa { .. }) => return Err(e.into()),
             Err(e) => (None, Some(e.to_string())),
         };
         Ok(LoadedModel {
@@ -436,6 +513,7 @@ pub struct RunOptions<'a> {
     pub warmup: bool,
     /// Pin rllama's compute threads to their own CPUs.
     pub pin: bool,
+    pub numa: Option<NumaMode>,
 }
 
 impl<'a> RunOptions<'a> {
@@ -445,6 +523,7 @@ impl<'a> RunOptions<'a> {
             repetitions: params.repetitions,
             warmup: params.warmup,
             pin: params.pin,
+            numa: params.numa,
         }
     }
 }
@@ -465,6 +544,7 @@ pub fn run_test(
         repetitions,
         warmup,
         pin,
+        numa,
     } = *opts;
     let name = spec.name();
     let test_time = utc_now();
@@ -479,7 +559,9 @@ pub fn run_test(
     for &e in engines {
         progress.update(&format!("{label} [{e}] loading"));
         insts.push(match e {
-            Engine::Rllama => Inst::Ours(Box::new(OursInstance::new(model.ours()?, spec, pin))),
+            Engine::Rllama => {
+                Inst::Ours(Box::new(OursInstance::new(model.ours()?, spec, pin, numa)?))
+            }
             #[cfg(feature = "llamacpp")]
             Engine::LlamaCpp => Inst::Ref(
                 RefInstance::new(&model.path, spec)
@@ -519,8 +601,31 @@ pub fn run_test(
     }
     progress.finish_line();
 
+    let n_nodes = numa::machine().map_or(1, |t| t.n_nodes());
     let mut out = Vec::with_capacity(engines.len());
     for ((inst, &engine), samples_ns) in insts.iter().zip(engines).zip(samples) {
+        let numa_row = match inst {
+            Inst::Ours(o) => NumaRow {
+                mode: numa.map_or(String::new(), |m| m.name().to_string()),
+                weights: model
+                    .ours
+                    .as_ref()
+                    .map_or(WeightPlacement::FirstTouch, |m| m.weight_placement_mode())
+                    .name()
+                    .to_string(),
+                nodes: n_nodes,
+                thread_nodes: o.runner.pool.thread_nodes(),
+                thread_cpus: o.runner.pool.pinned_cpus(),
+                pages: model.ours.as_ref().map_or(Vec::new(), |m| m.weight_pages()),
+            },
+            #[cfg(feature = "llamacpp")]
+            Inst::Ref(_) => NumaRow {
+                mode: numa.map_or(String::new(), |m| m.name().to_string()),
+                weights: WeightPlacement::FirstTouch.name().to_string(),
+                nodes: n_nodes,
+                ..NumaRow::default()
+            },
+        };
         let (info, model_bytes, kv_bytes, kv_tokens, flash_attn, pinned, isa) = match inst {
             Inst::Ours(o) => {
                 let (b, t) = o.kv();
@@ -561,6 +666,7 @@ pub fn run_test(
             samples_ns,
             pinned,
             isa,
+            numa: numa_row,
         });
     }
     Ok(out)

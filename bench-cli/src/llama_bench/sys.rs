@@ -3,6 +3,7 @@
 //! create inherits them.
 
 use anyhow::{bail, Result};
+use runtime::numa::WeightPlacement;
 
 use super::cli::{parse_cpu_mask, Params};
 
@@ -15,18 +16,36 @@ pub fn apply(params: &Params) -> Result<()> {
     if let Some(mask) = &params.cpu_mask {
         set_affinity(&parse_cpu_mask(mask)?)?;
     }
-    if let Some(mode) = params.numa {
-        let nodes = numa_nodes();
-        if nodes > 1 {
-            bail!(
-                "--numa {mode:?}: NUMA placement is not supported yet ({nodes} NUMA nodes \
-                 here); run under `numactl` instead"
+    if params.numa.is_some() || params.numa_weights != WeightPlacement::FirstTouch {
+        let topo = runtime::numa::Topology::read()
+            .map_err(|e| anyhow::anyhow!("--numa: cannot read the NUMA topology: {e}"))?;
+        // Refuse a mode that cannot be honoured before anything is loaded.
+        let max_threads = params.threads.iter().copied().max().unwrap_or(1);
+        runtime::numa::plan_threads(
+            &topo,
+            params.numa,
+            max_threads,
+            runtime::numa::current_cpu(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if topo.n_nodes() == 1 {
+            eprintln!(
+                "rbench: note: this machine has a single NUMA node: --numa {} / --numa-weights \
+                 {} place nothing differently here",
+                params.numa.map_or("(none)", |m| m.name()),
+                params.numa_weights
             );
         }
-        eprintln!(
-            "rbench: note: --numa {}: this machine has a single NUMA node; nothing to do",
-            format!("{mode:?}").to_lowercase()
-        );
+    }
+    #[cfg(feature = "llamacpp")]
+    if let Some(mode) = params.numa {
+        if params.engines.contains(&super::cli::Engine::LlamaCpp) {
+            llamacpp_ref::numa_init(match mode {
+                runtime::numa::NumaMode::Distribute => llamacpp_ref::NumaStrategy::Distribute,
+                runtime::numa::NumaMode::Isolate => llamacpp_ref::NumaStrategy::Isolate,
+                runtime::numa::NumaMode::Numactl => llamacpp_ref::NumaStrategy::Numactl,
+            });
+        }
     }
     Ok(())
 }
@@ -85,22 +104,4 @@ fn set_affinity(cpus: &[usize]) -> Result<()> {
 #[cfg(not(target_os = "linux"))]
 fn set_affinity(_cpus: &[usize]) -> Result<()> {
     bail!("-C (CPU mask) is not supported yet on this OS")
-}
-
-/// Number of NUMA nodes (1 when unknown).
-fn numa_nodes() -> usize {
-    std::fs::read_dir("/sys/devices/system/node")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| {
-                    let n = e.file_name();
-                    let n = n.to_string_lossy();
-                    n.strip_prefix("node").is_some_and(|rest| {
-                        !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())
-                    })
-                })
-                .count()
-                .max(1)
-        })
-        .unwrap_or(1)
 }

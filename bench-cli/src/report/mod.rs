@@ -534,18 +534,26 @@ fn series_of(
     keys: &[(&str, &str, bool)],
     f: &dyn Fn(&Row, &str) -> f64,
 ) -> Vec<Series> {
-    let mut names: Vec<String> = rows.iter().map(Row::series).collect();
-    names.dedup();
+    // One series per name, in order of first appearance (rows of servers run side by
+    // side interleave, A B B A, so equal names are not adjacent).
+    let mut names: Vec<String> = Vec::new();
+    for n in rows.iter().map(Row::series) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
     let mut out = Vec::new();
     for (i, n) in names.iter().enumerate() {
         for &(k, suffix, dashed) in keys {
+            let mut points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| &r.series() == n)
+                .map(|r| (r.concurrency(), f(r, k)))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
             out.push(Series {
                 name: format!("{n}{suffix}"),
-                points: rows
-                    .iter()
-                    .filter(|r| &r.series() == n)
-                    .map(|r| (r.concurrency(), f(r, k)))
-                    .collect(),
+                points,
                 dashed,
                 color: i,
             });
@@ -665,4 +673,35 @@ pub fn run(a: &ReportArgs) -> Result<()> {
 
 fn write_file(p: &Path, s: &str) -> Result<()> {
     std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_servers_make_one_series_each_sorted_by_concurrency() {
+        let row = |backend: &str, c: u64, tps: f64| Row {
+            file: "sbs.jsonl".into(),
+            v: serde_json::json!({
+                "backend": backend, "server_cmd": "x", "dataset": "d",
+                "max_concurrency": c, "output_throughput": tps,
+            }),
+        };
+        // A B B A, as `rbench serve --spawn` writes them.
+        let rows = [
+            row("a", 1, 1.0),
+            row("b", 1, 2.0),
+            row("b", 4, 3.0),
+            row("a", 4, 4.0),
+            row("a", 16, 5.0),
+            row("b", 16, 6.0),
+        ];
+        let s = series_of(&rows, &[("output_throughput", "", false)], &|r, k| r.f(k));
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].name, "a [d]");
+        assert_eq!(s[0].points, [(1.0, 1.0), (4.0, 4.0), (16.0, 5.0)]);
+        assert_eq!(s[1].points, [(1.0, 2.0), (4.0, 3.0), (16.0, 6.0)]);
+        assert_ne!(s[0].color, s[1].color);
+    }
 }

@@ -410,15 +410,87 @@ fn invalid_rows(r: &SchedReport) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The NUMA facts of a variant's valid engine windows: the thread nodes and the weight
+/// pages per node seen in each distinct form (usually one).
+fn numa_summary(r: &SchedReport, m: &str, v: &str) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for w in r
+        .windows
+        .iter()
+        .filter(|w| w.machine == m && w.variant == v && w.valid)
+    {
+        let d = &w.metrics["numa_detail"];
+        if d.is_null() {
+            continue;
+        }
+        let nodes = d["thread_nodes"].as_array().map_or("–".to_string(), |a| {
+            a.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        let pages: Vec<String> = d["weight_pages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                let per: Vec<String> = p["per_node"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, c)| format!("n{k}={c}"))
+                    .collect();
+                let mut t = per.join(" ");
+                if p["absent"].as_u64().unwrap_or(0) > 0 {
+                    t.push_str(&format!(" absent={}", p["absent"]));
+                }
+                match p["copy_node"].as_u64() {
+                    Some(n) => format!("@{n}: {t}"),
+                    None => t,
+                }
+            })
+            .collect();
+        push_unique(
+            &mut seen,
+            &format!(
+                "{} {}; threads on nodes [{nodes}]; pages {}",
+                d["mode"].as_str().filter(|s| !s.is_empty()).unwrap_or("-"),
+                d["weights"].as_str().unwrap_or("?"),
+                pages.join("; ")
+            ),
+        );
+    }
+    seen.join(" / ")
+}
+
+fn has_numa(r: &SchedReport) -> bool {
+    r.windows
+        .iter()
+        .any(|w| !w.metrics["numa_detail"].is_null())
+}
+
 fn proof_rows(r: &SchedReport, m: &str) -> Vec<Vec<String>> {
+    let numa = has_numa(r);
     r.variants
         .iter()
         .filter(|v| r.windows.iter().any(|w| w.machine == m && &w.variant == *v))
         .map(|v| {
             let (ops, ext, pol) = r.proof_summary(m, v);
-            vec![v.clone(), ops, ext, pol]
+            let mut row = vec![v.clone(), ops, ext, pol];
+            if numa {
+                row.push(numa_summary(r, m, v));
+            }
+            row
         })
         .collect()
+}
+
+fn proof_head(r: &SchedReport) -> Vec<&'static str> {
+    let mut h = PROOF_HEAD.to_vec();
+    if has_numa(r) {
+        h.push("NUMA: mode, weights; thread nodes; weight pages per node");
+    }
+    h
 }
 
 const ENGINE_HEAD: [&str; 6] = [
@@ -475,7 +547,7 @@ pub fn markdown(r: &SchedReport) -> String {
             s.push_str(&table(&SERVE_HEAD, &sr));
             s.push('\n');
         }
-        s.push_str(&table(&PROOF_HEAD, &proof_rows(r, &m.id)));
+        s.push_str(&table(&proof_head(r), &proof_rows(r, &m.id)));
     }
     if r.machines.len() > 1 {
         s.push_str("\n### Across machines (ratio vs baseline [95% CI])\n\n");
@@ -706,7 +778,7 @@ pub fn html(r: &SchedReport) -> String {
             s.push_str(&html_table(&SERVE_HEAD, &sr));
         }
         s.push_str("<h3>Proof</h3>\n");
-        s.push_str(&html_table(&PROOF_HEAD, &proof_rows(r, &m.id)));
+        s.push_str(&html_table(&proof_head(r), &proof_rows(r, &m.id)));
         let fp = &m.fingerprint;
         let _ = writeln!(
             s,

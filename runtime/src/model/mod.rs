@@ -18,6 +18,9 @@ use quant::GgmlType;
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
 use crate::matmul::{dequant_row, matmul, MatRef, UbPos};
+use crate::numa::{
+    page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
+};
 use crate::pool::ThreadPool;
 use attention::{attention, AttnShape, AttnTokens};
 
@@ -100,6 +103,10 @@ pub struct Model {
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
     gelu: Gelu,
+    /// Weights copied into node memory (`--numa-weights interleave|replicate`); `None`
+    /// reads them from the mapped file.
+    copies: Option<WeightCopies>,
+    placement: WeightPlacement,
 }
 
 /// Which logits a sequence in a batch wants back.
@@ -335,6 +342,8 @@ impl Model {
             output_norm,
             layers,
             gelu: Gelu::new(),
+            copies: None,
+            placement: WeightPlacement::FirstTouch,
         })
     }
 
@@ -343,12 +352,64 @@ impl Model {
     }
 
     fn m(&self, m: &Mat) -> MatRef<'_> {
-        let data = &self.file.bytes()[m.start..m.start + m.len];
+        let (data, copies) = match &self.copies {
+            Some(c) => (c.slice(0, m.start, m.len), Some((c, m.start))),
+            None => (&self.file.bytes()[m.start..m.start + m.len], None),
+        };
         MatRef {
             ty: m.ty,
             n_in: m.n_in,
             n_out: m.n_out,
             data,
+            copies,
+        }
+    }
+
+    /// Moves the weights where `placement` says (before the model is shared): an
+    /// interleaved copy over `nodes`, or one copy per node of `nodes`. First-touch keeps
+    /// (or goes back to) the mapped file.
+    pub fn place_weights(
+        &mut self,
+        placement: WeightPlacement,
+        nodes: &[usize],
+        topo: Option<&Topology>,
+    ) -> Result<(), NumaError> {
+        let base = self.file.data_offset as usize;
+        let src = &self.file.bytes()[base..];
+        self.copies = WeightCopies::new(src, base, placement, nodes, topo)?;
+        self.placement = placement;
+        Ok(())
+    }
+
+    pub fn weight_placement_mode(&self) -> WeightPlacement {
+        self.placement
+    }
+
+    /// Where the weight pages are now, per copy: `(None, pages)` for the mapped file or
+    /// an interleaved copy, `(Some(node), pages)` per replica. Pages of the file that
+    /// were never read count as absent.
+    pub fn weight_pages(&self) -> Vec<(Option<usize>, PagePlacement)> {
+        match &self.copies {
+            Some(c) => c.placement(),
+            None => {
+                let base = self.file.data_offset as usize;
+                let b = &self.file.bytes()[base..];
+                vec![(None, page_placement(b.as_ptr(), b.len()))]
+            }
+        }
+    }
+
+    /// Reads every page of the weights once (each copy), so they are resident.
+    pub fn touch_weights(&self) -> u64 {
+        match &self.copies {
+            Some(c) => (0..c.len())
+                .map(|i| {
+                    let base = c.base;
+                    let len = self.file.bytes().len() - base;
+                    touch_pages(c.slice(i, base, len))
+                })
+                .fold(0, u64::wrapping_add),
+            None => touch_pages(&self.file.bytes()[self.file.data_offset as usize..]),
         }
     }
 

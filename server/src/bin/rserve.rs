@@ -24,6 +24,13 @@ struct Args {
     /// Compute threads (including the engine thread); default: all cores.
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
+    #[arg(long, env = "RLLAMA_NUMA")]
+    numa: Option<runtime::numa::NumaMode>,
+    /// Where the weight pages go: first-touch, interleave (a copy spread over the allowed
+    /// nodes) or replicate (a copy per node).
+    #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
+    numa_weights: runtime::numa::WeightPlacement,
     /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -139,6 +146,8 @@ fn main() {
                 every_blocks: a.kv_persist_blocks.max(1),
                 max_bytes: a.kv_persist_max,
             }),
+            numa: a.numa,
+            numa_weights: a.numa_weights,
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

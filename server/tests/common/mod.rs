@@ -44,6 +44,8 @@ pub fn engine_config() -> EngineConfig {
         chunked_prefill: true,
         prefix_caching: true,
         kv_persist: None,
+        numa: None,
+        numa_weights: Default::default(),
     }
 }
 
