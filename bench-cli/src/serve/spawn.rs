@@ -165,8 +165,9 @@ fn llama_build_dir() -> PathBuf {
     runtime::registry::tools_cache_dir().join("llama-server-build")
 }
 
-/// `$LLAMA_SERVER`, a previous build in the cache, PATH, or a fresh native build from the
-/// llama.cpp checkout in `$LLAMA_CPP_SRC`.
+/// `$LLAMA_SERVER`, a previous build in the cache, PATH, or a fresh native build: from the
+/// llama.cpp checkout in `$LLAMA_CPP_SRC`, else from the llama.cpp vendored in the
+/// `llama-cpp-python` source package (fetched once with pip into the tools cache).
 pub fn llama_server() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("LLAMA_SERVER") {
         let p = PathBuf::from(p);
@@ -186,11 +187,80 @@ pub fn llama_server() -> Result<PathBuf> {
     if built.is_file() {
         return Ok(built);
     }
-    on_path("llama-server").ok_or_else(|| {
+    if let Some(p) = on_path("llama-server") {
+        return Ok(p);
+    }
+    let src = fetch_llama_cpp_source().context(
+        "--spawn llama-server: no llama-server found and its source could not be fetched. Set \
+         LLAMA_SERVER to the binary, put it on PATH, or set LLAMA_CPP_SRC to a llama.cpp \
+         checkout to build it natively (the llama.cpp source our reference engine links ships \
+         without tools/server)",
+    )?;
+    build_llama_server(&src, &llama_build_dir())?;
+    Ok(built)
+}
+
+/// The llama-cpp-python source package whose vendored llama.cpp carries tools/server.
+const LLAMA_CPP_PYTHON_SDIST: &str = "llama-cpp-python==0.3.36";
+
+/// Downloads (once) and unpacks the llama-cpp-python source package into the tools cache
+/// and returns its vendored llama.cpp.
+fn fetch_llama_cpp_source() -> Result<PathBuf> {
+    let dir = runtime::registry::tools_cache_dir().join("llama-cpp-python-src");
+    let find = |dir: &Path| -> Option<PathBuf> {
+        std::fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("vendor/llama.cpp"))
+            .find(|p| p.join("tools/server").is_dir())
+    };
+    if let Some(p) = find(&dir) {
+        return Ok(p);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    eprintln!(
+        "rbench: fetching the {LLAMA_CPP_PYTHON_SDIST} source package for llama.cpp's server \
+         into {}",
+        dir.display()
+    );
+    let st = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+        ])
+        .arg(&dir)
+        .arg(LLAMA_CPP_PYTHON_SDIST)
+        .status()
+        .context("running python3 -m pip download")?;
+    if !st.success() {
+        bail!("pip download {LLAMA_CPP_PYTHON_SDIST} failed: {st}");
+    }
+    let tarball = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".tar.gz"))
+        .ok_or_else(|| anyhow::anyhow!("pip left no .tar.gz in {}", dir.display()))?;
+    let st = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&dir)
+        .status()
+        .context("running tar")?;
+    if !st.success() {
+        bail!("unpacking {} failed: {st}", tarball.display());
+    }
+    find(&dir).ok_or_else(|| {
         anyhow::anyhow!(
-            "--spawn llama-server: no llama-server found. Set LLAMA_SERVER to the binary, put it \
-             on PATH, or set LLAMA_CPP_SRC to a llama.cpp checkout to build it natively (the \
-             llama.cpp source our reference engine links ships without tools/server)"
+            "{} holds no vendor/llama.cpp with tools/server",
+            tarball.display()
         )
     })
 }
