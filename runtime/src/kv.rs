@@ -189,14 +189,29 @@ pub struct KvCache {
     seqs: HashMap<SeqId, SeqState>,
 }
 
+/// `n` f16 zeros from the zeroing allocator (`vec![f16::ZERO; n]` would write every
+/// element, touching every page now).
+fn zeroed_f16(n: usize) -> Vec<f16> {
+    // u16 zeros take the allocator's zeroed path (fresh pages for large sizes).
+    let v = std::mem::ManuallyDrop::new(vec![0u16; n]);
+    let (ptr, len, cap) = (v.as_ptr() as *mut f16, v.len(), v.capacity());
+    // SAFETY: f16 is a transparent u16 (same size and alignment) and all-zero bits are
+    // +0.0; the allocation is handed over whole, with its length and capacity.
+    unsafe { Vec::from_raw_parts(ptr, len, cap) }
+}
+
 impl KvCache {
+    /// An empty cache. Its memory is allocated zeroed and not written here: pages are
+    /// first touched when K/V rows are stored, so a large cache costs no start-up time and
+    /// its pages land where the writing thread's memory policy puts them (not all on the
+    /// node of whoever built it).
     pub fn new(layout: KvLayout) -> KvCache {
         let slots = layout.n_blocks * layout.block_size;
         let k = (0..layout.n_layers)
-            .map(|_| vec![f16::ZERO; slots * layout.k_row()])
+            .map(|_| zeroed_f16(slots * layout.k_row()))
             .collect();
         let v = (0..layout.n_layers)
-            .map(|_| vec![f16::ZERO; slots * layout.v_row()])
+            .map(|_| zeroed_f16(slots * layout.v_row()))
             .collect();
         // Pop from the end, so block 0 is handed out first.
         let free = (0..layout.n_blocks as u32).rev().collect();
@@ -761,6 +776,30 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_new_cache_touches_no_pages_until_written() {
+        let mut kv = KvCache::new(KvLayout {
+            n_layers: 1,
+            n_kv_heads: 8,
+            head_dim_k: 64,
+            head_dim_v: 64,
+            block_size: 16,
+            n_blocks: 1024,
+        });
+        let (k, _) = kv.layer(0);
+        assert!(k.iter().take(4096).all(|x| *x == f16::ZERO));
+        let bytes = std::mem::size_of_val(k);
+        let before = crate::numa::page_placement(k.as_ptr().cast(), bytes);
+        // Only the pages just read (shared zero page or none) may be present.
+        assert!(before.absent * 2 > before.total(), "{before:?}");
+        kv.add_seq(1);
+        kv.reserve(1, 1).unwrap();
+        let slot = kv.slot(1, 0).unwrap();
+        kv.write(0, slot, &[1.0; 512], &[2.0; 512]);
+        assert_eq!(kv.layer(0).0[slot * 512], f16::from_f32(1.0));
+    }
 
     fn cache(n_blocks: usize) -> KvCache {
         KvCache::new(KvLayout {
