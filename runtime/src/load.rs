@@ -87,6 +87,9 @@ impl ModelFile {
             model
                 .place_weights(weights, &nodes, Some(&topo))
                 .map_err(err)?;
+            if let Some(n) = model.weight_placement_note() {
+                eprintln!("{}: {n}", self.path.display());
+            }
         }
         Ok(model)
     }

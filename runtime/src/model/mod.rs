@@ -385,6 +385,26 @@ impl Model {
         self.placement
     }
 
+    /// A line saying what the weight placement costs in memory, for the binaries to print
+    /// up front (`None` for first-touch, which copies nothing).
+    pub fn weight_placement_note(&self) -> Option<String> {
+        let c = self.copies.as_ref()?;
+        let nodes: Vec<String> = c
+            .placement()
+            .iter()
+            .map(|(n, _)| n.map_or("interleaved".to_string(), |n| format!("node {n}")))
+            .collect();
+        Some(format!(
+            "--numa-weights {}: {} cop{} of {} MiB ({}) = {} MiB of anonymous memory",
+            self.placement,
+            c.len(),
+            if c.len() == 1 { "y" } else { "ies" },
+            (c.bytes() / c.len().max(1)) >> 20,
+            nodes.join(", "),
+            c.bytes() >> 20
+        ))
+    }
+
     /// Where the weight pages are now, per copy: `(None, pages)` for the mapped file or
     /// an interleaved copy, `(Some(node), pages)` per replica. Pages of the file that
     /// were never read count as absent.
