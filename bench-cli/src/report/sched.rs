@@ -853,6 +853,45 @@ mod tests {
     }
 
     #[test]
+    fn numa_windows_show_thread_nodes_and_pages_per_node() {
+        let d = tempfile::tempdir().unwrap();
+        let mut lines = vec![run_line("m1", "lab")];
+        for rep in 0..2 {
+            let mut w: Value =
+                serde_json::from_str(&line("m1", "eevdf", "pp64", rep, true, 5.0)).unwrap();
+            w["variant"] = "numa:distribute+weights:replicate".into();
+            w["metrics"]["numa_detail"] = serde_json::json!({
+                "mode": "distribute", "weights": "replicate", "thread_nodes": [0, 1],
+                "weight_pages": [
+                    {"copy_node": 0, "per_node": {"0": 100}, "absent": 0},
+                    {"copy_node": 1, "per_node": {"1": 100}, "absent": 0}]});
+            lines.push(w.to_string());
+        }
+        let f = d.path().join("n.jsonl");
+        std::fs::write(&f, lines.join("\n")).unwrap();
+        let md = markdown(&load(&[f]).unwrap());
+        assert!(md.contains("weight pages per node"), "{md}");
+        assert!(
+            md.contains(
+                "distribute replicate; threads on nodes [0,1]; pages @0: n0=100; @1: n1=100"
+            ),
+            "{md}"
+        );
+        // Files without NUMA details keep the old proof table.
+        let f2 = d.path().join("plain.jsonl");
+        std::fs::write(
+            &f2,
+            [
+                run_line("m1", "lab"),
+                line("m1", "eevdf", "pp64", 0, true, 1.0),
+            ]
+            .join("\n"),
+        )
+        .unwrap();
+        assert!(!markdown(&load(&[f2]).unwrap()).contains("weight pages"));
+    }
+
+    #[test]
     fn tables_keep_invalid_windows_out_and_merge_machines() {
         let d = tempfile::tempdir().unwrap();
         let mut a = vec![run_line("m1", "lab")];
