@@ -48,10 +48,15 @@ mod imp {
         (rc == 0).then_some(set)
     }
 
-    /// Sets the calling thread's mask.
-    pub(super) fn apply_to_current_thread(set: &CpuSet) -> bool {
+    /// Sets the mask of thread `tid` (0: the caller).
+    pub(super) fn apply_to_thread(set: &CpuSet, tid: i32) -> bool {
         // SAFETY: the kernel reads SET_BYTES from a valid cpu_set_t.
-        unsafe { libc::sched_setaffinity(0, SET_BYTES, &set.raw) == 0 }
+        unsafe { libc::sched_setaffinity(tid, SET_BYTES, &set.raw) == 0 }
+    }
+
+    pub(super) fn current_tid() -> i32 {
+        // SAFETY: no arguments.
+        unsafe { libc::gettid() }
     }
 
     pub(super) fn insert(set: &mut CpuSet, cpu: usize) {
@@ -128,10 +133,29 @@ impl CpuSet {
     /// Restricts the calling thread to this set. Returns whether the kernel accepted it.
     pub fn apply_to_current_thread(&self) -> bool {
         #[cfg(target_os = "linux")]
-        return imp::apply_to_current_thread(self);
+        return imp::apply_to_thread(self, 0);
         #[cfg(not(target_os = "linux"))]
         false
     }
+
+    /// Restricts thread `tid` of this process (see [`current_tid`]) to this set.
+    pub fn apply_to_thread(&self, tid: i32) -> bool {
+        #[cfg(target_os = "linux")]
+        return imp::apply_to_thread(self, tid);
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = tid;
+            false
+        }
+    }
+}
+
+/// The calling thread's id (0 off Linux).
+pub fn current_tid() -> i32 {
+    #[cfg(target_os = "linux")]
+    return imp::current_tid();
+    #[cfg(not(target_os = "linux"))]
+    0
 }
 
 /// Pins the calling thread to `cpu`. Returns whether it took.

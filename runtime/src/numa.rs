@@ -393,6 +393,10 @@ pub struct ThreadPlan {
     /// The node of each thread (its CPU's node; for an unpinned thread, the node of the
     /// first CPU of its mask).
     pub nodes: Vec<usize>,
+    /// For `distribute` and `isolate`: the CPUs the caller (thread 0, which computes too
+    /// but is never pinned) is confined to, its node's allowed CPUs, as llama.cpp places
+    /// its main thread. Threads the caller creates later inherit this mask.
+    pub caller_mask: Option<Vec<usize>>,
 }
 
 /// Plans `n_threads` threads (caller first) on `topo` for `mode` (`None`: today's default,
@@ -446,9 +450,11 @@ pub fn plan_threads(
     };
     if n <= order.len() {
         let cpus = order[..n].to_vec();
+        let nodes: Vec<usize> = cpus.iter().map(|&c| node_of(c)).collect();
         return Ok(ThreadPlan {
             masks: cpus.iter().map(|&c| vec![c]).collect(),
-            nodes: cpus.iter().map(|&c| node_of(c)).collect(),
+            caller_mask: caller_mask(topo, mode, nodes[0]),
+            nodes,
             cpus: Some(cpus),
         });
     }
@@ -462,11 +468,22 @@ pub fn plan_threads(
         }
         _ => vec![order.clone(); n],
     };
+    let nodes: Vec<usize> = masks.iter().map(|m| node_of(m[0])).collect();
     Ok(ThreadPlan {
         cpus: None,
-        nodes: masks.iter().map(|m| node_of(m[0])).collect(),
+        caller_mask: caller_mask(topo, mode, nodes[0]),
+        nodes,
         masks,
     })
+}
+
+fn caller_mask(topo: &Topology, mode: Option<NumaMode>, node: usize) -> Option<Vec<usize>> {
+    match mode {
+        Some(NumaMode::Distribute | NumaMode::Isolate) => {
+            Some(topo.allowed_cpus_of(node)).filter(|m| !m.is_empty())
+        }
+        _ => None,
+    }
 }
 
 /// The nodes weights go to: the allowed memory nodes for `interleave`, the nodes our

@@ -67,6 +67,8 @@ pub struct ThreadPool {
     pinned: Option<Vec<usize>>,
     /// The NUMA plan the threads follow (pinned or confined), when there is one.
     plan: Option<ThreadPlan>,
+    /// The caller's thread id and mask before a NUMA mode confined it.
+    restore_caller: Option<(i32, affinity::CpuSet)>,
 }
 
 /// How a pool places its threads.
@@ -183,13 +185,24 @@ impl ThreadPool {
                     masks: cpus.iter().map(|&c| vec![c]).collect(),
                     nodes: vec![0; cpus.len()],
                     cpus: Some(cpus),
+                    caller_mask: None,
                 })),
         }
     }
 
     fn build(n_threads: usize, options: PoolOptions, plan: Option<ThreadPlan>) -> ThreadPool {
         let n_threads = n_threads.max(1);
-        // One thread: nothing to place (the caller is never pinned).
+        // A NUMA mode keeps the caller (which computes too) on its node while the pool
+        // lives; its own mask comes back when the pool is dropped.
+        let mut restore_caller = None;
+        if let Some(m) = plan.as_ref().and_then(|p| p.caller_mask.as_ref()) {
+            let saved = affinity::CpuSet::of_current_thread();
+            if affinity::CpuSet::from_cpus(m).is_some_and(|s| s.apply_to_current_thread()) {
+                numa::set_thread_node(plan.as_ref().map(|p| p.nodes[0]));
+                restore_caller = saved.map(|s| (affinity::current_tid(), s));
+            }
+        }
+        // One thread: nothing else to place (the caller is never pinned to one CPU).
         let plan = plan.filter(|_| n_threads > 1);
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
@@ -246,6 +259,7 @@ impl ThreadPool {
             n_threads,
             pinned: plan.as_ref().and_then(|p| p.cpus.clone()),
             plan,
+            restore_caller,
         }
     }
 
@@ -418,6 +432,12 @@ fn worker(shared: Arc<Shared>) {
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
+        if let Some((tid, mask)) = self.restore_caller.take() {
+            mask.apply_to_thread(tid);
+            if tid == affinity::current_tid() {
+                numa::set_thread_node(None);
+            }
+        }
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
             let _g = self.shared.job.lock().unwrap();

@@ -71,10 +71,14 @@ fn two_nodes_distribute_isolate_numactl() {
     let p = plan_threads(&t, Some(NumaMode::Distribute), 4, None).unwrap();
     assert_eq!(p.cpus, Some(vec![0, 4, 1, 5]));
     assert_eq!(p.nodes, vec![0, 1, 0, 1]);
+    assert_eq!(p.caller_mask, Some(vec![0, 1, 2, 3]));
+    assert_eq!(plan_threads(&t, None, 4, None).unwrap().caller_mask, None);
     // Isolate: the node the process runs on.
     let p = plan_threads(&t, Some(NumaMode::Isolate), 3, Some(6)).unwrap();
     assert_eq!(p.cpus, Some(vec![4, 5, 6]));
     assert_eq!(p.nodes, vec![1, 1, 1]);
+    // The (unpinned) caller stays on its node too.
+    assert_eq!(p.caller_mask, Some(vec![4, 5, 6, 7]));
     // More threads than the node has: confined to the node, not pinned.
     let p = plan_threads(&t, Some(NumaMode::Isolate), 5, Some(0)).unwrap();
     assert_eq!(p.cpus, None);
