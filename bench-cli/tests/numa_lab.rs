@@ -12,6 +12,8 @@
 //! `RBENCH_LAB_BIN` (rbench, with rllama beside it). Without the lab the test is skipped
 //! with a message, unless `RBENCH_LAB_REQUIRED=1` (CI).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -113,13 +115,13 @@ taskset -c 1 {rl} -t 2 --numa-mode isolate > isolate.json 2> isolate.err; echo "
         m = model.display(),
     );
     std::fs::write(dir.join("lab.sh"), script).unwrap();
-    let out = Command::new(&run)
-        .args([
+    let out = common::run_guest(
+        &run,
+        &[
             "--cpus", "2", "--mem", "2G", "--nodes", "2", "--", "bash", "lab.sh",
-        ])
-        .current_dir(&dir)
-        .output()
-        .expect("running the lab");
+        ],
+        &dir,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     let ctx = format!(

@@ -14,6 +14,8 @@
 //! Without the lab the test is skipped with a message, unless `RBENCH_LAB_REQUIRED=1`
 //! (CI), where that is a failure.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -113,11 +115,11 @@ echo "after-resume-state=$(cat /sys/kernel/sched_ext/state)"
 "#
     );
     std::fs::write(dir.join("lab.sh"), script).unwrap();
-    let out = Command::new(&run)
-        .args(["--cpus", "1", "--mem", "2G", "--", "bash", "lab.sh"])
-        .current_dir(&dir)
-        .output()
-        .expect("running the lab");
+    let out = common::run_guest(
+        &run,
+        &["--cpus", "1", "--mem", "2G", "--", "bash", "lab.sh"],
+        &dir,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     let ctx = format!(
