@@ -14,44 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// The directory holding the lab builds of rbench and rllama.
-fn lab_bins() -> PathBuf {
-    if let Some(p) = std::env::var_os("RBENCH_LAB_BIN") {
-        return PathBuf::from(p).parent().unwrap().to_path_buf();
-    }
-    let target = repo().join("target/lab");
-    let st = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "bench-cli",
-            "-p",
-            "server",
-            "-p",
-            "rllama",
-            "--bins",
-        ])
-        .current_dir(repo())
-        .env("RUSTFLAGS", "-C target-cpu=x86-64-v3")
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .expect("running cargo");
-    assert!(st.success(), "building the lab binaries failed");
-    target.join("release")
-}
 
 fn pages(report: &Value) -> Vec<(Option<u64>, u64, u64, u64)> {
     report["weight_pages"]
@@ -79,20 +42,14 @@ fn worker_nodes(report: &Value) -> Vec<u64> {
 
 #[test]
 fn pages_and_threads_land_on_the_nodes_asked_for() {
-    let run = repo().join("../shared/lab/run");
-    if !run.is_file() {
-        assert!(
-            std::env::var_os("RBENCH_LAB_REQUIRED").is_none(),
-            "RBENCH_LAB_REQUIRED is set but ../shared/lab/run is missing"
-        );
-        eprintln!("skipping: no lab at ../shared/lab (see ARCHITECTURE.md, NUMA)");
+    let Some(run) = common::lab_run("NUMA") else {
         return;
-    }
+    };
     let Some(model) = runtime::registry::test_model("smollm2-135m") else {
         return;
     };
-    let bins = lab_bins();
-    let dir = repo().join("target/lab-numa-test");
+    let bins = common::lab_bins();
+    let dir = common::repo().join("target/lab-numa-test");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let rl = format!(

@@ -16,47 +16,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn lab_run() -> Option<PathBuf> {
-    let p = repo().join("../shared/lab/run");
-    p.is_file().then_some(p)
-}
-
-/// rbench built for the guest's CPU.
-fn lab_rbench() -> PathBuf {
-    if let Some(p) = std::env::var_os("RBENCH_LAB_BIN") {
-        return PathBuf::from(p);
-    }
-    let target = repo().join("target/lab");
-    let st = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "bench-cli",
-            "-p",
-            "server",
-            "--bins",
-        ])
-        .current_dir(repo())
-        .env("RUSTFLAGS", "-C target-cpu=x86-64-v3")
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .expect("running cargo");
-    assert!(st.success(), "building the lab binaries failed");
-    target.join("release/rbench")
-}
 
 fn windows(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
@@ -69,20 +31,15 @@ fn windows(path: &Path) -> Vec<Value> {
 
 #[test]
 fn schedulers_switch_for_real_and_the_proof_says_so() {
-    let Some(run) = lab_run() else {
-        assert!(
-            std::env::var_os("RBENCH_LAB_REQUIRED").is_none(),
-            "RBENCH_LAB_REQUIRED is set but ../shared/lab/run is missing"
-        );
-        eprintln!("skipping: no lab at ../shared/lab (see ARCHITECTURE.md, scheduler experiments)");
+    let Some(run) = common::lab_run("scheduler experiments") else {
         return;
     };
     let Some(model) = runtime::registry::test_model("smollm2-135m") else {
         return;
     };
-    let rbench = lab_rbench();
+    let rbench = common::lab_bins().join("rbench");
     // The guest can write only its working directory, shared with the host.
-    let dir = repo().join("target/lab-test");
+    let dir = common::repo().join("target/lab-test");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let common = format!(
