@@ -36,6 +36,12 @@ fn random_cases(n: usize, seed: u64) -> Vec<String> {
         "्",
         "\u{301}",
         "😀",
+        // Control characters: byte-level vocabularies lack some of their byte tokens
+        // (smollm2 has none for 0x13), and such bytes are dropped, as llama.cpp does.
+        "\u{13}",
+        "\u{0}",
+        "\u{7f}",
+        "\u{1b}[0m",
         "👍🏽",
         "\u{200d}",
         "🇯🇵",

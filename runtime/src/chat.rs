@@ -109,6 +109,18 @@ impl ChatTemplate {
     }
 }
 
+/// Most template instructions one render may run. Real templates spend a few hundred per
+/// message; this bounds what a hostile template from a GGUF file can make a request cost
+/// (a loop over `range(10**5)` nested twice runs out instead of hanging the server).
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+
+/// Longest text a render may produce (repeating a list can otherwise print gigabytes).
+/// minijinja itself caps string repetition, `range` and recursion. What no cap here
+/// stops: a template that doubles a string in a loop (`{% set ns.s = ns.s ~ ns.s %}`)
+/// exhausts memory within a few dozen iterations; templates come from the model file
+/// the operator chose, and message content cannot do this.
+pub const MAX_RENDERED_BYTES: usize = 16 << 20;
+
 fn render_jinja(
     source: &str,
     messages: &[ChatMessage],
@@ -117,6 +129,7 @@ fn render_jinja(
     eos: &str,
 ) -> Result<String, ChatError> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -132,14 +145,49 @@ fn render_jinja(
     let tmpl = env
         .get_template("chat")
         .map_err(|e| ChatError::Template(e.to_string()))?;
-    tmpl.render(context! {
-        messages => messages,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos,
-        eos_token => eos,
-        tools => minijinja::Value::UNDEFINED,
-    })
-    .map_err(|e| ChatError::Template(format!("{e:#}")))
+    let mut out = Capped {
+        buf: Vec::new(),
+        full: false,
+    };
+    let r = tmpl.render_captured_to(
+        context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos,
+            eos_token => eos,
+            tools => minijinja::Value::UNDEFINED,
+        },
+        &mut out,
+    );
+    if out.full {
+        return Err(ChatError::Template(format!(
+            "the rendered prompt exceeds {MAX_RENDERED_BYTES} bytes"
+        )));
+    }
+    r.map(drop)
+        .map_err(|e| ChatError::Template(format!("{e:#}")))?;
+    String::from_utf8(out.buf).map_err(|e| ChatError::Template(e.to_string()))
+}
+
+/// A sink that refuses to grow past [`MAX_RENDERED_BYTES`] (rendering stops with an error).
+struct Capped {
+    buf: Vec<u8>,
+    full: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > MAX_RENDERED_BYTES {
+            self.full = true;
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn render_builtin(f: Fallback, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
@@ -242,5 +290,56 @@ mod tests {
             s,
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
         );
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    use super::*;
+
+    fn jinja(src: &str) -> ChatTemplate {
+        ChatTemplate::Jinja {
+            source: src.into(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        }
+    }
+
+    fn err(src: &str) -> String {
+        let t0 = std::time::Instant::now();
+        let e = jinja(src)
+            .render(&[ChatMessage::new("user", "hi")], true)
+            .unwrap_err()
+            .to_string();
+        // Generous: the point is "stops", not a speed goal.
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "{src}: took {:?}",
+            t0.elapsed()
+        );
+        e
+    }
+
+    #[test]
+    fn hostile_templates_stop_with_an_error() {
+        let nested =
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+        assert!(err(nested).contains("fuel"));
+        assert!(err("{{ messages * 100000000 }}").contains("exceeds"));
+        assert!(err("{{ 'x' * 1000000000 }}").contains("too large"));
+        assert!(err("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").contains("recursion"));
+        assert!(err("{{ range(1000000000) | list | length }}").contains("too many"));
+    }
+
+    #[test]
+    fn long_real_conversations_fit_the_budget() {
+        // 400 turns of 4 KiB through a ChatML-style template with Python methods.
+        let src = "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content.strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+        let body = "word ".repeat(800);
+        let msgs: Vec<ChatMessage> = (0..400)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, &body))
+            .collect();
+        let s = jinja(src).render(&msgs, true).unwrap();
+        assert!(s.len() > 400 * 4000);
     }
 }

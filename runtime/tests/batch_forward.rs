@@ -276,3 +276,38 @@ fn unknown_architecture_and_missing_tensor_are_named() {
     let e = Model::load(&p).err().unwrap().to_string();
     assert!(e.contains("token_embd.weight"), "{e}");
 }
+
+/// Found by the gguf fuzz target: a block_count of billions made the loader reserve room
+/// for that many layers (a 4.5 GB allocation) before looking for their tensors.
+#[test]
+fn absurd_hyperparameters_are_refused_before_allocating() {
+    use runtime::gguf::writer::to_bytes;
+    use runtime::gguf::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.gguf");
+    for (key, v) in [
+        ("llama.block_count", 1u64 << 31),
+        ("llama.embedding_length", 1 << 40),
+        ("llama.attention.key_length", 1 << 40),
+    ] {
+        let mut meta = vec![
+            (
+                "general.architecture".to_string(),
+                Value::String("llama".into()),
+            ),
+            ("llama.embedding_length".to_string(), Value::U64(64)),
+            ("llama.block_count".to_string(), Value::U64(1)),
+            ("llama.feed_forward_length".to_string(), Value::U64(128)),
+            ("llama.attention.head_count".to_string(), Value::U64(4)),
+            ("llama.vocab_size".to_string(), Value::U64(32)),
+        ];
+        meta.retain(|(k, _)| k != key);
+        meta.push((key.to_string(), Value::U64(v)));
+        std::fs::write(&p, to_bytes(&meta, &[])).unwrap();
+        let e = Model::load(&p).err().unwrap().to_string();
+        assert!(
+            e.contains(key) && e.contains("above the limit"),
+            "{key}: {e}"
+        );
+    }
+}

@@ -109,6 +109,38 @@ fn round_trips() {
     }
 }
 
+/// Found by the tokenizer fuzz target: smollm2's vocabulary has no byte token for some
+/// control characters (0x13 among them), so encoding drops them, exactly as llama.cpp does
+/// (`tokenizer_vs_llamacpp.rs` compares ids on such strings). `encodes_losslessly` names
+/// that case; everywhere else the round trip holds.
+#[test]
+fn bytes_without_a_token_are_dropped_and_named() {
+    let crash = "\0\0\0\u{13}🏽 nkotni se";
+    for name in common::MODELS {
+        let Some(t) = load(name) else { continue };
+        let ids = t.encode(crash, false, false);
+        let back = t.decode(&ids, false);
+        assert_eq!(
+            back == crash,
+            t.encodes_losslessly(crash),
+            "{name}: {back:?}"
+        );
+        for text in corpus() {
+            assert!(t.encodes_losslessly(&text), "{name}: {text:?}");
+        }
+    }
+    if let Some(t) = load("gemma3-270m") {
+        // SentencePiece's space marker typed literally comes back as a space.
+        assert!(!t.encodes_losslessly("a▁b"));
+        assert_eq!(t.decode(&t.encode("a▁b", false, false), false), "a b");
+    }
+    let Some(t) = load("smollm2-135m") else {
+        return;
+    };
+    assert!(!t.encodes_losslessly("a\u{13}b"));
+    assert_eq!(t.decode(&t.encode("a\u{13}b", false, false), false), "ab");
+}
+
 #[test]
 fn stream_decoder_matches_decode() {
     let texts = [
@@ -222,5 +254,29 @@ fn encode_throughput() {
         );
         assert!(enc.as_secs_f64() < 30.0 && dec.as_secs_f64() < 30.0);
         assert!(!back.is_empty());
+    }
+}
+
+/// The real models' chat templates stay well inside the render budget (fuel, output cap)
+/// on a long conversation: 200 turns of 2 KiB each, with a system prompt.
+#[test]
+fn real_chat_templates_render_long_conversations() {
+    use runtime::chat::{ChatMessage, ChatTemplate};
+    for name in common::MODELS {
+        let Some(path) = common::model(name) else {
+            continue;
+        };
+        let f = GgufFile::open(&path).expect("open model");
+        let t = ChatTemplate::from_gguf(&f);
+        let body = "token ".repeat(340);
+        let mut msgs = vec![ChatMessage::new("system", "Be brief.")];
+        msgs.extend(
+            (0..200)
+                .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, &body)),
+        );
+        let s = t
+            .render(&msgs, true)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(s.len() > 200 * body.len(), "{name}");
     }
 }

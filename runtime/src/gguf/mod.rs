@@ -27,6 +27,17 @@ pub const MAX_DIMS: usize = 4;
 pub const MAX_STRING_LEN: u64 = 64 << 20;
 /// Deepest array-of-array nesting accepted.
 pub const MAX_ARRAY_DEPTH: u32 = 8;
+/// Most elements in one metadata array (the largest vocabularies and merge lists hold a
+/// few hundred thousand entries).
+pub const MAX_ARRAY_LEN: u64 = 1 << 24;
+/// Most metadata entries in one file (real models have tens to a few hundred).
+pub const MAX_METADATA_KV: u64 = 1 << 16;
+/// Most tensors in one file (large mixture-of-experts models have a few thousand).
+pub const MAX_TENSORS: u64 = 1 << 16;
+/// Largest single dimension of a tensor.
+pub const MAX_DIM: u64 = 1 << 32;
+/// Most elements in one tensor (2^40: a trillion, far above any real weight matrix).
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 40;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -382,10 +393,27 @@ impl TensorInfo {
     }
 }
 
+/// Where a GGUF image lives: a read-only map of a file, or bytes in memory (tests,
+/// fuzzers, images received over the wire).
+enum Image {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Image {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Image::Map(m) => m,
+            Image::Owned(v) => v,
+        }
+    }
+}
+
 /// An opened GGUF file: parsed header plus the map that tensor data is borrowed from.
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    map: Image,
     pub version: u32,
     pub alignment: u64,
     /// Absolute file offset where tensor data begins.
@@ -426,10 +454,17 @@ impl GgufFile {
         // (our fetch writes a temporary file and renames it).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let parsed = parse_header(&map)?;
-        Ok(Self::from_parsed(path, map, parsed))
+        Ok(Self::from_parsed(path, Image::Map(map), parsed))
     }
 
-    fn from_parsed(path: PathBuf, map: Mmap, p: Parsed) -> GgufFile {
+    /// Parses a GGUF image held in memory, with the same checks as [`GgufFile::open`];
+    /// `name` stands in for the path in messages.
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        let parsed = parse_header(&bytes)?;
+        Ok(Self::from_parsed(name.into(), Image::Owned(bytes), parsed))
+    }
+
+    fn from_parsed(path: PathBuf, map: Image, p: Parsed) -> GgufFile {
         let meta_index = p
             .metadata
             .iter()

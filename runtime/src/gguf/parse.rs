@@ -7,7 +7,8 @@ use quant::GgmlType;
 
 use super::{
     Array, GgufError, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH,
-    MAX_DIMS, MAX_STRING_LEN,
+    MAX_ARRAY_LEN, MAX_DIM, MAX_DIMS, MAX_METADATA_KV, MAX_STRING_LEN, MAX_TENSORS,
+    MAX_TENSOR_ELEMENTS,
 };
 
 /// Everything the header says, before the map is attached.
@@ -138,6 +139,13 @@ impl<'a> Cursor<'a> {
         let ety = self.value_type(&|| format!("{} (array element type)", field()))?;
         let len_at = self.pos;
         let len = self.u64(&|| format!("{} (array length)", field()))?;
+        if len > MAX_ARRAY_LEN {
+            return Err(self.invalid(
+                format!("{} (array length)", field()),
+                len_at,
+                format!("{len} elements exceed the cap of {MAX_ARRAY_LEN}"),
+            ));
+        }
         // Every element takes at least this many bytes, so a length the rest of the file
         // cannot hold is rejected before any allocation.
         let min_elem = match ety {
@@ -234,6 +242,20 @@ pub fn parse_header(buf: &[u8]) -> Result<Parsed, GgufError> {
     let n_tensors = c.u64(&|| "tensor count".into())?;
     let n_kv_at = c.pos;
     let n_kv = c.u64(&|| "metadata count".into())?;
+    if n_kv > MAX_METADATA_KV {
+        return Err(c.invalid(
+            "metadata count".into(),
+            n_kv_at,
+            format!("{n_kv} entries exceed the cap of {MAX_METADATA_KV}"),
+        ));
+    }
+    if n_tensors > MAX_TENSORS {
+        return Err(c.invalid(
+            "tensor count".into(),
+            n_tensors_at,
+            format!("{n_tensors} tensors exceed the cap of {MAX_TENSORS}"),
+        ));
+    }
     // A key-value pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at
     // least 8 + 4 + 8 + 4 + 8.
     if n_kv.checked_mul(13).is_none_or(|b| b > c.remaining()) {
@@ -305,12 +327,15 @@ pub fn parse_header(buf: &[u8]) -> Result<Parsed, GgufError> {
             let at = c.pos;
             let dim = c.u64(&|| format!("tensor {name:?} dim {d}"))?;
             n_elements = match n_elements.checked_mul(dim) {
-                Some(n) if dim > 0 && n <= i64::MAX as u64 => n,
+                Some(n) if dim > 0 && dim <= MAX_DIM && n <= MAX_TENSOR_ELEMENTS => n,
                 _ => {
                     return Err(c.invalid(
                         format!("tensor {name:?} dim {d}"),
                         at,
-                        format!("dimension {dim} is zero or makes the element count overflow"),
+                        format!(
+                            "dimension {dim} is zero, above {MAX_DIM}, or makes the element \
+                             count exceed {MAX_TENSOR_ELEMENTS}"
+                        ),
                     ))
                 }
             };

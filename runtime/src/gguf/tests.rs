@@ -151,6 +151,71 @@ fn corrupt_tensor_offset_is_named() {
 }
 
 #[test]
+fn counts_lengths_and_dimensions_have_caps() {
+    // Counts above the caps are refused by name even when the file could hold them.
+    let mut buf = sample();
+    buf[8..16].copy_from_slice(&(MAX_TENSORS + 1).to_le_bytes());
+    let e = parse_header(&buf).unwrap_err().to_string();
+    assert!(e.contains("tensor count") && e.contains("cap"), "{e}");
+    let mut buf = sample();
+    buf[16..24].copy_from_slice(&(MAX_METADATA_KV + 1).to_le_bytes());
+    let e = parse_header(&buf).unwrap_err().to_string();
+    assert!(e.contains("metadata count") && e.contains("cap"), "{e}");
+
+    let meta = vec![("x".to_string(), Value::Array(Array::U8(vec![1])))];
+    let mut buf = to_bytes(&meta, &[]);
+    let len_at = 24 + 8 + 1 + 4 + 4;
+    buf[len_at..len_at + 8].copy_from_slice(&(MAX_ARRAY_LEN + 1).to_le_bytes());
+    let e = parse_header(&buf).unwrap_err().to_string();
+    assert!(e.contains("array length") && e.contains("cap"), "{e}");
+
+    // One dimension above MAX_DIM, and dimensions whose product passes the element cap.
+    let data = vec![0u8; 4];
+    let t = |shape: Vec<u64>| {
+        to_bytes(
+            &[],
+            &[WriteTensor {
+                name: "t".into(),
+                shape,
+                ty: GgmlType::F32,
+                data: &data,
+            }],
+        )
+    };
+    let e = parse_header(&t(vec![1, MAX_DIM + 1]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dim 1") && e.contains("above"), "{e}");
+    let e = parse_header(&t(vec![1 << 21, 1 << 20]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dim 1") && e.contains("exceed"), "{e}");
+}
+
+#[test]
+fn tensor_data_beyond_the_file_is_refused_at_open() {
+    let buf = sample();
+    let p = parse_header(&buf).unwrap();
+    let end = p
+        .tensors
+        .iter()
+        .map(|t| p.data_offset + t.offset + t.size)
+        .max()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.gguf");
+    std::fs::write(&path, &buf[..end as usize - 1]).unwrap();
+    let e = GgufFile::open(&path).unwrap_err().to_string();
+    assert!(e.contains("lies outside"), "{e}");
+    // The same image from memory gets the same answer.
+    let e = GgufFile::from_bytes("cut", buf[..end as usize - 1].to_vec())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lies outside"), "{e}");
+    assert!(GgufFile::from_bytes("whole", buf).is_ok());
+}
+
+#[test]
 fn deep_nesting_is_capped() {
     let mut a = Array::U8(vec![1]);
     for _ in 0..20 {

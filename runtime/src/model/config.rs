@@ -134,6 +134,23 @@ impl Config {
             }
         };
         let n_ctx_train = f.get_usize(&key("context_length"))?.unwrap_or(2048);
+        // Far above any real model, low enough that products of them cannot overflow and
+        // nothing is allocated from a count the tensors do not back.
+        for (name, v, cap) in [
+            ("block_count", n_layer, 1 << 12),
+            ("embedding_length", n_embd, 1 << 20),
+            ("feed_forward_length", n_ff, 1 << 22),
+            ("attention.head_count", n_head, 1 << 12),
+            ("attention.key_length", head_dim_k, 1 << 16),
+            ("attention.value_length", head_dim_v, 1 << 16),
+            ("vocab_size", n_vocab, 1 << 24),
+        ] {
+            if v > cap {
+                return Err(ModelError::Invalid(format!(
+                    "{a}.{name} is {v}, above the limit of {cap}"
+                )));
+            }
+        }
 
         let mut n_swa = 0;
         let mut swa_layers = vec![false; n_layer];

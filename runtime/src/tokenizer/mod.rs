@@ -850,6 +850,34 @@ impl Tokenizer {
         self.ids.get(text).copied()
     }
 
+    /// Whether every character of `text` has a token (a piece, or byte tokens for each of
+    /// its bytes), so that `detokenize(encode(text, false, false))` gives `text` back.
+    /// Vocabularies without some byte tokens drop those bytes, as llama.cpp does (e.g.
+    /// smollm2 has no token for the byte 0x13), and SentencePiece vocabularies give a
+    /// literal `▁` back as a space (it is their space marker): those are the only places
+    /// the round trip breaks.
+    pub fn encodes_losslessly(&self, text: &str) -> bool {
+        match self.kind {
+            Kind::Bpe => text.bytes().all(|b| {
+                self.ids
+                    .contains_key(unicode::BYTE_TO_CHAR[b as usize].to_string().as_str())
+            }),
+            Kind::Spm => {
+                let mut buf = [0u8; 4];
+                text.chars().all(|c| {
+                    if c == '▁' {
+                        return false;
+                    }
+                    let c = if c == ' ' { '▁' } else { c };
+                    let s = c.encode_utf8(&mut buf);
+                    self.ids.contains_key(&*s)
+                        || s.bytes()
+                            .all(|b| self.ids.contains_key(format!("<0x{b:02X}>").as_str()))
+                })
+            }
+        }
+    }
+
     /// The token's score (SentencePiece merge priority; 0 when the model has none).
     pub fn token_score(&self, id: u32) -> f32 {
         self.scores.get(id as usize).copied().unwrap_or(0.0)
