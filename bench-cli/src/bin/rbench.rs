@@ -1,5 +1,6 @@
 //! `rbench`: llama-bench-compatible engine benchmark (`rbench -m MODEL …`, see
-//! `rbench --help`), plus `rbench serve …` (serving sweeps), `rbench report …` and
+//! `rbench --help`), plus `rbench serve …` (serving sweeps), `rbench soak …` (a long
+//! run against one server, checked for leaks), `rbench report …` and
 //! `rbench membw …` (memory read bandwidth, the decode roofline), `rbench sched …`
 //! (the plan under schedulers and placements, with proof) and the hidden
 //! `rbench antagonist spin|membw N` (background load for `rbench sched --antagonist`).
@@ -8,6 +9,7 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("serve") => bench_cli::serve::main_with_args(args[1..].to_vec()),
+        Some("soak") => bench_cli::serve::soak::main_with_args(args[1..].to_vec()),
         Some("report") => bench_cli::report::main_with_args(args[1..].to_vec()),
         Some("membw") => bench_cli::membw::main_with_args(args[1..].to_vec()),
         Some("sched") => bench_cli::sched::main_with_args(args[1..].to_vec()),

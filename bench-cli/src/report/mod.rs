@@ -379,7 +379,7 @@ pub fn markdown(rows: &[Row]) -> String {
     s
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -398,7 +398,8 @@ pub struct Series {
     pub color: usize,
 }
 
-fn nice_max(v: f64) -> f64 {
+/// The smallest of 1, 2, 2.5, 5 times a power of ten that is at least `v` (1 for none).
+pub(crate) fn nice_max(v: f64) -> f64 {
     if v.is_nan() || v <= 0.0 {
         return 1.0;
     }
@@ -411,17 +412,53 @@ fn nice_max(v: f64) -> f64 {
     10.0 * e
 }
 
+/// The x axis of a chart.
+#[derive(Debug, Clone, Copy)]
+pub enum XAxis<'a> {
+    /// log2 scale with a tick at every power of two (concurrency); x must be positive.
+    Log2(&'a str),
+    /// Linear from the smallest x to the largest, with round ticks.
+    Linear(&'a str),
+}
+
+/// A vertical line across a chart at `x` (an event: a warm-up's end, a burst), labelled
+/// at the top when `label` is not empty.
+pub struct Mark {
+    pub x: f64,
+    pub label: String,
+}
+
 /// A line chart as inline SVG: log2 x axis (concurrency), linear y axis from 0.
 pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
+    svg_chart(
+        title,
+        XAxis::Log2("concurrency (log scale)"),
+        y_label,
+        series,
+        &[],
+    )
+}
+
+/// A line chart as inline SVG (640 x 360, legend on the right): the given x axis, a linear
+/// y axis from 0, and vertical marks.
+pub fn svg_chart(
+    title: &str,
+    x_axis: XAxis,
+    y_label: &str,
+    series: &[Series],
+    marks: &[Mark],
+) -> String {
     let (w, h, l, r, t, b) = (640.0, 360.0, 70.0, 190.0, 30.0, 45.0);
-    let pts = series
-        .iter()
-        .flat_map(|s| s.points.iter())
-        .filter(|p| p.0 > 0.0 && p.1.is_finite());
+    let (log, x_label) = match x_axis {
+        XAxis::Log2(label) => (true, label),
+        XAxis::Linear(label) => (false, label),
+    };
+    let tx = |x: f64| if log { x.log2() } else { x };
+    let usable = |p: &&(f64, f64)| (!log || p.0 > 0.0) && p.0.is_finite() && p.1.is_finite();
     let (mut xmin, mut xmax, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-    for &(x, y) in pts {
-        xmin = xmin.min(x.log2());
-        xmax = xmax.max(x.log2());
+    for &(x, y) in series.iter().flat_map(|s| s.points.iter()).filter(usable) {
+        xmin = xmin.min(tx(x));
+        xmax = xmax.max(tx(x));
         ymax = ymax.max(y);
     }
     if !xmin.is_finite() {
@@ -433,16 +470,26 @@ pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
     let ymax = nice_max(ymax);
     let pw = w - l - r;
     let ph = h - t - b;
-    let sx = |x: f64| l + (x.log2() - xmin) / (xmax - xmin) * pw;
+    let sx = |x: f64| l + (tx(x) - xmin) / (xmax - xmin) * pw;
     let sy = |y: f64| t + ph - y / ymax * ph;
     let mut s = svg_open(w, h, title, l + pw / 2.0);
     for i in 0..=5 {
         let y = ymax * i as f64 / 5.0;
         y_grid(&mut s, l, pw, sy(y), &fmt_tick(y), "#ddd");
     }
-    let mut e = xmin.ceil() as i64;
-    while (e as f64) <= xmax + 1e-9 {
-        let x = 2f64.powi(e as i32);
+    // Ticks: every power of two on a log axis, else multiples of a round step.
+    let ticks: Vec<f64> = if log {
+        (xmin.ceil() as i64..=(xmax + 1e-9).floor() as i64)
+            .map(|e| 2f64.powi(e as i32))
+            .collect()
+    } else {
+        let step = nice_max((xmax - xmin) / 8.0);
+        let first = (xmin / step).ceil() as i64;
+        (first..=((xmax + 1e-9) / step).floor() as i64)
+            .map(|i| i as f64 * step)
+            .collect()
+    };
+    for x in ticks {
         let _ = write!(
             s,
             r##"<line x1="{:.1}" x2="{:.1}" y1="{t}" y2="{}" stroke="#eee"/><text x="{:.1}" y="{}" text-anchor="middle">{}</text>"##,
@@ -453,13 +500,33 @@ pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
             t + ph + 15.0,
             fmt_tick(x)
         );
-        e += 1;
+    }
+    for m in marks
+        .iter()
+        .filter(|m| (!log || m.x > 0.0) && m.x.is_finite())
+    {
+        let x = sx(m.x).clamp(l, l + pw);
+        let _ = write!(
+            s,
+            r##"<line x1="{x:.1}" x2="{x:.1}" y1="{t}" y2="{}" stroke="#999" stroke-dasharray="3 3"/>"##,
+            t + ph
+        );
+        if !m.label.is_empty() {
+            let _ = write!(
+                s,
+                r##"<text x="{:.1}" y="{}" fill="#666">{}</text>"##,
+                x + 3.0,
+                t + 11.0,
+                esc(&m.label)
+            );
+        }
     }
     let _ = write!(
         s,
-        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/><text x="{}" y="{}" text-anchor="middle">concurrency (log scale)</text><text transform="translate(15 {}) rotate(-90)" text-anchor="middle">{}</text>"##,
+        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/><text x="{}" y="{}" text-anchor="middle">{}</text><text transform="translate(15 {}) rotate(-90)" text-anchor="middle">{}</text>"##,
         l + pw / 2.0,
         h - 8.0,
+        esc(x_label),
         t + ph / 2.0,
         esc(y_label)
     );
@@ -473,7 +540,7 @@ pub fn svg_plot(title: &str, y_label: &str, series: &[Series]) -> String {
         let path: Vec<String> = se
             .points
             .iter()
-            .filter(|p| p.0 > 0.0 && p.1.is_finite())
+            .filter(usable)
             .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
             .collect();
         let _ = write!(

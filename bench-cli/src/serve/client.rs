@@ -8,6 +8,7 @@
 //! first chunk that carries **non-empty** content (vLLM's chat client stamps the first chunk
 //! with `choices`, which for most servers is an empty `role` delta).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,27 +30,67 @@ pub struct Endpoint {
     pub pool: ConnPool,
 }
 
-/// Idle keep-alive connections, shared by every clone of an [`Endpoint`].
+/// Idle keep-alive connections, shared by every clone of an [`Endpoint`], and the count
+/// of connections open (idle or in use) made through this pool and its [`fresh`] siblings.
+///
+/// [`fresh`]: ConnPool::fresh
 #[derive(Clone, Default)]
-pub struct ConnPool(Arc<Mutex<Vec<BufReader<TcpStream>>>>);
+pub struct ConnPool {
+    idle: Arc<Mutex<Vec<Conn>>>,
+    open: Arc<AtomicUsize>,
+}
+
+/// One connection; counted open until it is dropped (closed).
+struct Conn {
+    r: BufReader<TcpStream>,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl ConnPool {
-    fn take(&self) -> Option<BufReader<TcpStream>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    fn take(&self) -> Option<Conn> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 
-    fn put(&self, c: BufReader<TcpStream>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+    fn put(&self, c: Conn) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+    }
+
+    fn connected(&self, s: TcpStream) -> Conn {
+        self.open.fetch_add(1, Ordering::AcqRel);
+        Conn {
+            r: BufReader::new(s),
+            open: self.open.clone(),
+        }
     }
 
     /// Idle connections held.
     pub fn idle(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Connections open now, idle or in use, of this pool and its fresh siblings.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// An empty pool whose connections count in the same [`open`](ConnPool::open) total
+    /// (dropping it closes its idle connections).
+    pub fn fresh(&self) -> ConnPool {
+        ConnPool {
+            idle: Arc::default(),
+            open: self.open.clone(),
+        }
     }
 
     /// Drops every idle connection (a new sweep point, a restarted server).
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -159,6 +200,10 @@ pub struct RequestOutput {
     pub send_offset: f64,
     /// Time spent waiting for a concurrency slot (client-side queueing).
     pub queue_time: f64,
+    /// The response's HTTP status, once its status line arrived.
+    pub status: Option<u16>,
+    /// The client dropped the connection mid-stream on purpose (`cancel_after`).
+    pub cancelled: bool,
 }
 
 impl RequestOutput {
@@ -191,7 +236,7 @@ pub fn request_body(ep: &Endpoint, model: &str, prompt: &str, max_tokens: usize)
 
 /// The body stream of an HTTP/1.1 response: chunked or until EOF / content-length.
 struct Body {
-    r: BufReader<TcpStream>,
+    r: Conn,
     chunked: bool,
     remaining: Option<usize>,
     done: bool,
@@ -204,7 +249,7 @@ impl Body {
         }
         if self.chunked {
             let mut line = String::new();
-            if self.r.read_line(&mut line).await? == 0 {
+            if self.r.r.read_line(&mut line).await? == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "stream cut inside chunked body",
@@ -221,7 +266,7 @@ impl Body {
                 // Trailer fields, then the empty line that ends the message.
                 loop {
                     let mut t = String::new();
-                    if self.r.read_line(&mut t).await? == 0 || t.trim().is_empty() {
+                    if self.r.r.read_line(&mut t).await? == 0 || t.trim().is_empty() {
                         break;
                     }
                 }
@@ -229,7 +274,7 @@ impl Body {
                 return Ok(None);
             }
             let mut buf = vec![0; size + 2];
-            self.r.read_exact(&mut buf).await?;
+            self.r.r.read_exact(&mut buf).await?;
             buf.truncate(size);
             Ok(Some(buf))
         } else {
@@ -239,7 +284,7 @@ impl Body {
                 return Ok(None);
             }
             let mut buf = vec![0; want];
-            let n = self.r.read(&mut buf).await?;
+            let n = self.r.r.read(&mut buf).await?;
             if n == 0 {
                 self.done = true;
                 return Ok(None);
@@ -262,13 +307,28 @@ pub async fn send(
     max_tokens: usize,
     timeout: Duration,
 ) -> RequestOutput {
+    send_or_cancel(ep, model, prompt, prompt_len, max_tokens, timeout, None).await
+}
+
+/// [`send`], but with `cancel_after: Some(n)` the client hangs up (drops the connection)
+/// once `n` content chunks have arrived, and the output says `cancelled` (not an error).
+/// A stream that ends before that is an ordinary completion.
+pub async fn send_or_cancel(
+    ep: &Endpoint,
+    model: &str,
+    prompt: &str,
+    prompt_len: usize,
+    max_tokens: usize,
+    timeout: Duration,
+    cancel_after: Option<usize>,
+) -> RequestOutput {
     let start = Instant::now();
     let mut out = RequestOutput {
         prompt_len,
         ..Default::default()
     };
     let body = request_body(ep, model, prompt, max_tokens).to_string();
-    let res = tokio::time::timeout(timeout, run(ep, &body, start, &mut out)).await;
+    let res = tokio::time::timeout(timeout, run(ep, &body, start, &mut out, cancel_after)).await;
     match res {
         Err(_) => {
             out.error = Some((
@@ -277,6 +337,7 @@ pub async fn send(
             ))
         }
         Ok(Err(e)) => out.error = Some(e),
+        Ok(Ok(())) if out.cancelled => {}
         Ok(Ok(())) => {
             if out.content_chunks == 0 || out.generated_text.is_empty() {
                 out.error = Some((
@@ -297,6 +358,7 @@ async fn run(
     body: &str,
     start: Instant,
     out: &mut RequestOutput,
+    cancel_after: Option<usize>,
 ) -> Result<(), (ErrorKind, String)> {
     let conn = |e: std::io::Error| (ErrorKind::Connection, e.to_string());
     let head = format!(
@@ -318,14 +380,14 @@ async fn run(
                     .await
                     .map_err(conn)?;
                 s.set_nodelay(true).ok();
-                BufReader::new(s)
+                ep.pool.connected(s)
             }
         };
         let mut status_line = String::new();
         let sent = async {
-            r.get_mut().write_all(head.as_bytes()).await?;
-            r.get_mut().write_all(body.as_bytes()).await?;
-            r.read_line(&mut status_line).await
+            r.r.get_mut().write_all(head.as_bytes()).await?;
+            r.r.get_mut().write_all(body.as_bytes()).await?;
+            r.r.read_line(&mut status_line).await
         }
         .await;
         match sent {
@@ -350,12 +412,13 @@ async fn run(
                 format!("bad status line {status_line:?}"),
             )
         })?;
+    out.status = Some(status);
     let mut chunked = false;
     let mut remaining = None;
     let mut close = false;
     loop {
         let mut line = String::new();
-        if r.read_line(&mut line).await.map_err(conn)? == 0 {
+        if r.r.read_line(&mut line).await.map_err(conn)? == 0 {
             return Err((
                 ErrorKind::Connection,
                 "connection closed inside headers".into(),
@@ -453,6 +516,12 @@ async fn run(
                     last = now;
                     out.content_chunks += 1;
                     out.generated_text.push_str(t);
+                    if cancel_after == Some(out.content_chunks) {
+                        // Hang up mid-stream: the connection is dropped, never pooled.
+                        out.cancelled = true;
+                        out.latency = last;
+                        return Ok(());
+                    }
                 }
                 if let Some(fr) = c.get("finish_reason").and_then(Value::as_str) {
                     out.finish_reason = Some(fr.to_string());

@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod result;
+pub mod soak;
 pub mod spawn;
 
 use std::path::PathBuf;
@@ -45,18 +46,8 @@ pub struct ServeArgs {
     /// ($LLAMA_SERVER, PATH, or built from the llama.cpp checkout in $LLAMA_CPP_SRC).
     #[arg(long)]
     pub spawn: Vec<String>,
-    /// Built-in servers: model (registry name or GGUF path).
-    #[arg(long, default_value = "smollm2-135m")]
-    pub server_model: String,
-    /// Built-in servers: compute threads [default: all cores].
-    #[arg(long)]
-    pub server_threads: Option<usize>,
-    /// Built-in servers: slots (sequences decoded together).
-    #[arg(long, default_value_t = 16)]
-    pub server_parallel: usize,
-    /// Built-in servers: per-slot context.
-    #[arg(long, default_value_t = 2048)]
-    pub server_ctx: usize,
+    #[command(flatten)]
+    pub server: spawn::ServerFlags,
     /// Runs of each spawned server per point: 1 alternates the order by point (A B, B A,
     /// ...), 2 runs A B B A at every point.
     #[arg(long, default_value_t = 1)]
@@ -70,9 +61,6 @@ pub struct ServeArgs {
     /// Requests sent and discarded before each point (warms caches, threads, pages).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
-    /// Model name sent in requests (default: the first id of GET /v1/models, else "default").
-    #[arg(long)]
-    pub model: Option<String>,
     /// `sharegpt` (the real ShareGPT V3 file, fetched and cached once), a ShareGPT JSON
     /// file, `sharegpt-synthetic` (a generated stand-in), a preset (baseline,
     /// continuous_batching, paged_attention, chunked_prefill, prefix_caching),
@@ -94,23 +82,8 @@ pub struct ServeArgs {
     /// SLOs for goodput: ttft:MS tpot:MS e2el:MS
     #[arg(long, num_args = 1..)]
     pub goodput: Vec<String>,
-    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
-    pub endpoint: String,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Fixed output length (max_tokens) instead of the dataset's.
-    #[arg(long)]
-    pub output_len: Option<usize>,
-    /// Ask the server to ignore end-of-generation, so every request produces exactly its
-    /// output length (vLLM's `--ignore-eos`; what scheduler comparisons want). Without
-    /// it an immediate end of generation is an empty output, counted as failed.
-    #[arg(long)]
-    pub ignore_eos: bool,
-    /// ShareGPT filter limits.
-    #[arg(long, default_value_t = 1024)]
-    pub max_prompt_len: usize,
-    #[arg(long, default_value_t = 2048)]
-    pub max_total_len: usize,
+    #[command(flatten)]
+    pub req: RequestFlags,
     /// Append one JSON line per sweep point here.
     #[arg(long)]
     pub result_file: Option<PathBuf>,
@@ -121,19 +94,104 @@ pub struct ServeArgs {
     /// Add per-request arrays to each result line.
     #[arg(long)]
     pub save_detailed: bool,
-    /// Tokenizer for prompt lengths (registry name or GGUF path); default --model if it
-    /// resolves, else smollm2-135m.
-    #[arg(long)]
-    pub tokenizer_model: Option<String>,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 600.0)]
-    pub timeout: f64,
     /// Comma list of percentiles to report.
     #[arg(long, default_value = "99")]
     pub metric_percentiles: String,
     /// Backend label for the result file.
     #[arg(long, default_value = "openai")]
     pub backend: String,
+}
+
+/// What every request of `rbench serve` and `rbench soak` carries, and how the dataset's
+/// prompts are cut to fit.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RequestFlags {
+    /// Model name sent in requests (default: the first id of GET /v1/models; `rbench
+    /// serve` falls back to "default" when there is none).
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
+    pub endpoint: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Fixed output length (max_tokens) instead of the dataset's.
+    #[arg(long)]
+    pub output_len: Option<usize>,
+    /// Ask the server to ignore end-of-generation, so every request produces exactly its
+    /// output length (vLLM's `--ignore-eos`; what scheduler comparisons want). Without
+    /// it an immediate end of generation is an empty output, which `rbench serve` counts
+    /// as failed (`rbench soak`: completed).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// ShareGPT filter limits.
+    #[arg(long, default_value_t = 1024)]
+    pub max_prompt_len: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub max_total_len: usize,
+    /// Tokenizer for token counts (registry name or GGUF path); default the spawned
+    /// server's model, else --model if it resolves, else smollm2-135m.
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+}
+
+impl RequestFlags {
+    /// The workload of `dataset` cut by these flags.
+    pub fn workload<'a>(
+        &self,
+        dataset: &'a str,
+        num_prompts: usize,
+        request_rate: Option<f64>,
+        burstiness: f64,
+    ) -> WorkloadOptions<'a> {
+        WorkloadOptions {
+            dataset,
+            num_prompts,
+            seed: self.seed,
+            output_len: self.output_len,
+            max_prompt_len: self.max_prompt_len,
+            max_total_len: self.max_total_len,
+            request_rate,
+            burstiness,
+        }
+    }
+
+    /// The endpoint at `url` for these requests (route, `ignore_eos`).
+    pub fn endpoint(&self, url: &str) -> Result<Endpoint> {
+        let mut ep = Endpoint::parse(url, self.endpoint == "chat")?;
+        ep.ignore_eos = self.ignore_eos;
+        Ok(ep)
+    }
+}
+
+/// What [`build_workload`] builds: the dataset, how many requests, and the arrivals.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadOptions<'a> {
+    /// `--dataset`: a name, a preset or a ShareGPT JSON file.
+    pub dataset: &'a str,
+    pub num_prompts: usize,
+    pub seed: u64,
+    /// Fixed output length instead of the dataset's.
+    pub output_len: Option<usize>,
+    /// ShareGPT filter limits.
+    pub max_prompt_len: usize,
+    pub max_total_len: usize,
+    /// Requests per second (gamma gaps of shape `burstiness`); `None`: all at once.
+    pub request_rate: Option<f64>,
+    pub burstiness: f64,
+}
+
+/// The tokenizer that counts prompt and output tokens: the one asked for, else the
+/// spawned servers' model, else the served model when it resolves (a registry name or a
+/// path), else smollm2-135m.
+pub fn tokenizer_name(explicit: Option<&str>, spawned: Option<&str>, served: &str) -> String {
+    match (explicit, spawned) {
+        (Some(t), _) | (None, Some(t)) => t.to_string(),
+        _ if runtime::registry::resolve(served).is_ok() => served.to_string(),
+        _ => "smollm2-135m".into(),
+    }
 }
 
 /// `None` = unlimited.
@@ -164,8 +222,8 @@ pub fn gguf_counter(name_or_path: &str) -> Result<TokenCounter> {
 }
 
 /// Build the workload named by `--dataset`.
-pub fn build_workload(a: &ServeArgs, count: &dyn Fn(&str) -> usize) -> Result<Workload> {
-    let d = a.dataset.as_str();
+pub fn build_workload(a: &WorkloadOptions, count: &dyn Fn(&str) -> usize) -> Result<Workload> {
+    let d = a.dataset;
     let all = |requests| Workload {
         label: String::new(),
         requests,
@@ -468,12 +526,12 @@ impl Sweep<'_> {
             endpoint: t.ep.path.clone(),
             dataset: self.w.label.clone(),
             num_prompts: self.w.requests.len(),
-            seed: self.a.seed,
+            seed: self.a.req.seed,
             request_rate: self.request_rate,
             burstiness: self.burstiness,
             max_concurrency: c,
-            output_len: self.a.output_len,
-            ignore_eos: self.a.ignore_eos,
+            output_len: self.a.req.output_len,
+            ignore_eos: self.a.req.ignore_eos,
         }
     }
 
@@ -487,7 +545,7 @@ impl Sweep<'_> {
     ) -> Result<bool> {
         let a = self.a;
         let settings = self.settings(t, c);
-        let timeout = Duration::from_secs_f64(a.timeout);
+        let timeout = Duration::from_secs_f64(a.req.timeout);
         t.ep.pool.clear();
         if let Some(r) = self.w.requests.first() {
             for _ in 0..a.warmup {
@@ -510,7 +568,7 @@ impl Sweep<'_> {
             &self.w.requests,
             self.w.arrival,
             c,
-            a.seed,
+            a.req.seed,
             timeout,
         ));
         let mut m = result::summarize(
@@ -555,7 +613,6 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
     if !(0.0..=60.0).contains(&a.cooldown) {
         bail!("--cooldown must be 0..=60 seconds (a fixed pause, never a wait for a condition)");
     }
-    let chat = a.endpoint == "chat";
     let percentiles: Vec<f64> = a
         .metric_percentiles
         .split(',')
@@ -566,12 +623,8 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let endpoint = |url: &str| -> Result<Endpoint> {
-        let mut ep = Endpoint::parse(url, chat)?;
-        ep.ignore_eos = a.ignore_eos;
-        Ok(ep)
-    };
-    let model_of = |ep: &Endpoint| match &a.model {
+    let endpoint = |url: &str| a.req.endpoint(url);
+    let model_of = |ep: &Endpoint| match &a.req.model {
         Some(m) => m.clone(),
         None => rt
             .block_on(first_model(ep, Duration::from_secs(120)))
@@ -581,14 +634,7 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
             }),
     };
     // Spawned servers: parse every spec before starting anything.
-    let defaults = spawn::SpawnDefaults {
-        model: a.server_model.clone(),
-        threads: a
-            .server_threads
-            .unwrap_or_else(runtime::pool::default_threads),
-        parallel: a.server_parallel.max(1),
-        ctx: a.server_ctx,
-    };
+    let defaults = a.server.defaults();
     let specs: Vec<spawn::SpawnSpec> = a
         .spawn
         .iter()
@@ -628,7 +674,7 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
         for (i, sp) in specs.iter().enumerate() {
             eprintln!("rbench serve: {} is {}", sp.name, versions[i]);
             targets.push(Target {
-                model: a.model.clone().unwrap_or_default(),
+                model: a.req.model.clone().unwrap_or_default(),
                 // Ports change on restarts: resumes match spawned servers by name.
                 base_url: format!("spawned:{}", sp.name),
                 backend: sp.name.clone(),
@@ -641,17 +687,17 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
             });
         }
     }
-    let tok_name = a.tokenizer_model.clone().unwrap_or_else(|| {
-        if !specs.is_empty() {
-            a.server_model.clone()
-        } else if runtime::registry::resolve(&targets[0].model).is_ok() {
-            targets[0].model.clone()
-        } else {
-            "smollm2-135m".into()
-        }
-    });
+    let tok_name = tokenizer_name(
+        a.req.tokenizer_model.as_deref(),
+        (!specs.is_empty()).then_some(a.server.server_model.as_str()),
+        &targets[0].model,
+    );
     let count = gguf_counter(&tok_name)?;
-    let w = build_workload(a, &*count)?;
+    let w = build_workload(
+        &a.req
+            .workload(&a.dataset, a.num_prompts, a.request_rate, a.burstiness),
+        &*count,
+    )?;
     if w.requests.is_empty() {
         bail!("the dataset produced no requests");
     }

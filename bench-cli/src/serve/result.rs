@@ -118,7 +118,7 @@ pub fn pstd(xs: &[f64]) -> f64 {
 
 /// Output tokens of one request: the server's `usage`, else the fallback count (vLLM
 /// re-tokenizes the text when usage is missing; we count that in `usage_missing`).
-fn out_tokens(r: &RequestOutput, fallback: &dyn Fn(&str) -> usize) -> usize {
+pub(crate) fn out_tokens(r: &RequestOutput, fallback: &dyn Fn(&str) -> usize) -> usize {
     r.usage_output_tokens
         .unwrap_or_else(|| fallback(&r.generated_text))
 }

@@ -29,6 +29,38 @@ pub struct SpawnDefaults {
     pub ctx: usize,
 }
 
+/// The flags that give the built-in contestants their [`SpawnDefaults`] (shared by
+/// `rbench serve` and `rbench soak`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerFlags {
+    /// Built-in servers: model (registry name or GGUF path).
+    #[arg(long, default_value = "smollm2-135m")]
+    pub server_model: String,
+    /// Built-in servers: compute threads [default: all cores].
+    #[arg(long)]
+    pub server_threads: Option<usize>,
+    /// Built-in servers: slots (sequences decoded together).
+    #[arg(long, default_value_t = 16)]
+    pub server_parallel: usize,
+    /// Built-in servers: per-slot context.
+    #[arg(long, default_value_t = 2048)]
+    pub server_ctx: usize,
+}
+
+impl ServerFlags {
+    /// What the built-in contestants get from these flags.
+    pub fn defaults(&self) -> SpawnDefaults {
+        SpawnDefaults {
+            model: self.server_model.clone(),
+            threads: self
+                .server_threads
+                .unwrap_or_else(runtime::pool::default_threads),
+            parallel: self.server_parallel.max(1),
+            ctx: self.server_ctx,
+        }
+    }
+}
+
 /// One contestant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpawnSpec {
@@ -378,18 +410,64 @@ fn free_port() -> Result<u16> {
 
 /// `GET path` on 127.0.0.1:port; the status code.
 fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get("127.0.0.1", port, path, false).map(|(status, _)| status)
+}
+
+/// `GET path` on host:port (`Connection: close`, 2 s to connect, 5 s per read); the status
+/// code and, when `body` is set, the body (plain or chunked). `None` when the server does
+/// not answer.
+pub fn http_get(host: &str, port: u16, path: &str, body: bool) -> Option<(u16, String)> {
     use std::io::Write;
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    use std::net::ToSocketAddrs;
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
+    let mut r = BufReader::new(s);
     let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).ok()?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    r.read_line(&mut line).ok()?;
+    let status = line.split_whitespace().nth(1)?.parse().ok()?;
+    if !body {
+        return Some((status, String::new()));
+    }
+    let mut chunked = false;
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let l = line.trim_end().to_ascii_lowercase();
+        if l.is_empty() {
+            break;
+        }
+        chunked |= l.starts_with("transfer-encoding:") && l.contains("chunked");
+    }
+    let mut raw = Vec::new();
+    r.read_to_end(&mut raw).ok()?;
+    if !chunked {
+        return Some((status, String::from_utf8_lossy(&raw).into_owned()));
+    }
+    let mut text = Vec::new();
+    let mut rest = &raw[..];
+    while let Some(nl) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..nl])
+            .ok()?
+            .split(';')
+            .next()?
+            .trim();
+        let size = usize::from_str_radix(size, 16).ok()?;
+        rest = &rest[nl + 2..];
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        text.extend_from_slice(&rest[..size]);
+        rest = rest.get(size + 2..).unwrap_or_default();
+    }
+    Some((status, String::from_utf8_lossy(&text).into_owned()))
 }
 
 /// The last `n` lines of a file.
@@ -495,6 +573,23 @@ impl Spawned {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The server's process id while it has not been stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// How the server ended, once it has (`None` while it runs or after `stop`).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The server's log file and its last `n` lines.
+    pub fn log_tail(&self, n: usize) -> (PathBuf, String) {
+        (self.log.clone(), tail(&self.log, n))
+    }
+
     /// SIGTERM to the process group, up to 30 s to exit, then SIGKILL.
     pub fn stop(&mut self) {
         let Some(mut c) = self.child.take() else {
@@ -581,6 +676,46 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("not a built-in"));
+    }
+
+    #[test]
+    fn http_get_reads_plain_and_chunked_bodies() {
+        use std::io::Write;
+        let serve = |response: &'static str| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut req = String::new();
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                while r.read_line(&mut req).unwrap() > 2 {
+                    req.clear();
+                }
+                s.write_all(response.as_bytes()).unwrap();
+            });
+            port
+        };
+        let p = serve("HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\na 1\nb 2\n");
+        assert_eq!(
+            http_get("127.0.0.1", p, "/metrics", true),
+            Some((200, "a 1\nb 2\n".into()))
+        );
+        let p = serve(
+            "HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n4\r\na\r\n1\r\n3;x=y\r\n\nb \r\n0\r\n\r\n",
+        );
+        assert_eq!(
+            http_get("127.0.0.1", p, "/metrics", true),
+            Some((503, "a\r\n1\nb ".into()))
+        );
+        let p = serve("HTTP/1.1 404 Not Found\r\n\r\n");
+        assert_eq!(
+            http_get("127.0.0.1", p, "/", false),
+            Some((404, String::new()))
+        );
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        assert_eq!(http_get("127.0.0.1", port, "/", true), None);
     }
 
     #[test]
