@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Is rbench's in-tool llama.cpp as fast as a native llama-bench? Runs, per model and
+round, a native llama-bench (flash attention 0 and 1) and one or more rbench builds
+(`--engine llamacpp`, and our engine for context), alternating their order every round,
+then prints medians (tokens/s) and ratios to the best native configuration.
+
+  tools/native_vs_intool.py --llama-bench BUILD/bin/llama-bench \\
+      --rbench after=target/release/rbench --rbench before=/tmp/rbench-old \\
+      -m smollm2-135m -m gemma3-270m -p 512 -n 128 -t 2 --rounds 3
+
+A native llama-bench: cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON on a llama.cpp
+checkout (llama.cpp's own defaults otherwise: OpenMP, repacking, llamafile sgemm).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def run_json(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
+def model_path(m):
+    if os.path.isfile(m):
+        return m
+    base = os.environ.get("RLLAMA_MODELS") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rllama", "models")
+    return os.path.join(base, m + ".gguf")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--rbench", action="append", required=True, help="LABEL=PATH")
+    ap.add_argument("-m", action="append", required=True)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-d", type=int, default=0)
+    ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ours", action="store_true", help="also run our engine (first rbench)")
+    a = ap.parse_args()
+    rbenches = [r.split("=", 1) for r in a.rbench]
+    common = ["-p", str(a.p), "-n", str(a.n), "-t", str(a.t), "-r", "1", "-o", "json"]
+    if a.d:
+        common += ["-d", str(a.d)]
+    samples = {}  # (model, contestant, test) -> [t/s]
+
+    def add(model, who, rows):
+        for r in rows:
+            test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+            samples.setdefault((model, who, test), []).append(r["avg_ts"])
+
+    for rnd in range(a.rounds):
+        for m in a.m:
+            path = model_path(m)
+            jobs = [("native fa0", [a.llama_bench, "-m", path, "-fa", "0"] + common),
+                    ("native fa1", [a.llama_bench, "-m", path, "-fa", "1"] + common)]
+            for label, exe in rbenches:
+                jobs.append((f"in-tool {label}", [exe, "--engine", "llamacpp", "-m", path] + common))
+            if a.ours:
+                jobs.append(("ours", [rbenches[0][1], "--engine", "rllama", "-m", path] + common))
+            if rnd % 2:
+                jobs.reverse()
+            for who, cmd in jobs:
+                add(m, who, run_json(cmd))
+                print(f"round {rnd + 1} {m} {who} done", file=sys.stderr)
+
+    tests = sorted({k[2] for k in samples}, key=lambda t: (t[:2] != "pp", t))
+    whos = sorted({k[1] for k in samples}, key=lambda w: (not w.startswith("native"), w))
+    print(f"\nmedian t/s over {a.rounds} rounds (engines alternated), -t {a.t}"
+          + (f", depth {a.d}" if a.d else "") + "; ratio = / best native\n")
+    print("| model | test | " + " | ".join(whos) + " |")
+    print("|---|---|" + "---:|" * len(whos))
+    for m in a.m:
+        for t in tests:
+            med = {w: statistics.median(samples[(m, w, t)]) for w in whos if (m, w, t) in samples}
+            best = max(v for w, v in med.items() if w.startswith("native"))
+            cells = []
+            for w in whos:
+                v = med.get(w)
+                if v is None:
+                    cells.append("")
+                elif w.startswith("native"):
+                    cells.append(f"{v:.1f}")
+                else:
+                    cells.append(f"{v:.1f} ({v / best:.2f}x)")
+            print(f"| {m} | {t} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
