@@ -44,18 +44,51 @@ fn load(name: &str) -> Option<RefModel> {
 
 fn assert_send<T: Send>() {}
 
+/// The reference must be built the way a native llama-bench is: every SIMD extension this
+/// CPU has, OpenMP, an optimised (Release) build. A build that quietly loses one of them
+/// makes every ratio `rbench` prints flatter us, so this fails loudly instead.
 #[test]
 fn system_info_reports_cpu_features() {
     let info = system_info();
     println!("system_info: {info}");
     assert!(info.contains("CPU"), "unexpected system info: {info}");
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let expected = [
+            ("SSE3", has!("sse3")),
+            ("SSSE3", has!("ssse3")),
+            ("AVX", has!("avx")),
+            ("AVX2", has!("avx2")),
+            ("F16C", has!("f16c")),
+            ("FMA", has!("fma")),
+            ("BMI2", has!("bmi2")),
+            ("AVX512", has!("avx512f")),
+            ("AVX512_VBMI", has!("avx512vbmi")),
+            ("AVX512_VNNI", has!("avx512vnni")),
+            ("AVX512_BF16", has!("avx512bf16")),
+        ];
+        for (name, cpu_has) in expected {
+            if cpu_has {
+                assert!(
+                    info.contains(&format!(" {name} = 1")),
+                    "llama.cpp built without {name}, which this CPU has: {info}"
+                );
+            }
+        }
+    }
+    for default_on in ["OPENMP", "LLAMAFILE", "REPACK"] {
         assert!(
-            info.contains("AVX2 = 1"),
-            "llama.cpp built without AVX2: {info}"
+            info.contains(&format!(" {default_on} = 1")),
+            "llama.cpp built without {default_on} (on in its CMake defaults): {info}"
         );
     }
+    assert_eq!(
+        option_env!("LLAMA_LIB_PROFILE"),
+        Some("Release"),
+        "llama.cpp must be built as Release (-O3) like a native llama-bench; \
+         .cargo/config.toml sets LLAMA_LIB_PROFILE"
+    );
 }
 
 #[test]
