@@ -18,8 +18,8 @@ use super::simd::*;
 use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
 use crate::formats::q2_k::BlockQ2K;
-use crate::formats::q3_k::BlockQ3K;
-use crate::formats::q4_k::BlockQ4K;
+use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
+use crate::formats::q4_k::{scales_mins_lanes, BlockQ4K};
 use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
@@ -42,6 +42,13 @@ unsafe fn s8(v: uint8x16_t) -> int8x16_t {
 unsafe fn bsums(y: *const u8) -> (int16x8_t, int16x8_t) {
     let p = y.add(Q8K_BSUMS).cast::<i16>();
     (vld1q_s16(p), vld1q_s16(p.add(8)))
+}
+
+/// The eight scales and mins of a Q4_K/Q5_K block from its 12 packed bytes at `p`.
+#[inline(always)]
+unsafe fn scales_mins(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    let (sc, mn) = scales_mins_lanes(core::slice::from_raw_parts(p, 12));
+    (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
 /// Eight bytes as i16 lanes.
@@ -77,7 +84,7 @@ unsafe fn q4_k_body<D: Level, const N: usize, const ORD: u8>(
     for i in 0..nb {
         let x = w.add(i * BlockQ4K::BYTES);
         let (xd, xdmin) = (f16_at(x), f16_at(x.add(2)));
-        let (sc, mn) = scales_mins_k4(x.add(4));
+        let (sc, mn) = scales_mins(x.add(4));
         let sc16 = widen8(&sc);
         // Scales of sub-blocks 0..4 and 4..8 as i32 lanes.
         let sc_a = vmovl_s16(vget_low_s16(sc16));
@@ -409,18 +416,8 @@ unsafe fn prod_e8(acc: int16x8_t, q: int8x16_t, y: int8x16_t) -> int16x8_t {
 /// at `p`.
 #[inline(always)]
 unsafe fn q3_k_scales(p: *const u8) -> [i16; 16] {
-    let mut s = [0u8; 12];
-    core::ptr::copy_nonoverlapping(p, s.as_mut_ptr(), 12);
-    let lo = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
-    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
-    let m2 = 0x0303_0303u32;
-    let m4 = 0x0f0f_0f0f_0f0f_0f0fu64;
-    // Scale j: a nibble of byte j % 8 (low for j < 8), and as bits 4-5 the bit pair
-    // 2 (j / 4) of byte 8 + j % 4.
-    let top_a = (a2 & m2) as u64 | (((a2 >> 2) & m2) as u64) << 32;
-    let top_b = ((a2 >> 4) & m2) as u64 | (((a2 >> 6) & m2) as u64) << 32;
-    let a = ((lo & m4) | top_a << 4).to_le_bytes();
-    let b = (((lo >> 4) & m4) | top_b << 4).to_le_bytes();
+    let (a, b) = unpack_scales_lanes(core::slice::from_raw_parts(p, 12));
+    let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
     core::array::from_fn(|j| if j < 8 { a[j] } else { b[j - 8] } as i16 - 32)
 }
 
@@ -479,7 +476,7 @@ unsafe fn q5_k_body(w: *const u8, a: *const u8, nb: usize) -> f32 {
         let y = a.add(i * BlockQ8K::BYTES);
         let yq = y.add(Q8K_QS);
         // d, dmin at 0, scales at 4..16, qh at 16..48, qs at 48..176.
-        let (sc, mn) = scales_mins_k4(x.add(4));
+        let (sc, mn) = scales_mins(x.add(4));
         // Each min twice: bsums come in 16-element groups, mins per 32.
         let m8 = vld1_u8(mn.as_ptr());
         let mins_a = vreinterpretq_s16_u16(vmovl_u8(vzip1_u8(m8, m8)));

@@ -183,19 +183,3 @@ pub(super) unsafe fn bit_masks(bits: u32) -> (uint8x16_t, uint8x16_t) {
         vtstq_u8(vqtbl1q_u8(v, vld1q_u8(SEL.as_ptr().add(16))), bit),
     )
 }
-
-/// The eight 6-bit scales and mins of a Q4_K/Q5_K block from its 12 packed bytes at `p`
-/// (byte `j` = `get_scale_min_k4(j)`), computed four at a time in u32 words.
-#[inline(always)]
-pub(super) unsafe fn scales_mins_k4(p: *const u8) -> ([u8; 8], [u8; 8]) {
-    let word = |k: usize| u32::from_le(p.add(4 * k).cast::<u32>().read_unaligned());
-    let (a0, a1, a2) = (word(0), word(1), word(2));
-    // Sub-blocks 0..4 keep their six low bits in bytes 0..4 (scales) and 4..8 (mins);
-    // sub-blocks 4..8 take a nibble of bytes 8..12 plus the top two bits of those bytes.
-    let sc_lo = a0 & 0x3f3f_3f3f;
-    let mn_lo = a1 & 0x3f3f_3f3f;
-    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
-    let mn_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
-    let join = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32).to_le_bytes();
-    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
-}
