@@ -97,24 +97,31 @@ pub fn offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
     }
 }
 
-// Used by the SIMD tile kernels; architectures without any (aarch64 today) compile it
-// unused.
 /// A validated [`TileFn`] call: block count, weight row stride in bytes, rows, columns,
 /// scale row stride in floats (0 when no scales were passed), and the offset sums.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) struct TileCall {
     pub nb: usize,
     pub wstride: usize,
     pub rows: usize,
     pub cols: usize,
     pub ad_stride: usize,
+    // The offset sums are for the VNNI kernels; other architectures never read them.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub use_sums: bool,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub sums: *const i32,
 }
 
 /// Validates a [`TileFn`] call for weight blocks `W` and activation blocks `A`: after
 /// this, every byte, scale and sum the kernel reads is inside the slices it was given.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
 pub(crate) fn check_tile<W: Block, A: Block>(
     w: &[u8],
     rows: usize,

@@ -6,8 +6,9 @@
 //! instruction the CPU lacks. Every kernel returns its scalar twin's bits, so the level is
 //! purely a speed choice; the environment can lower it for testing and comparison:
 //!
-//! - `RLLAMA_SIMD=scalar|avx2|avx2-vnni|avx512|neon`: the highest level to use (a level
-//!   the CPU lacks is refused with a message on stderr, and the detected one is kept);
+//! - `RLLAMA_SIMD=scalar|avx2|avx2-vnni|avx512|neon|neon-dotprod`: the highest level to
+//!   use (a level the CPU lacks is refused with a message on stderr, and the detected one
+//!   is kept);
 //! - `RLLAMA_FORCE_SCALAR=1`: the scalar code only (same as `RLLAMA_SIMD=scalar`);
 //! - `RLLAMA_NO_VNNI=1`: nothing above plain AVX2.
 //!
@@ -15,9 +16,10 @@
 
 use std::sync::OnceLock;
 
-/// An instruction-set level kernels are written for. On x86-64 the levels are ordered
-/// (`Scalar < Avx2 < Avx2Vnni < Avx512`): a CPU at one level runs the kernels of every
-/// lower one. NEON stands beside them on aarch64.
+/// An instruction-set level kernels are written for. Each architecture's levels are
+/// ordered (x86-64: `Avx2 < Avx2Vnni < Avx512`; aarch64: `Neon < NeonDotprod`) and sit
+/// above `Scalar`: a CPU at one level runs the kernels of every lower level of its own
+/// architecture and the scalar code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// The portable scalar reference code (every kernel's twin).
@@ -29,21 +31,24 @@ pub enum Isa {
     Avx2Vnni,
     /// AVX-512 F, BW, DQ and VL on 512-bit registers.
     Avx512,
-    /// aarch64 Advanced SIMD.
+    /// aarch64 Advanced SIMD (every aarch64 CPU has it).
     Neon,
+    /// NEON plus the `sdot` 8-bit dot product (FEAT_DotProd, optional from Armv8.2-A).
+    NeonDotprod,
 }
 
 impl Isa {
     /// Every level, lowest first.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Scalar,
         Isa::Avx2,
         Isa::Avx2Vnni,
         Isa::Avx512,
         Isa::Neon,
+        Isa::NeonDotprod,
     ];
 
-    /// `"scalar"`, `"avx2"`, `"avx2-vnni"`, `"avx512"` or `"neon"`.
+    /// `"scalar"`, `"avx2"`, `"avx2-vnni"`, `"avx512"`, `"neon"` or `"neon-dotprod"`.
     pub const fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -51,10 +56,21 @@ impl Isa {
             Isa::Avx2Vnni => "avx2-vnni",
             Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
+            Isa::NeonDotprod => "neon-dotprod",
         }
     }
 
-    /// The level named `s` (as [`Isa::name`] spells it; `avx2vnni` and `vnni` also work).
+    /// Which architecture the level belongs to (0: none, the scalar code).
+    const fn arch(self) -> u8 {
+        match self {
+            Isa::Scalar => 0,
+            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => 1,
+            Isa::Neon | Isa::NeonDotprod => 2,
+        }
+    }
+
+    /// The level named `s` (as [`Isa::name`] spells it; `avx2vnni` and `vnni`, `dotprod`
+    /// also work).
     pub fn parse(s: &str) -> Option<Isa> {
         Some(match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Isa::Scalar,
@@ -62,6 +78,7 @@ impl Isa {
             "avx2-vnni" | "avx2vnni" | "vnni" => Isa::Avx2Vnni,
             "avx512" | "avx-512" => Isa::Avx512,
             "neon" => Isa::Neon,
+            "neon-dotprod" | "neondotprod" | "dotprod" => Isa::NeonDotprod,
             _ => return None,
         })
     }
@@ -71,15 +88,10 @@ impl Isa {
         features().has(self)
     }
 
-    /// Whether a CPU at level `self` runs kernels written for `other`: the x86 levels
-    /// include the lower ones, NEON includes only itself and scalar.
+    /// Whether a CPU at level `self` runs kernels written for `other`: scalar, and the
+    /// levels of its own architecture up to itself.
     pub fn includes(self, other: Isa) -> bool {
-        match (self, other) {
-            (_, Isa::Scalar) => true,
-            (Isa::Neon, o) => o == Isa::Neon,
-            (_, Isa::Neon) => false,
-            (s, o) => o <= s,
-        }
+        other == Isa::Scalar || (self.arch() == other.arch() && other <= self)
     }
 
     /// The levels whose kernels a CPU at `self` may use, best first, each available here:
@@ -105,6 +117,7 @@ struct Features {
     vnni: bool,
     avx512: bool,
     neon: bool,
+    dotprod: bool,
 }
 
 impl Features {
@@ -115,6 +128,7 @@ impl Features {
             Isa::Avx2Vnni => self.avx2 && self.vnni,
             Isa::Avx512 => self.avx2 && self.avx512,
             Isa::Neon => self.neon,
+            Isa::NeonDotprod => self.neon && self.dotprod,
         }
     }
 }
@@ -133,7 +147,11 @@ fn features() -> Features {
         }
         #[cfg(target_arch = "aarch64")]
         {
-            f.neon = std::arch::is_aarch64_feature_detected!("neon");
+            use std::arch::is_aarch64_feature_detected as has;
+            f.neon = has!("neon");
+            // Linux reports it through HWCAP_ASIMDDP: a CPU (or emulator) without it never
+            // gets a kernel that executes `sdot`.
+            f.dotprod = has!("dotprod");
         }
         f
     })
@@ -179,13 +197,14 @@ fn choose(
             }
             None => {
                 warning = Some(format!(
-                    "RLLAMA_SIMD={s}: unknown level (scalar, avx2, avx2-vnni, avx512, neon); \
+                    "RLLAMA_SIMD={s}: unknown level (scalar, avx2, avx2-vnni, avx512, neon, \
+                     neon-dotprod); \
                      using {detected}"
                 ))
             }
         }
     }
-    if no_vnni && level > Isa::Avx2 && level != Isa::Neon {
+    if no_vnni && level.arch() == Isa::Avx2.arch() && level > Isa::Avx2 {
         level = Isa::Avx2;
     }
     (level, warning)
@@ -218,6 +237,13 @@ pub fn avx2() -> bool {
     active().includes(Isa::Avx2)
 }
 
+/// Whether the f32/f16 helpers may use NEON (the active level includes it). Their results
+/// are the same bits either way.
+#[inline]
+pub fn neon() -> bool {
+    active().includes(Isa::Neon)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +257,12 @@ mod tests {
         assert!(Isa::Neon.includes(Isa::Scalar));
         assert!(!Isa::Neon.includes(Isa::Avx2));
         assert!(!Isa::Avx512.includes(Isa::Neon));
+        assert!(Isa::NeonDotprod.includes(Isa::Neon));
+        assert!(Isa::NeonDotprod.includes(Isa::Scalar));
+        assert!(!Isa::Neon.includes(Isa::NeonDotprod));
+        assert!(!Isa::NeonDotprod.includes(Isa::Avx512));
+        assert!(!Isa::Avx512.includes(Isa::NeonDotprod));
+        assert_eq!(Isa::parse("dotprod"), Some(Isa::NeonDotprod));
         for i in Isa::ALL {
             assert_eq!(Isa::parse(i.name()), Some(i));
         }
@@ -259,6 +291,18 @@ mod tests {
         assert_eq!(choose(Avx512, None, true, false), (Scalar, None));
         assert_eq!(choose(Avx512, None, false, true), (Avx2, None));
         assert_eq!(choose(Neon, None, false, true), (Neon, None));
+        assert_eq!(choose(NeonDotprod, None, false, true), (NeonDotprod, None));
+        assert_eq!(
+            choose(NeonDotprod, Some("neon"), false, false),
+            (Neon, None)
+        );
+        assert_eq!(
+            choose(NeonDotprod, Some("scalar"), false, false),
+            (Scalar, None)
+        );
+        let (l, w) = choose(Neon, Some("neon-dotprod"), false, false);
+        assert_eq!(l, Neon);
+        assert!(w.unwrap().contains("cannot run neon-dotprod"));
         let (l, w) = choose(Avx2, Some("avx512"), false, false);
         assert_eq!(l, Avx2);
         assert!(w.unwrap().contains("cannot run avx512"));

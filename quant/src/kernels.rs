@@ -3,9 +3,10 @@
 //!
 //! Rows come from the scalar twins here and from each architecture's folder under
 //! `crate::arch`. A lookup at an ISA walks that ISA's fallbacks (`Isa::fallbacks`: AVX-512
-//! → AVX2+VNNI → AVX2 → scalar, NEON → scalar) and takes the first row it finds, so adding
-//! an ISA means adding its files and rows, never editing a picker. Every row returns its
-//! scalar twin's bits (`quant/tests/simd_vs_scalar.rs` walks the whole table).
+//! → AVX2+VNNI → AVX2 → scalar, NEON+dotprod → NEON → scalar) and takes the first row it
+//! finds, so adding an ISA means adding its files and rows, never editing a picker. Every
+//! row returns its scalar twin's bits (`quant/tests/simd_vs_scalar.rs` walks the whole
+//! table).
 
 use std::sync::OnceLock;
 

@@ -40,13 +40,15 @@ fn force_scalar_env_selects_scalar_kernels() {
             assert_eq!(k.isa, Isa::Scalar, "{ty} {order:?}");
             assert!(k.tile.is_none(), "{ty} {order:?}");
         }
-        if let Some(simd) = kernels::kernels_at(ty, DotOrder::Single, Isa::Avx2) {
-            // Still reachable explicitly, and still the same bits.
-            assert_eq!(
-                (simd.dot)(&w, &a).to_bits(),
-                (scalar.dot)(&w, &a).to_bits(),
-                "{ty}"
-            );
+        for isa in Isa::ALL {
+            if let Some(simd) = kernels::kernels_at(ty, DotOrder::Single, isa) {
+                // Still reachable explicitly, and still the same bits.
+                assert_eq!(
+                    (simd.dot)(&w, &a).to_bits(),
+                    (scalar.dot)(&w, &a).to_bits(),
+                    "{ty} {isa}"
+                );
+            }
         }
     }
     let b: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();

@@ -8,8 +8,13 @@
 //!
 //! The kernels are taken from the table (`quant::kernels`), every ISA this CPU has, not
 //! only the active one: on an AVX-512 VNNI machine the AVX2 and AVX2+VNNI rows are both
-//! checked. `table_rows_are_exercised` fails when a row is added that no test walks. On a
-//! CPU without SIMD rows only the scalar code and the dispatcher are checked.
+//! checked, on an aarch64 CPU with `sdot` the plain NEON and the dotprod rows.
+//! `table_rows_are_exercised` fails when a row is added that no test walks. On a CPU
+//! without SIMD rows only the scalar code and the dispatcher are checked.
+//!
+//! `QUANT_EXPECT_ISA=<level>` makes the run fail unless that is the level detected here,
+//! so a run meant to test a fallback (e.g. under `qemu-aarch64 -cpu cortex-a57`, which has
+//! no `sdot`) cannot silently test another path (`tools/neon_test.sh` sets it).
 
 use half::f16;
 use quant::ops::f16::{sum_rows_f16, sum_rows_f16_scalar};
@@ -499,8 +504,53 @@ fn table_rows_are_exercised() {
                 "{ty} has no AVX2 kernel"
             );
         }
-    } else {
+    } else if cfg!(target_arch = "x86_64") {
         eprintln!("note: no AVX2/FMA/F16C on this CPU; x86 SIMD kernels untested here");
+    }
+    if cfg!(target_arch = "aarch64") {
+        // Every format has a plain NEON kernel (with its tile where x86 has one); the
+        // formats `sdot` speeds up have a dotprod kernel too, run where the CPU has it.
+        let dotprod = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q2_K,
+        ];
+        for ty in TYPES {
+            let tiled = ty.block_size() == 32 || ty == GgmlType::Q4_K || ty == GgmlType::Q6_K;
+            for isa in [Isa::Neon, Isa::NeonDotprod] {
+                if isa == Isa::NeonDotprod && !dotprod.contains(&ty) {
+                    continue;
+                }
+                let listed = kernels::listing()
+                    .into_iter()
+                    .find(|&(t, o, i, _)| t == ty && o == DotOrder::Single && i == isa);
+                assert!(
+                    listed.is_some_and(|(.., tile)| tile == tiled),
+                    "{ty} on {isa}: {listed:?}"
+                );
+                assert_eq!(
+                    kernels::kernels_at(ty, DotOrder::Single, isa).is_some(),
+                    isa.available(),
+                    "{ty} {isa}"
+                );
+            }
+        }
+        assert!(
+            Isa::Neon.available(),
+            "NEON is part of every aarch64 target"
+        );
+    }
+    if let Ok(want) = std::env::var("QUANT_EXPECT_ISA") {
+        assert_eq!(
+            isa::detected().name(),
+            want.trim(),
+            "QUANT_EXPECT_ISA: the run was meant for another CPU level"
+        );
     }
     let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
     for (ty, order, isa, _) in kernels::listing() {
@@ -645,6 +695,15 @@ fn ordered_kernels_match_scalar() {
                 }
                 let buf = rows.concat();
                 let stride = rows[0].len();
+                // A second weight row (the first reversed block-wise) for two-row tiles.
+                let w1: Vec<u8> = w
+                    .chunks_exact(ty.type_size())
+                    .rev()
+                    .flatten()
+                    .copied()
+                    .collect();
+                let want1: Vec<f32> = rows.iter().map(|a| twin_o(&w1, a)).collect();
+                let w2 = [w.clone(), w1].concat();
                 for k in sets(ty, order) {
                     let Some(tile) = k.tile else {
                         continue;
@@ -657,6 +716,16 @@ fn ordered_kernels_match_scalar() {
                                 out[c].to_bits(),
                                 want[c].to_bits(),
                                 "{ty} {order:?} {} n={n} k={c_n} c={c}",
+                                k.isa
+                            );
+                        }
+                        let mut out = vec![f32::NAN; 2 * c_n];
+                        tile(&w2, 2, &buf, stride, ActSide::default(), &mut out);
+                        for c in 0..c_n {
+                            assert_eq!(
+                                (out[c].to_bits(), out[c_n + c].to_bits()),
+                                (want[c].to_bits(), want1[c].to_bits()),
+                                "{ty} {order:?} {} n={n} 2 rows k={c_n} c={c}",
                                 k.isa
                             );
                         }

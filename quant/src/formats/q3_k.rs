@@ -133,6 +133,21 @@ pub fn unpack_scales(s: &[u8; 12]) -> [u8; 16] {
     out
 }
 
+/// [`unpack_scales`] as 16 little-endian bytes (scales 0..8, 8..16), computed in u32/u64
+/// words: the form the SIMD kernels load them in.
+#[inline(always)]
+pub(crate) fn unpack_scales_lanes(s: &[u8]) -> (u64, u64) {
+    let lo = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let m2 = 0x0303_0303u32;
+    let m4 = 0x0f0f_0f0f_0f0f_0f0fu64;
+    // Scale j: low nibble from byte j (j < 8) or the high nibble of byte j - 8, top two
+    // bits from bits 2*(j/4).. of byte 8 + j%4.
+    let top_a = (a2 & m2) as u64 | (((a2 >> 2) & m2) as u64) << 32;
+    let top_b = ((a2 >> 4) & m2) as u64 | (((a2 >> 6) & m2) as u64) << 32;
+    ((lo & m4) | top_a << 4, ((lo >> 4) & m4) | top_b << 4)
+}
+
 impl BlockQ3K {
     /// The 256 signed quants (`-4..=3`) in element order.
     #[inline]
@@ -178,4 +193,23 @@ pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
         sumf += s;
     }
     sumf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_lanes_match_unpack_scales() {
+        let mut x = 0x2545_f491u32;
+        for _ in 0..1000 {
+            let packed: [u8; 12] = std::array::from_fn(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 24) as u8
+            });
+            let (a, b) = unpack_scales_lanes(&packed);
+            let lanes: Vec<u8> = a.to_le_bytes().into_iter().chain(b.to_le_bytes()).collect();
+            assert_eq!(lanes, unpack_scales(&packed), "{packed:?}");
+        }
+    }
 }

@@ -236,3 +236,48 @@ pub(crate) fn generic_scales_mins_dot(
     let dm = f16_to_f32(dmin) * y.d;
     *sumf -= dm * sumi as f32;
 }
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block from its 12 packed bytes
+/// (`s[..12]`) as little-endian byte lanes, byte `j` = [`get_scale_min_k4`]`(j)`, four at a
+/// time in u32 words: the form the SIMD kernels load them in.
+#[inline(always)]
+pub(crate) fn scales_mins_lanes(s: &[u8]) -> (u64, u64) {
+    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    // Sub-blocks 0..4 keep six bits in bytes 0..4 (scales) and 4..8 (mins); sub-blocks
+    // 4..8 take a nibble of bytes 8..12 plus the top bit pairs of bytes 0..8.
+    let sc_lo = a0 & 0x3f3f_3f3f;
+    let mn_lo = a1 & 0x3f3f_3f3f;
+    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
+    let mn_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_lanes_match_get_scale_min_k4() {
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..1000 {
+            let packed: [u8; 12] = std::array::from_fn(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (x >> 24) as u8
+            });
+            let (sc, mn) = scales_mins_lanes(&packed);
+            for j in 0..8 {
+                let (s, m) = get_scale_min_k4(j, &packed);
+                assert_eq!(
+                    (sc.to_le_bytes()[j], mn.to_le_bytes()[j]),
+                    (s, m),
+                    "{packed:?} {j}"
+                );
+            }
+        }
+    }
+}

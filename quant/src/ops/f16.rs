@@ -1,7 +1,8 @@
 //! The f32 x f16 products of attention over an f16 KV cache, in the two orders llama.cpp
 //! uses ([`F16Order`]): score dot products ([`dot_f16`]) and the probability-weighted sum
 //! of V rows ([`weighted_rows_f16`], built on the slot-order [`sum_rows_f16`]). AVX2
-//! kernels in `crate::arch::x86::f16`, bit-identical to the scalar twins here.
+//! kernels in `crate::arch::x86::f16` and NEON ones in `crate::arch::aarch64::f16`,
+//! bit-identical to the scalar twins here.
 
 use std::cell::RefCell;
 
@@ -17,6 +18,11 @@ pub fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
     if crate::isa::avx2() {
         // SAFETY: the active ISA includes AVX2, FMA and F16C; lengths are equal.
         return unsafe { crate::arch::x86::f16::dot_f16(fl, ord, a, b) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::isa::neon() {
+        // SAFETY: lengths are equal (NEON is part of every aarch64 target).
+        return unsafe { crate::arch::aarch64::f16::dot_f16(fl, ord, a, b) };
     }
     dot_f16_scalar(fl, ord, a, b)
 }
@@ -82,6 +88,13 @@ pub fn sum_rows_f16(
         // bounds-checked above.
         return unsafe {
             crate::arch::x86::f16::sum_rows_f16(out, ps, cache, slots, stride, offset)
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if crate::isa::neon() {
+        // SAFETY: every row read was bounds-checked above, one weight per slot.
+        return unsafe {
+            crate::arch::aarch64::f16::sum_rows_f16(out, ps, cache, slots, stride, offset)
         };
     }
     sum_rows_f16_scalar(out, ps, cache, slots, stride, offset)

@@ -1,9 +1,93 @@
-//! aarch64 kernels. None yet: every format runs its scalar twin through the table's
-//! fallback (`Isa::Neon` falls back to `Isa::Scalar`). NEON kernels add their files here
-//! and their rows to [`ROWS`], tested against the twins like the x86 ones
-//! (`quant/tests/simd_vs_scalar.rs` walks every row of the table).
+//! aarch64 kernels: NEON, and NEON with FEAT_DotProd's `sdot`, each bit-exact with its
+//! scalar twin in `crate::formats`, and their rows of the kernel table.
+//!
+//! How exactness is kept (the same rules as `arch/x86`, other instructions):
+//!
+//! * Integer parts are exact. A kernel is generic over a [`simd::Level`] that forms four
+//!   i32 lanes of 4-byte dot products: one `sdot` where the CPU has it, else widening
+//!   multiplies (exact in i16) and widening pairwise adds. Both multiply signed bytes by
+//!   signed bytes, so unlike x86's `maddubs` nothing needs the weights unsigned or the
+//!   activations above -128.
+//! * Float parts follow the twin operation for operation. The twins' eight float lanes
+//!   are two 4-lane registers; `vfmaq_f32` stands exactly where a twin calls `mul_add`,
+//!   `vmulq` then `vaddq` where it multiplies then adds, and the horizontal sums are the
+//!   twin's (`hsum_lanes`'s `(v0 + v2) + (v1 + v3)` after `x[i + 4] + x[i]`).
+//!   Conversions (i32 to f32, f16 to f32) round the same way as the scalar `as f32` and
+//!   `f16_to_f32`.
+//! * The tile kernels (`TileFn`) unpack a weight block once and run the one-row operation
+//!   sequence for each activation row; the one-row entry points are their one-row
+//!   instances.
+//!
+//! Detection: `sdot` exists only from Armv8.2-A on (optional there), so the `sdot` rows
+//! sit at `Isa::NeonDotprod`, handed out only where `is_aarch64_feature_detected!
+//! ("dotprod")` said yes; plain NEON rows (`Isa::Neon`) run everywhere else. Q3_K and
+//! Q5_K have plain rows only (their lane order is the element index mod 8, which
+//! widening multiplies give directly), so a dotprod CPU falls back to them.
+//!
+//! Files: `simd` (shared helpers and the two levels), `legacy` (32-element formats),
+//! `kquants` (K-quants), `f16` (attention's f32 x f16 products).
 
-use crate::contract::KernelRow;
+use crate::contract::{DotFn, KernelRow, TileFn};
+use crate::isa::Isa;
+use crate::order::DotOrder;
+use crate::GgmlType;
 
-/// The aarch64 rows of the kernel table.
-pub(crate) const ROWS: &[KernelRow] = &[];
+pub(crate) mod f16;
+mod kquants;
+mod legacy;
+mod simd;
+
+const fn row(
+    ty: GgmlType,
+    order: DotOrder,
+    isa: Isa,
+    dot: DotFn,
+    tile: Option<TileFn>,
+) -> KernelRow {
+    KernelRow {
+        ty,
+        order,
+        isa,
+        dot,
+        tile,
+        offset_sums: false,
+    }
+}
+
+/// The aarch64 rows of the kernel table: every format at `Isa::Neon`, the ones `sdot`
+/// speeds up again at `Isa::NeonDotprod`.
+#[rustfmt::skip]
+pub(crate) const ROWS: &[KernelRow] = {
+    use DotOrder::{Gemm4, Single, Tiled};
+    use GgmlType as T;
+    use Isa::{Neon, NeonDotprod};
+    use kquants::{self as k, ORD_GEMM4, ORD_SINGLE, ORD_TILED};
+    use legacy::{self as l, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    use simd::{Dotprod, Plain};
+    &[
+        row(T::Q4_0, Single, Neon, l::dot::<Q4_0, Plain>, Some(l::tile::<Q4_0, Plain>)),
+        row(T::Q4_1, Single, Neon, l::dot::<Q4_1, Plain>, Some(l::tile::<Q4_1, Plain>)),
+        row(T::Q5_0, Single, Neon, l::dot::<Q5_0, Plain>, Some(l::tile::<Q5_0, Plain>)),
+        row(T::Q5_1, Single, Neon, l::dot::<Q5_1, Plain>, Some(l::tile::<Q5_1, Plain>)),
+        row(T::Q8_0, Single, Neon, l::dot::<Q8_0, Plain>, Some(l::tile::<Q8_0, Plain>)),
+        row(T::Q4_K, Single, Neon, k::q4_k_dot::<Plain, ORD_SINGLE>, Some(k::q4_k_tile::<Plain, ORD_SINGLE>)),
+        row(T::Q4_K, Tiled, Neon, k::q4_k_dot::<Plain, ORD_TILED>, Some(k::q4_k_tile::<Plain, ORD_TILED>)),
+        row(T::Q4_K, Gemm4, Neon, k::q4_k_dot::<Plain, ORD_GEMM4>, Some(k::q4_k_tile::<Plain, ORD_GEMM4>)),
+        row(T::Q6_K, Single, Neon, k::q6_k_dot::<Plain, ORD_SINGLE>, Some(k::q6_k_tile::<Plain, ORD_SINGLE>)),
+        row(T::Q6_K, Tiled, Neon, k::q6_k_dot::<Plain, ORD_TILED>, Some(k::q6_k_tile::<Plain, ORD_TILED>)),
+        row(T::Q2_K, Single, Neon, k::q2_k_dot::<Plain>, None),
+        row(T::Q3_K, Single, Neon, k::q3_k_dot, None),
+        row(T::Q5_K, Single, Neon, k::q5_k_dot, None),
+        row(T::Q4_0, Single, NeonDotprod, l::dot::<Q4_0, Dotprod>, Some(l::tile::<Q4_0, Dotprod>)),
+        row(T::Q4_1, Single, NeonDotprod, l::dot::<Q4_1, Dotprod>, Some(l::tile::<Q4_1, Dotprod>)),
+        row(T::Q5_0, Single, NeonDotprod, l::dot::<Q5_0, Dotprod>, Some(l::tile::<Q5_0, Dotprod>)),
+        row(T::Q5_1, Single, NeonDotprod, l::dot::<Q5_1, Dotprod>, Some(l::tile::<Q5_1, Dotprod>)),
+        row(T::Q8_0, Single, NeonDotprod, l::dot::<Q8_0, Dotprod>, Some(l::tile::<Q8_0, Dotprod>)),
+        row(T::Q4_K, Single, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_SINGLE>, Some(k::q4_k_tile::<Dotprod, ORD_SINGLE>)),
+        row(T::Q4_K, Tiled, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_TILED>, Some(k::q4_k_tile::<Dotprod, ORD_TILED>)),
+        row(T::Q4_K, Gemm4, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_GEMM4>, Some(k::q4_k_tile::<Dotprod, ORD_GEMM4>)),
+        row(T::Q6_K, Single, NeonDotprod, k::q6_k_dot::<Dotprod, ORD_SINGLE>, Some(k::q6_k_tile::<Dotprod, ORD_SINGLE>)),
+        row(T::Q6_K, Tiled, NeonDotprod, k::q6_k_dot::<Dotprod, ORD_TILED>, Some(k::q6_k_tile::<Dotprod, ORD_TILED>)),
+        row(T::Q2_K, Single, NeonDotprod, k::q2_k_dot::<Dotprod>, None),
+    ]
+};

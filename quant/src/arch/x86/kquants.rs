@@ -10,8 +10,8 @@ use super::simd::*;
 use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
 use crate::formats::q2_k::BlockQ2K;
-use crate::formats::q3_k::BlockQ3K;
-use crate::formats::q4_k::BlockQ4K;
+use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
+use crate::formats::q4_k::{scales_mins_lanes, BlockQ4K};
 use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
@@ -291,23 +291,6 @@ single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
 const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 
-/// The eight 6-bit scales and mins of a Q4_K/Q5_K block as little-endian byte lanes
-/// (byte `j` = `get_scale_min_k4(j)`).
-#[inline(always)]
-fn scales_mins_k4(s: &[u8]) -> (u64, u64) {
-    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
-    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
-    let sc_lo = a0 & 0x3f3f_3f3f;
-    let mn_lo = a1 & 0x3f3f_3f3f;
-    let sc_hi = (a2 & 0x0f0f_0f0f) | ((a0 >> 2) & 0x3030_3030);
-    let mn_hi = ((a2 >> 4) & 0x0f0f_0f0f) | ((a1 >> 2) & 0x3030_3030);
-    (
-        sc_lo as u64 | (sc_hi as u64) << 32,
-        mn_lo as u64 | (mn_hi as u64) << 32,
-    )
-}
-
 /// `sum_j bsums[j] * mins[j / 2]` for Q4_K/Q5_K (`mins` as 8 byte lanes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -375,7 +358,7 @@ unsafe fn q45_k_impl<const WB: usize, const QS: usize, const QH: usize, const HA
         let x = &w[i * WB..(i + 1) * WB];
         let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let (sc, mn) = scales_mins_k4(&x[4..16]);
+        let (sc, mn) = scales_mins_lanes(&x[4..16]);
         let sumi = bsums_times_mins8(yp, mn);
         let s = scale_pairs_32(sc);
         let mut hv = if HAS_QH {
@@ -419,20 +402,6 @@ unsafe fn q5_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
     q45_k_impl::<{ BlockQ5K::BYTES }, 48, 16, true>(w, a, nb)
 }
 
-/// Q3_K's 16 six-bit scales (`q3_k::unpack_scales`) as 16 bytes, little-endian.
-#[inline(always)]
-fn q3_k_scales(s: &[u8]) -> (u64, u64) {
-    let lo = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
-    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
-    let m2 = 0x0303_0303u32;
-    let m4 = 0x0f0f_0f0f_0f0f_0f0fu64;
-    // Scale j: low nibble from byte j (j < 8) or the high nibble of byte j - 8, top two
-    // bits from bits 2*(j/4).. of byte 8 + j%4.
-    let top_a = (a2 & m2) as u64 | (((a2 >> 2) & m2) as u64) << 32;
-    let top_b = ((a2 >> 4) & m2) as u64 | (((a2 >> 6) & m2) as u64) << 32;
-    ((lo & m4) | top_a << 4, ((lo >> 4) & m4) | top_b << 4)
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
     let perm = lane_pairs();
@@ -444,7 +413,7 @@ unsafe fn q3_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
         let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
         // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
-        let (s_lo, s_hi) = q3_k_scales(&x[96..108]);
+        let (s_lo, s_hi) = unpack_scales_lanes(&x[96..108]);
         let sc8 = _mm_set_epi64x(s_hi as i64, s_lo as i64);
         let sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc8), _mm256_set1_epi16(32));
         let s = scale_pairs_16(sc16);
