@@ -9,8 +9,9 @@
 //! All FFI with llama.cpp and ggml lives in this crate, which nothing in production
 //! depends on unless a feature asks for it.
 //!
-//! llama.cpp is built from source by `llama-cpp-sys-2`; `.cargo/config.toml` sets
-//! `target-cpu=native` so that build gets the host's SIMD (`GGML_NATIVE`).
+//! llama.cpp is built from source by `llama-cpp-sys-2`; `.cargo/config.toml` makes that
+//! build native (`GGML_NATIVE`, the host's SIMD) while our own code stays portable, and
+//! [`cpu_mismatch`] keeps a binary copied to a CPU without those features from running it.
 //!
 //! The engine runs on the CPU only (no layers offloaded, the model is memory-mapped).
 //! llama.cpp's logging is dropped unless the environment variable `RLLAMA_REF_LOG=1` is set.
@@ -63,6 +64,71 @@ pub enum RefError {
     /// An argument was rejected before reaching llama.cpp.
     #[error("llama.cpp: invalid argument: {0}")]
     InvalidArgument(String),
+    /// This llama.cpp was compiled for CPU features this CPU lacks (see [`cpu_mismatch`]).
+    #[error("llama.cpp: {0}")]
+    Cpu(String),
+}
+
+/// The x86 features this build's llama.cpp was compiled for (rustc's names, from the
+/// build script: the build machine's own with GGML_NATIVE, else rustc's target features).
+pub const BUILD_CPU_FEATURES: &str = env!("LLAMACPP_BUILD_CPU_FEATURES");
+
+/// Whether this build's llama.cpp was compiled with GGML_NATIVE.
+pub const BUILD_NATIVE: bool = matches!(env!("LLAMACPP_BUILD_NATIVE").as_bytes(), b"1");
+
+/// `Some(why)` when this CPU lacks a feature the linked llama.cpp was compiled for: it
+/// would die of SIGILL, so nothing calls into llama.cpp then. Our own code is portable;
+/// the reference is built for the machine it runs on (rebuild there).
+pub fn cpu_mismatch() -> Option<String> {
+    let missing: Vec<&str> = BUILD_CPU_FEATURES
+        .split(',')
+        .filter(|f| !f.is_empty() && !cpu_has(f))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "this binary's llama.cpp was built {} and needs {}, which this CPU lacks; \
+             build rbench with the `llamacpp` feature on this machine to compare with \
+             llama.cpp here",
+            if BUILD_NATIVE {
+                "for the build machine's CPU (GGML_NATIVE)"
+            } else {
+                "for rustc's target features"
+            },
+            missing.join(", ")
+        )
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_has(f: &str) -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    match f {
+        "sse3" => has!("sse3"),
+        "ssse3" => has!("ssse3"),
+        "avx" => has!("avx"),
+        "avx2" => has!("avx2"),
+        "fma" => has!("fma"),
+        "f16c" => has!("f16c"),
+        "bmi2" => has!("bmi2"),
+        "avx512f" => has!("avx512f"),
+        "avx512bw" => has!("avx512bw"),
+        "avx512dq" => has!("avx512dq"),
+        "avx512vl" => has!("avx512vl"),
+        "avx512vnni" => has!("avx512vnni"),
+        "avx512vbmi" => has!("avx512vbmi"),
+        "avx512bf16" => has!("avx512bf16"),
+        _ => false,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_has(_: &str) -> bool {
+    false
+}
+
+/// [`cpu_mismatch`] as an error, checked before every entry into llama.cpp.
+fn check_cpu() -> Result<(), RefError> {
+    cpu_mismatch().map_or(Ok(()), |why| Err(RefError::Cpu(why)))
 }
 
 /// How to create the reference model and its context.
@@ -190,6 +256,10 @@ pub enum NumaStrategy {
 /// threads then follow the strategy. Once per process; later calls are ignored (ggml
 /// keeps the first).
 pub fn numa_init(s: NumaStrategy) {
+    if cpu_mismatch().is_some() {
+        // Loading a model reports it; nothing here may run llama.cpp code.
+        return;
+    }
     init();
     let v = match s {
         NumaStrategy::Distribute => sys::GGML_NUMA_STRATEGY_DISTRIBUTE,
@@ -203,6 +273,9 @@ pub fn numa_init(s: NumaStrategy) {
 /// llama.cpp's description of the CPU features it was compiled with and detected, e.g.
 /// `"CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | ..."`.
 pub fn system_info() -> String {
+    if let Some(why) = cpu_mismatch() {
+        return format!("CPU : not run ({why})");
+    }
     init();
     // SAFETY: returns a pointer to a static (thread-local) string, or null.
     let p = unsafe { sys::llama_print_system_info() };
@@ -258,6 +331,7 @@ impl GgmlKernel {
     /// ggml's kernels for weights of type `ty`; fails when ggml has no CPU `vec_dot` for
     /// it or its block geometry differs from `quant`'s.
     pub fn new(ty: GgmlType) -> Result<GgmlKernel, RefError> {
+        check_cpu()?;
         init();
         let unsupported = || RefError::InvalidArgument(format!("ggml has no CPU vec_dot for {ty}"));
         // SAFETY: sets up ggml-cpu's lookup tables; idempotent and thread-safe.
@@ -562,6 +636,7 @@ impl RefModel {
         }
         precheck_file(path)?;
         let cpath = path_to_cstring(path)?;
+        check_cpu()?;
         init();
 
         // SAFETY: plain value-returning calls.

@@ -4,7 +4,7 @@
 //! Models are looked up in `$RLLAMA_MODELS` (default `$HOME/.cache/rllama/models`); a test
 //! whose model is absent prints a message and passes.
 
-use llamacpp_ref::{system_info, RefError, RefModel, RefOptions};
+use llamacpp_ref::{cpu_mismatch, system_info, RefError, RefModel, RefOptions, BUILD_CPU_FEATURES};
 use std::path::PathBuf;
 
 fn models_dir() -> PathBuf {
@@ -89,6 +89,27 @@ fn system_info_reports_cpu_features() {
         "llama.cpp must be built as Release (-O3) like a native llama-bench; \
          .cargo/config.toml sets LLAMA_LIB_PROFILE"
     );
+}
+
+/// The build records what llama.cpp was compiled for; built here, it runs here.
+#[test]
+fn build_cpu_features_are_recorded_and_present() {
+    println!(
+        "llama.cpp built for: {BUILD_CPU_FEATURES} (native: {})",
+        llamacpp_ref::BUILD_NATIVE
+    );
+    assert_eq!(cpu_mismatch(), None);
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(
+            llamacpp_ref::BUILD_NATIVE,
+            "the reference must be a native build"
+        );
+        assert!(BUILD_CPU_FEATURES.split(',').any(|f| f == "avx2"));
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            assert!(BUILD_CPU_FEATURES.split(',').any(|f| f == "avx512f"));
+        }
+    }
 }
 
 #[test]

@@ -33,10 +33,26 @@ fn llamacpp_system_info() -> String {
     String::new()
 }
 
+/// A clear error, before anything runs, when the linked llama.cpp was built for CPU
+/// features this CPU lacks (it would die of SIGILL).
+#[cfg(feature = "llamacpp")]
+fn llamacpp_runs_here() -> Result<()> {
+    match llamacpp_ref::cpu_mismatch() {
+        Some(why) => anyhow::bail!("--engine llamacpp: {why}"),
+        None => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "llamacpp"))]
+fn llamacpp_runs_here() -> Result<()> {
+    Ok(())
+}
+
 /// Runs the benchmark described by `params`, writing results to `out`.
 pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
     run::check_supported(params)?;
     let llamacpp_system_info = if params.engines.contains(&Engine::LlamaCpp) {
+        llamacpp_runs_here()?;
         let info = llamacpp_system_info();
         if params.engines.contains(&Engine::Rllama) {
             // Checked before anything runs: no ratio against a crippled reference.
