@@ -46,8 +46,8 @@ fi
 
 export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
-# Overrides the repository's `target-cpu=native` (an x86 CPU) for this target only:
-# a baseline Armv8 build, whose kernels pick their level at run time.
+# A baseline Armv8 build (the repository's rustflags are for x86-64 only), whose kernels
+# pick their level at run time.
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-cpu=generic"
 export CARGO_TARGET_DIR="$PWD/target/aarch64"
 target=aarch64-unknown-linux-gnu
