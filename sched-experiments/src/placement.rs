@@ -133,6 +133,15 @@ impl Placement {
                 if libc::setpgid(0, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }
+                // The signals we stop children with must not arrive ignored: a program
+                // started in the background without job control (`nohup rbench ... &`)
+                // inherits SIGINT as ignored, a shell cannot even trap it then, and a
+                // scheduler that keeps it ignored could not be unloaded.
+                for sig in [libc::SIGINT, libc::SIGTERM] {
+                    if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, death as libc::c_ulong) != 0 {
                     return Err(io::Error::last_os_error());
                 }

@@ -379,6 +379,27 @@ mod tests {
         assert_eq!(end.state, SchedExtState::Disabled);
     }
 
+    /// Started from a background job, rbench has SIGINT ignored; its schedulers must still
+    /// get a working SIGINT (a shell could not even trap an inherited ignored one).
+    #[test]
+    fn stops_a_scheduler_when_rbench_itself_ignores_sigint() {
+        let (d, roots) = setup();
+        let bin = fake_scheduler(d.path(), &roots.sched_ext(), "simple", "good");
+        let spec = ScxSpec {
+            binary: "scx_simple".into(),
+            args: vec![],
+        };
+        // SAFETY: changes this test process's SIGINT disposition; nothing here relies on
+        // SIGINT, and children reset it (which is what is tested).
+        let old = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        let log = d.path().join("scx.log");
+        let r = start(&roots, &spec, &bin, &log, Duration::from_secs(5), &never);
+        // SAFETY: as above.
+        unsafe { libc::signal(libc::SIGINT, old) };
+        let end = r.unwrap().stop(Duration::from_secs(5)).unwrap();
+        assert_eq!(end.state, SchedExtState::Disabled);
+    }
+
     #[test]
     fn refuses_a_loaded_scheduler_and_reports_a_dying_one() {
         let (d, roots) = setup();
