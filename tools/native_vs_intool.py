@@ -44,7 +44,7 @@ def main():
     ap.add_argument("-d", type=int, default=0)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ours", action="store_true", help="also run our engine (first rbench)")
+    ap.add_argument("--ours", action="store_true", help="also run our engine (with every rbench build)")
     a = ap.parse_args()
     rbenches = [r.split("=", 1) for r in a.rbench]
     common = ["-p", str(a.p), "-n", str(a.n), "-t", str(a.t), "-r", "1", "-o", "json"]
@@ -65,7 +65,8 @@ def main():
             for label, exe in rbenches:
                 jobs.append((f"in-tool {label}", [exe, "--engine", "llamacpp", "-m", path] + common))
             if a.ours:
-                jobs.append(("ours", [rbenches[0][1], "--engine", "rllama", "-m", path] + common))
+                for label, exe in rbenches:
+                    jobs.append((f"ours {label}", [exe, "--engine", "rllama", "-m", path] + common))
             if rnd % 2:
                 jobs.reverse()
             for who, cmd in jobs:
