@@ -13,7 +13,8 @@
 //!   standard deviation of about 0.02 with mean about 0 (an initialisation-like spread);
 //!   norm weights are 1 ± 0.05, biases about ±0.035. The forward pass stays finite.
 //! - Vocabulary: all `tokenizer.*` keys of a source GGUF are copied, so `token_embd` and
-//!   `output` have the source's vocabulary size (smaller than the real 128k/152k ones).
+//!   `output` have the source's vocabulary size (smaller than the real 128k/152k ones),
+//!   unless [`SynthSpec::pad_vocab`] pads it with unused tokens to the real size.
 //! - Labelling: `general.name` says "synthetic ... (random weights)" and
 //!   `rllama.synthetic = true`, with the shape, seed and tokenizer source beside it.
 //! - Output: [`synthesize`] streams the file (header first, then each tensor generated in
