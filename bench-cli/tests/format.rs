@@ -3,7 +3,7 @@
 use bench_cli::llama_bench::cli::Params;
 use bench_cli::llama_bench::report::{format_params, format_size, load_note, tg_read_gbps};
 use bench_cli::llama_bench::run::{
-    check_supported, format_utc, missing_reference_simd, size_label,
+    check_supported, format_utc, missing_reference_simd, model_type, size_label,
 };
 
 #[test]
@@ -78,4 +78,40 @@ fn tg_roofline_is_weights_times_tokens_per_second() {
     let g = tg_read_gbps(100 << 20, 50.0);
     assert!((g - 5.242_88).abs() < 1e-9, "{g}");
     assert_eq!(tg_read_gbps(0, 50.0), 0.0);
+}
+
+/// A row measured on an `rllama synth` file says so after the model; a real file does not.
+#[test]
+fn synthetic_models_are_marked() {
+    use runtime::gguf::{writer, Array, GgufFile, Value};
+    use runtime::synth::{self, Shape, SynthQuant, SynthSpec};
+    // A stand-in tokenizer source: 64 tokens are all the writer copies.
+    let tokens: Vec<String> = (0..64).map(|i| format!("t{i}")).collect();
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String("llama".into()),
+        ),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array(Array::String(tokens)),
+        ),
+    ];
+    let tok = GgufFile::from_bytes("tok", writer::to_bytes(&meta, &[])).unwrap();
+    let spec = SynthSpec {
+        shape: Shape::llama3_8b().scaled_down(16).with_layers(1),
+        quant: SynthQuant::Q4KM,
+        seed: 0,
+        tokenizer: &tok,
+        tokenizer_name: "test".into(),
+        pad_vocab: false,
+    };
+    let (bytes, _) = synth::write_to(&spec, Vec::new(), |_, _| {}).unwrap();
+    let f = GgufFile::from_bytes("synth", bytes).unwrap();
+    assert_eq!(model_type(&f), "llama 1M Q4_K - Medium (synthetic)");
+    assert_eq!(model_type(&tok), "llama 0M ?");
 }

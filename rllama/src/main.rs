@@ -1,4 +1,4 @@
-//! `rllama`: fetch, inspect, tokenize, run and score GGUF models.
+//! `rllama`: fetch, inspect, tokenize, run and score GGUF models; write synthetic ones.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use runtime::pool::{default_threads, PoolOptions, ThreadPool};
 use runtime::registry;
 use runtime::runner::{FinishReason, Runner};
 use runtime::sampling::{Sampler, SamplingParams};
+use runtime::synth;
 use runtime::tokenizer::StreamDecoder;
 use runtime::ModelFile;
 
@@ -109,6 +110,36 @@ enum Cmd {
         ctx: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// Write a synthetic model: a real family's shape with random weights and a real
+    /// tokenizer. Its text is meaningless; its speed is the real model's.
+    Synth {
+        /// Model shape: llama3-8b or qwen2.5-7b.
+        #[arg(long)]
+        shape: String,
+        /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q4_0 or q8_0.
+        #[arg(long, default_value = "q4_k_m")]
+        quant: String,
+        /// Output .gguf file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Registry name or GGUF path whose tokenizer (and so vocabulary) is copied
+        /// [default: smollm2-135m for llama3-8b, qwen2.5-coder-0.5b for qwen2.5-7b].
+        #[arg(long)]
+        tokenizer_from: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Pad the vocabulary with unused [PAD<i>] tokens to the real model's size
+        /// (128256 for llama3-8b, 152064 for qwen2.5-7b), so token_embd and output, and
+        /// the file, have the real sizes.
+        #[arg(long)]
+        pad_vocab: bool,
+        /// Keep only the first N layers (for tests; the per-layer cost stays real).
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Divide the widths by N (for tests; not a real size).
+        #[arg(long, hide = true)]
+        scale_down: Option<usize>,
     },
     /// Perplexity over a text file, computed as llama-perplexity does.
     Perplexity {
@@ -364,6 +395,28 @@ fn run(cli: Cli) -> Result<()> {
             writeln!(out, "{}", progress.join(","))?;
             writeln!(out, "PPL = {ppl:.4}")?;
         }
+        Cmd::Synth {
+            shape,
+            quant,
+            output,
+            tokenizer_from,
+            seed,
+            pad_vocab,
+            layers,
+            scale_down,
+        } => {
+            synth(
+                &mut out,
+                &shape,
+                &quant,
+                &output,
+                tokenizer_from,
+                seed,
+                pad_vocab,
+                layers,
+                scale_down,
+            )?;
+        }
         Cmd::Inspect {
             model,
             json,
@@ -396,6 +449,86 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     out.flush()?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn synth(
+    out: &mut impl Write,
+    shape: &str,
+    quant: &str,
+    output: &std::path::Path,
+    tokenizer_from: Option<String>,
+    seed: u64,
+    pad_vocab: bool,
+    layers: Option<usize>,
+    scale_down: Option<usize>,
+) -> Result<()> {
+    let mut shape = synth::Shape::named(shape)?;
+    let quant = synth::SynthQuant::parse(quant)?;
+    if let Some(div) = scale_down {
+        shape = shape.scaled_down(div);
+    }
+    if let Some(n) = layers {
+        shape = shape.with_layers(n);
+    }
+    shape.validate()?;
+    let tok_name = tokenizer_from.unwrap_or_else(|| shape.tokenizer_from.to_string());
+    let tok_path = registry::resolve(&tok_name)?;
+    let tok = GgufFile::open(&tok_path)
+        .with_context(|| format!("loading the tokenizer source {}", tok_path.display()))?;
+    let spec = synth::SynthSpec {
+        shape,
+        quant,
+        seed,
+        tokenizer: &tok,
+        tokenizer_name: tok_name,
+        pad_vocab,
+    };
+    let (n_vocab, source_vocab) = (spec.n_vocab()?, spec.source_vocab()?);
+    let padded = if n_vocab > source_vocab {
+        format!(", padded from {source_vocab}")
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "synth: {} {} (vocabulary {n_vocab} from {}{padded}) -> {}",
+        spec.shape.display_name(),
+        quant.name(),
+        spec.tokenizer_name,
+        output.display()
+    );
+    let mut next_report = 0u64;
+    let report = synth::synthesize(&spec, output, |done, total| {
+        if done >= next_report || done == total {
+            eprint!(
+                "\r  {:>5.1}% of {}",
+                done as f64 * 100.0 / total as f64,
+                human_bytes(total)
+            );
+            next_report = done + total / 50;
+            if done == total {
+                eprintln!();
+            }
+        }
+    })?;
+    let types: Vec<String> = report
+        .type_counts
+        .iter()
+        .map(|(t, n)| format!("{t}: {n}"))
+        .collect();
+    writeln!(
+        out,
+        "wrote {}: {} ({} bytes), {} tensors ({}), {:.2} B parameters, vocabulary {}, in {:.1} s",
+        report.path.display(),
+        human_bytes(report.file_bytes),
+        report.file_bytes,
+        report.n_tensors,
+        types.join(", "),
+        report.n_params as f64 / 1e9,
+        report.n_vocab,
+        report.elapsed.as_secs_f64()
+    )?;
     Ok(())
 }
 
@@ -545,6 +678,7 @@ fn inspect_json(f: &GgufFile, full: bool) -> serde_json::Value {
         "gguf_version": f.version,
         "architecture": f.architecture().ok(),
         "name": f.get_str("general.name").ok().flatten(),
+        "synthetic": synth::is_synthetic(f),
         "file_type": f.file_type_name(),
         "file_size": f.file_size(),
         "n_params": f.n_params(),
@@ -589,6 +723,13 @@ fn inspect_text(out: &mut impl Write, f: &GgufFile, path: PathBuf, full: bool) -
     )?;
     if let Ok(Some(name)) = f.get_str("general.name") {
         writeln!(out, "name:         {name}")?;
+    }
+    if synth::is_synthetic(f) {
+        writeln!(
+            out,
+            "synthetic:    yes, random weights ({} = true): the text is meaningless, the speed is real",
+            synth::SYNTHETIC_KEY
+        )?;
     }
     writeln!(
         out,

@@ -1,5 +1,5 @@
 //! The inference runtime: GGUF loading, model registry, tokenizers, architectures,
-//! sampling, KV cache and the batched forward pass.
+//! sampling, KV cache and the batched forward pass; synthetic models at real sizes.
 
 pub mod affinity;
 pub mod chat;
@@ -13,6 +13,7 @@ pub mod pool;
 pub mod registry;
 pub mod runner;
 pub mod sampling;
+pub mod synth;
 pub mod tokenizer;
 
 pub use gguf::{GgufError, GgufFile};

@@ -67,7 +67,7 @@ impl RefInstance {
         let n_ctx = self.m.n_ctx() as u64;
         let info = ModelDesc {
             filename: model.info.filename.clone(),
-            model_type: self.m.desc(),
+            model_type: super::run::mark_synthetic(self.m.desc(), model.synthetic),
             size: self.m.model_size(),
             n_params: self.m.n_params(),
         };

@@ -259,6 +259,8 @@ pub struct LoadedModel {
     pub ours_error: Option<String>,
     pub info: ModelDesc,
     pub tokens: TokenSource,
+    /// Written by `rllama synth` (random weights): every row's model says so.
+    pub synthetic: bool,
 }
 
 impl LoadedModel {
@@ -299,6 +301,7 @@ impl LoadedModel {
             ours_error,
             info,
             tokens: TokenSource::from_tokenizer(&mf.tokenizer),
+            synthetic: runtime::synth::is_synthetic(file),
         })
     }
 
@@ -315,7 +318,8 @@ impl LoadedModel {
 }
 
 /// `model_type` for our rows: `<arch> <size label> <file type>`, like llama.cpp's
-/// `llama_model_desc` (which prints e.g. `llama 7B Q4_0`).
+/// `llama_model_desc` (which prints e.g. `llama 7B Q4_0`), with [`SYNTHETIC_MARK`] after
+/// it for a synthetic model.
 pub fn model_type(f: &GgufFile) -> String {
     let arch = f.architecture().unwrap_or("unknown").to_string();
     let size = match f.get_str("general.size_label") {
@@ -323,7 +327,22 @@ pub fn model_type(f: &GgufFile) -> String {
         _ => size_label(f.n_params()),
     };
     let ftype = f.file_type_name().unwrap_or_else(|| "?".into());
-    format!("{arch} {size} {ftype}")
+    mark_synthetic(
+        format!("{arch} {size} {ftype}"),
+        runtime::synth::is_synthetic(f),
+    )
+}
+
+/// Appended to the model of every row measured on a `rllama synth` file.
+pub const SYNTHETIC_MARK: &str = " (synthetic)";
+
+/// `desc` with [`SYNTHETIC_MARK`] when `synthetic`.
+pub fn mark_synthetic(desc: String, synthetic: bool) -> String {
+    if synthetic {
+        desc + SYNTHETIC_MARK
+    } else {
+        desc
+    }
 }
 
 /// `135M`, `1.5B`, ... from a parameter count.

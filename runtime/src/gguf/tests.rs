@@ -282,3 +282,69 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn stream_writer_matches_the_in_memory_writer() {
+    use super::writer::{StreamWriter, TensorSpec};
+    // Sizes that are not multiples of the alignment, so padding is exercised.
+    let a: Vec<u8> = (0..3u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let b: Vec<u8> = (0..2 * 34).map(|i| i as u8).collect();
+    let c: Vec<u8> = (0..5u32)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String("llama".into()),
+        ),
+        ("general.alignment".to_string(), Value::U32(64)),
+    ];
+    let tensors = [
+        ("a", vec![3u64], GgmlType::F32, &a),
+        ("b", vec![32, 2], GgmlType::Q8_0, &b),
+        ("c", vec![5], GgmlType::F32, &c),
+    ];
+    let expected = to_bytes(
+        &meta,
+        &tensors
+            .iter()
+            .map(|(n, s, t, d)| WriteTensor {
+                name: n.to_string(),
+                shape: s.clone(),
+                ty: *t,
+                data: d,
+            })
+            .collect::<Vec<_>>(),
+    );
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|(n, s, t, _)| TensorSpec {
+            name: n.to_string(),
+            shape: s.clone(),
+            ty: *t,
+        })
+        .collect();
+    let mut w = StreamWriter::new(Vec::new(), &meta, &specs).unwrap();
+    // Pieces that straddle tensor boundaries.
+    let all: Vec<u8> = [a.as_slice(), &b, &c].concat();
+    for piece in all.chunks(7) {
+        w.write_data(piece).unwrap();
+    }
+    assert_eq!(w.current(), None);
+    let out = w.finish().unwrap();
+    assert_eq!(out, expected);
+    assert!(GgufFile::from_bytes("stream", out).is_ok());
+
+    // Too little data, too much data, and rows that are not whole blocks are errors.
+    let mut short = StreamWriter::new(Vec::new(), &meta, &specs).unwrap();
+    short.write_data(&all[..all.len() - 1]).unwrap();
+    assert!(short.finish().is_err());
+    let mut long = StreamWriter::new(Vec::new(), &meta, &specs).unwrap();
+    assert!(long.write_data(&[all.as_slice(), &[0]].concat()).is_err());
+    let bad = TensorSpec {
+        name: "q".into(),
+        shape: vec![31, 2],
+        ty: GgmlType::Q8_0,
+    };
+    assert!(StreamWriter::new(Vec::new(), &meta, &[bad]).is_err());
+}
