@@ -92,7 +92,10 @@ fn system_info_reports_cpu_features() {
 }
 
 /// The build records what llama.cpp was compiled for; built here, it runs here.
+/// (`BUILD_NATIVE` is a constant of the build, checked at run time so that a non-native
+/// build fails this test with a message instead of refusing to compile.)
 #[test]
+#[allow(clippy::assertions_on_constants)]
 fn build_cpu_features_are_recorded_and_present() {
     println!(
         "llama.cpp built for: {BUILD_CPU_FEATURES} (native: {})",
