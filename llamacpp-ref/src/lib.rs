@@ -9,8 +9,8 @@
 //! All FFI with llama.cpp and ggml lives in this crate, which nothing in production
 //! depends on unless a feature asks for it.
 //!
-//! llama.cpp is built from source by `llama-cpp-sys-2`; `.cargo/config.toml` makes that
-//! build native (`GGML_NATIVE`, the host's SIMD) while our own code stays portable, and
+//! llama.cpp is built from source by `llama-cpp-sys-2`, native (`GGML_NATIVE`, the build
+//! machine's SIMD) in the default build and in the portable one (`.cargo/config.toml`);
 //! [`cpu_mismatch`] keeps a binary copied to a CPU without those features from running it.
 //!
 //! The engine runs on the CPU only (no layers offloaded, the model is memory-mapped).
