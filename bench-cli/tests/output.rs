@@ -459,3 +459,42 @@ fn quant_is_scalar() -> bool {
         || std::env::var("RLLAMA_FORCE_SCALAR").is_ok_and(|v| v == "1")
         || std::env::var("RLLAMA_SIMD").is_ok_and(|v| v == "scalar")
 }
+
+/// `--numerics fast` runs our fast kernel orders and says so in each row's `isa` (the
+/// default stays llama.cpp's exact orders).
+#[test]
+fn numerics_fast_is_recorded_per_row() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "-m",
+            MODEL,
+            "-p",
+            "8",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "-o",
+            "jsonl",
+            "--no-warmup",
+        ];
+        args.extend_from_slice(extra);
+        let (stdout, _) = ok(&args);
+        stdout
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["isa"].to_string())
+            .collect::<Vec<_>>()
+    };
+    for isa in run(&[]) {
+        assert!(!isa.contains("/fast"), "default is exact: {isa}");
+    }
+    for isa in run(&["--numerics", "fast"]) {
+        // smollm2 is Q4_1 + Q8_0: both have fast kernels wherever AVX2 does.
+        if std::is_x86_feature_detected!("avx2") {
+            assert!(isa.contains("Q4_1=") && isa.contains("/fast"), "{isa}");
+        }
+    }
+    let out = rbench(&["-m", MODEL, "--numerics", "sloppy"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exact"));
+}

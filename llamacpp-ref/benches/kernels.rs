@@ -161,6 +161,7 @@ fn matmuls(c: &mut Criterion) {
             n_out: MAT_ROWS,
             data: &wq,
             copies: None,
+            numerics: Default::default(),
         };
         let ggml = ggml_kernel(ty);
         let xrb = row_bytes(vec_dot_type(ty), MAT_K);

@@ -11,8 +11,12 @@ pub type DotFn = fn(&[u8], &[u8]) -> f32;
 
 /// Most activation rows (tokens) one [`TileFn`] call takes.
 pub const TILE_MAX_TOKENS: usize = 8;
-/// Most weight rows one [`TileFn`] call takes.
-pub const TILE_MAX_ROWS: usize = 2;
+/// Most weight rows one [`TileFn`] call takes (each kernel set says how many its tile
+/// takes: two for llama.cpp's orders, eight for [`crate::DotOrder::Fast`], whose kernels
+/// put eight rows in the lanes of one register).
+pub const TILE_MAX_ROWS: usize = 8;
+/// Weight rows the tiles of llama.cpp's orders take.
+pub(crate) const EXACT_TILE_ROWS: usize = 2;
 
 /// `w_rows` (1..=[`TILE_MAX_ROWS`]) consecutive weight rows (`w` holds them back to back)
 /// against `n` (1..=[`TILE_MAX_TOKENS`]) activation rows that start `a_stride` bytes apart
@@ -37,7 +41,8 @@ pub struct ActSide<'a> {
     /// Q8_0/Q8_1 block scales widened to f32 ([`scales_per_block`] per block).
     pub scales: &'a [f32],
     /// For Q4_0/Q5_0/Q8_0 weights: `-offset` times each block's eight lane sums, which lets
-    /// the VNNI kernels use unsigned weights ([`offset_sums`]).
+    /// the VNNI kernels use unsigned weights ([`offset_sums`]); for the fast order's
+    /// kernels one sum per block, `-offset` times the block's sum ([`fast_offset_sums`]).
     pub sums: &'a [i32],
 }
 
@@ -97,6 +102,19 @@ pub fn offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
     }
 }
 
+/// Appends, for each Q8_0 block of the activation row `a`, `-offset(wty) * Σ y` over the
+/// whole block (the fast order's [`ActSide::sums`]); nothing for other weight types.
+pub fn fast_offset_sums(wty: GgmlType, a: &[u8], out: &mut Vec<i32>) {
+    let off = signed_offset(wty);
+    if off == 0 {
+        return;
+    }
+    for b in a.chunks_exact(GgmlType::Q8_0.type_size()) {
+        let s: i32 = b[2..].iter().map(|&q| q as i8 as i32).sum();
+        out.push(-off * s);
+    }
+}
+
 /// A validated [`TileFn`] call: block count, weight row stride in bytes, rows, columns,
 /// scale row stride in floats (0 when no scales were passed), and the offset sums.
 #[cfg_attr(
@@ -130,9 +148,29 @@ pub(crate) fn check_tile<W: Block, A: Block>(
     side: ActSide<'_>,
     out_len: usize,
 ) -> TileCall {
+    check_tile_rows::<W, A>(w, rows, a, stride, side, out_len, EXACT_TILE_ROWS, 8)
+}
+
+/// [`check_tile`] for tiles of up to `max_rows` weight rows whose offset sums (when
+/// given) are `sums_per_block` per activation block.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(crate) fn check_tile_rows<W: Block, A: Block>(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: ActSide<'_>,
+    out_len: usize,
+    max_rows: usize,
+    sums_per_block: usize,
+) -> TileCall {
     assert!(
-        (1..=TILE_MAX_ROWS).contains(&rows) && out_len.is_multiple_of(rows),
-        "tile: {rows} weight rows, {out_len} outputs"
+        (1..=max_rows).contains(&rows) && out_len.is_multiple_of(rows),
+        "tile: {rows} weight rows ({max_rows} at most), {out_len} outputs"
     );
     let n = out_len / rows;
     assert!(
@@ -170,7 +208,7 @@ pub(crate) fn check_tile<W: Block, A: Block>(
     let use_sums = !side.sums.is_empty() && signed_offset(W::TYPE) != 0;
     if use_sums {
         assert!(
-            side.sums.len() == n * nb * 8,
+            side.sums.len() == n * nb * sums_per_block,
             "tile {}: {} offset sums for {n} rows of {nb} blocks",
             W::TYPE,
             side.sums.len()
@@ -199,4 +237,6 @@ pub(crate) struct KernelRow {
     pub tile: Option<TileFn>,
     /// The tile kernel wants [`ActSide::sums`].
     pub offset_sums: bool,
+    /// Most weight rows the tile takes.
+    pub tile_rows: usize,
 }

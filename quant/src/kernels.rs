@@ -10,7 +10,9 @@
 
 use std::sync::OnceLock;
 
-use crate::contract::{activation_scales, offset_sums, ActSide, DotFn, KernelRow, TileFn};
+use crate::contract::{
+    activation_scales, fast_offset_sums, offset_sums, ActSide, DotFn, KernelRow, TileFn,
+};
 use crate::formats::{float, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k};
 use crate::isa::{self, Isa};
 use crate::order::DotOrder;
@@ -35,6 +37,8 @@ pub struct KernelSet {
     /// Up to `TILE_MAX_ROWS` weight rows against up to `TILE_MAX_TOKENS` activation rows
     /// (None: call `dot` per pair, which gives the same bits).
     pub tile: Option<TileFn>,
+    /// Most weight rows one `tile` call takes (at most [`crate::TILE_MAX_ROWS`]).
+    pub tile_rows: usize,
     offset_sums: bool,
 }
 
@@ -60,6 +64,7 @@ impl KernelSet {
             isa: r.isa,
             dot: r.dot,
             tile: r.tile,
+            tile_rows: r.tile_rows,
             offset_sums: r.offset_sums,
         }
     }
@@ -111,7 +116,11 @@ impl SideBuf {
         }
         activation_scales(set.act, a, &mut self.scales);
         if set.offset_sums {
-            offset_sums(set.ty, a, &mut self.sums);
+            if set.order == DotOrder::Fast {
+                fast_offset_sums(set.ty, a, &mut self.sums);
+            } else {
+                offset_sums(set.ty, a, &mut self.sums);
+            }
         }
         self.sums_at.push(self.sums.len());
         self.rows += 1;
@@ -144,13 +153,14 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         dot,
         tile: None,
         offset_sums: false,
+        tile_rows: crate::contract::EXACT_TILE_ROWS,
     }
 }
 
 /// The scalar twins: every dot product a matrix may use, in every order it has.
 #[rustfmt::skip]
 const SCALAR_ROWS: &[KernelRow] = {
-    use DotOrder::{Gemm4, Single, Tiled};
+    use DotOrder::{Fast, Gemm4, Single, Tiled};
     use GgmlType as T;
     &[
         scalar_row(T::F32, Single, float::vec_dot_f32),
@@ -169,6 +179,11 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q5_K, Single, q5_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Single, q6_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Tiled, q6_k::vec_dot_q8k_tiled),
+        scalar_row(T::Q4_0, Fast, q4_0::vec_dot_q8_0_fast),
+        scalar_row(T::Q4_1, Fast, q4_1::vec_dot_q8_1_fast),
+        scalar_row(T::Q5_0, Fast, q5_0::vec_dot_q8_0_fast),
+        scalar_row(T::Q5_1, Fast, q5_1::vec_dot_q8_1_fast),
+        scalar_row(T::Q8_0, Fast, q8_0::vec_dot_q8_0_fast),
     ]
 };
 
@@ -213,12 +228,20 @@ fn find(ty: GgmlType, order: DotOrder, isa: Isa) -> Option<&'static KernelRow> {
 }
 
 /// The kernel set for weights of `ty` in `order` at `level`: the first row along
-/// `level`'s fallbacks (only levels this CPU has).
+/// `level`'s fallbacks (only levels this CPU has). The fast order is only worth its
+/// name with SIMD: where only its scalar twin would run but the exact order has a SIMD
+/// kernel, the exact set is returned (its `order` says so).
 fn resolve(ty: GgmlType, order: DotOrder, level: Isa) -> Option<KernelSet> {
-    level
+    let found = level
         .fallbacks()
         .find_map(|isa| find(ty, order, isa))
-        .map(KernelSet::from_row)
+        .map(KernelSet::from_row);
+    match found {
+        Some(k) if k.order == DotOrder::Fast && k.isa == Isa::Scalar && level != Isa::Scalar => {
+            resolve(ty, DotOrder::Single, level)
+        }
+        other => other,
+    }
 }
 
 /// The kernels for weights of `ty` in `order` at the active ISA ([`isa::active`]);

@@ -32,11 +32,22 @@ pub enum DotOrder {
     /// The repacked `gemm_q4_K_8x8` for tokens in full groups of four: scales applied per
     /// 64 elements, activations quantized with the 4x8 Q8_K rounding.
     Gemm4,
+    /// Not llama.cpp's: one exact integer sum per 32-element block and one FMA per block
+    /// (`acc = (dx * dy).mul_add(sumi, acc)`, then `m * s` for the formats with a min).
+    /// Fewer float operations than ggml's eight lanes per block, so the SIMD kernels can
+    /// put eight weight rows in the lanes of one register; the default outside `--exact`.
+    /// Only the 32-element formats have it (others sum like `Single`).
+    Fast,
 }
 
 impl DotOrder {
     /// Every order, in a fixed sequence (index = [`DotOrder::index`]).
-    pub const ALL: [DotOrder; 3] = [DotOrder::Single, DotOrder::Tiled, DotOrder::Gemm4];
+    pub const ALL: [DotOrder; 4] = [
+        DotOrder::Single,
+        DotOrder::Tiled,
+        DotOrder::Gemm4,
+        DotOrder::Fast,
+    ];
 
     /// Position in [`DotOrder::ALL`].
     pub const fn index(self) -> usize {
@@ -44,15 +55,17 @@ impl DotOrder {
             DotOrder::Single => 0,
             DotOrder::Tiled => 1,
             DotOrder::Gemm4 => 2,
+            DotOrder::Fast => 3,
         }
     }
 
-    /// `"single"`, `"tiled"` or `"gemm4"`.
+    /// `"single"`, `"tiled"`, `"gemm4"` or `"fast"`.
     pub const fn name(self) -> &'static str {
         match self {
             DotOrder::Single => "single",
             DotOrder::Tiled => "tiled",
             DotOrder::Gemm4 => "gemm4",
+            DotOrder::Fast => "fast",
         }
     }
 }

@@ -18,3 +18,5 @@ pub mod tokenizer;
 
 pub use gguf::{GgufError, GgufFile};
 pub use load::{load, LoadError, Loaded, ModelFile};
+pub use matmul::Numerics;
+pub use quant::DotOrder;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::{GgufError, GgufFile};
+use crate::matmul::Numerics;
 use crate::model::{Model, ModelError};
 use crate::numa::{self, NumaError, NumaMode, WeightPlacement};
 use crate::registry::{self, FetchError};
@@ -34,9 +35,17 @@ pub struct ModelFile {
     pub path: PathBuf,
     pub file: Arc<GgufFile>,
     pub tokenizer: Arc<Tokenizer>,
+    /// The kernel orders the models built from here use (`Exact` unless set).
+    pub numerics: Numerics,
 }
 
 impl ModelFile {
+    /// Sets the kernel orders of the models built from here (see [`Numerics`]).
+    pub fn with_numerics(mut self, numerics: Numerics) -> ModelFile {
+        self.numerics = numerics;
+        self
+    }
+
     /// Resolves `name_or_path` (a registry name or a path; see [`registry::resolve`]) and
     /// opens it.
     pub fn open(name_or_path: &str) -> Result<ModelFile, LoadError> {
@@ -57,15 +66,18 @@ impl ModelFile {
             path: path.to_path_buf(),
             file: Arc::new(file),
             tokenizer: Arc::new(tokenizer),
+            numerics: Numerics::Exact,
         })
     }
 
     /// Builds the model (weights stay in the mapped file).
     pub fn model(&self) -> Result<Model, LoadError> {
-        Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
+        let mut m = Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
             path: self.path.clone(),
             source,
-        })
+        })?;
+        m.set_numerics(self.numerics);
+        Ok(m)
     }
 
     /// Builds the model with its weights placed as `weights` says, for `threads` compute

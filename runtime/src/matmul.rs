@@ -8,6 +8,35 @@ use quant::{ActSide, DotOrder, GgmlType, KernelSet, SideBuf, TILE_MAX_ROWS, TILE
 use crate::numa::WeightCopies;
 use crate::pool::{SharedMut, ThreadPool};
 
+/// How a model's matrix products sum their float parts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// llama.cpp's own kernel orders: every output bit-identical to the llama.cpp build
+    /// we link (`--exact`).
+    #[default]
+    Exact,
+    /// Faster orders where a format has one ([`DotOrder::Fast`]: the 32-element formats,
+    /// eight weight rows per register); the others keep llama.cpp's. Results differ from
+    /// llama.cpp's in the last bits; its fidelity is measured, not assumed. Still
+    /// batch-invariant: every output is computed in the same order whatever its batch.
+    Fast,
+}
+
+impl Numerics {
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Fast => "fast",
+        }
+    }
+}
+
+impl std::fmt::Display for Numerics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A 2-D weight matrix borrowed from the model file: `n_out` rows of `n_in` elements.
 #[derive(Clone, Copy)]
 pub struct MatRef<'a> {
@@ -18,6 +47,8 @@ pub struct MatRef<'a> {
     /// Per-node copies of the weights (`--numa-weights replicate`) and this matrix's
     /// offset in them: each task reads the copy of its thread's node.
     pub copies: Option<(&'a WeightCopies, usize)>,
+    /// Which kernel orders the product may use.
+    pub numerics: Numerics,
 }
 
 impl std::fmt::Debug for MatRef<'_> {
@@ -73,7 +104,7 @@ impl UbPos {
 /// for the kernels `sets[orders[r]]` (empty `orders`: all [`DotOrder::Single`]).
 fn quantize_rows(
     pool: &ThreadPool,
-    sets: &[KernelSet; 3],
+    sets: &[KernelSet; 4],
     x: &[f32],
     n_in: usize,
     orders: &[DotOrder],
@@ -122,15 +153,26 @@ pub fn matmul(
     if n_tok == 0 {
         return;
     }
-    let sets = DotOrder::ALL.map(|o| kernels(w.ty, o).expect("checked at load"));
+    // The fast order, where asked for and the format has a SIMD kernel for it, serves
+    // every token (one order for all, so a token's result never depends on its batch).
+    let fast = (w.numerics == Numerics::Fast)
+        .then(|| kernels(w.ty, DotOrder::Fast))
+        .flatten()
+        .filter(|k| k.order == DotOrder::Fast);
+    let sets = match fast {
+        Some(k) => [k; 4],
+        None => DotOrder::ALL.map(|o| kernels(w.ty, o).expect("checked at load")),
+    };
     let (mut side, mut orders) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
     orders.clear();
-    orders.extend(ub.iter().map(|u| {
-        effective_order(
-            w.ty,
-            dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize),
-        )
-    }));
+    if fast.is_none() {
+        orders.extend(ub.iter().map(|u| {
+            effective_order(
+                w.ty,
+                dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize),
+            )
+        }));
+    }
     if orders.iter().all(|&o| o == DotOrder::Single) {
         orders.clear();
     }
@@ -158,7 +200,8 @@ pub fn matmul(
     // For token tiles, the per-block activation data (scales widened to f32, offset sums)
     // is computed once here instead of in every weight row's kernel call (same bits).
     side.clear();
-    if has_tile && n_tok > 1 {
+    let with_side = has_tile && (n_tok > 1 || fast.is_some());
+    if with_side {
         for t in 0..n_tok {
             side.push(set_of(t), &xq[t * xrb..(t + 1) * xrb]);
         }
@@ -192,7 +235,7 @@ pub fn matmul(
             }
             let tile = set.tile.expect("every order has a tile kernel");
             let a = &xq[t * xrb..(t + k) * xrb];
-            let side = if n_tok > 1 {
+            let side = if with_side {
                 side_ref.rows(set, t, t + k)
             } else {
                 ActSide::default()
@@ -205,7 +248,7 @@ pub fn matmul(
             let mut r = [0.0f32; TILE_MAX_ROWS * TILE_MAX_TOKENS];
             let mut o = o0;
             while o < o1 {
-                let rows = (o1 - o).min(TILE_MAX_ROWS);
+                let rows = (o1 - o).min(set.tile_rows);
                 let wr = &wdata[o * wrb..(o + rows) * wrb];
                 tile(wr, rows, a, xrb, side, &mut r[..rows * k]);
                 for q in 0..rows {

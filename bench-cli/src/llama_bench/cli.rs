@@ -189,6 +189,28 @@ pub struct Cli {
     /// there are enough CPUs; RLLAMA_NO_PIN=1 does the same)
     #[arg(long = "no-pin")]
     pub no_pin: bool,
+    /// rllama's kernel orders: exact (llama.cpp's own, bit-identical to it) or fast (the
+    /// 32-element formats sum each block once and put eight rows in a register; other
+    /// formats stay exact). Experimental: faster prompt processing, slower generation so
+    /// far. The `isa` column marks fast kernels `/fast`
+    #[arg(long = "numerics", value_name = "exact|fast", default_value = "exact")]
+    pub numerics: NumericsArg,
+}
+
+/// `--numerics` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NumericsArg {
+    Exact,
+    Fast,
+}
+
+impl From<NumericsArg> for runtime::Numerics {
+    fn from(a: NumericsArg) -> runtime::Numerics {
+        match a {
+            NumericsArg::Exact => runtime::Numerics::Exact,
+            NumericsArg::Fast => runtime::Numerics::Fast,
+        }
+    }
 }
 
 /// Rewrites llama-bench's multi-letter single-dash flags into clap's long form
@@ -356,6 +378,8 @@ pub struct Params {
     pub progress: bool,
     /// Pin rllama's compute threads (`--no-pin` turns it off).
     pub pin: bool,
+    /// rllama's kernel orders (`--exact`: llama.cpp's).
+    pub numerics: runtime::Numerics,
 }
 
 pub const DEFAULT_N_PROMPT: usize = 512;
@@ -465,6 +489,7 @@ impl Params {
             engines,
             progress: !cli.no_progress,
             pin: !cli.no_pin,
+            numerics: cli.numerics.into(),
         };
         if p.tests().is_empty() {
             bail!("nothing to run: every test has 0 tokens (check -p, -n and -pg)");

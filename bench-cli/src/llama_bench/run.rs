@@ -265,14 +265,26 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn open(path: &Path) -> Result<LoadedModel> {
-        LoadedModel::open_with(path, WeightPlacement::FirstTouch, None, 1)
+        LoadedModel::open_with(
+            path,
+            WeightPlacement::FirstTouch,
+            None,
+            1,
+            runtime::Numerics::Exact,
+        )
     }
 
     /// Opens `path` and places our weights as `--numa-weights` asks, for the thread
     /// plan of the run's largest thread count.
     pub fn open_placed(path: &Path, params: &Params) -> Result<LoadedModel> {
         let threads = params.threads.iter().copied().max().unwrap_or(1);
-        LoadedModel::open_with(path, params.numa_weights, params.numa, threads)
+        LoadedModel::open_with(
+            path,
+            params.numa_weights,
+            params.numa,
+            threads,
+            params.numerics,
+        )
     }
 
     fn open_with(
@@ -280,8 +292,9 @@ impl LoadedModel {
         weights: WeightPlacement,
         numa: Option<NumaMode>,
         threads: usize,
+        numerics: runtime::Numerics,
     ) -> Result<LoadedModel> {
-        let mf = ModelFile::open_path(path)?;
+        let mf = ModelFile::open_path(path)?.with_numerics(numerics);
         let file = &mf.file;
         let info = ModelDesc {
             filename: path.display().to_string(),
@@ -388,7 +401,10 @@ pub fn check_supported(params: &Params) -> Result<()> {
 pub fn kernel_isas(m: &Model) -> String {
     m.kernel_isas()
         .iter()
-        .map(|(t, i)| format!("{t}={i}"))
+        .map(|(t, i, o)| match o {
+            runtime::DotOrder::Fast => format!("{t}={i}/fast"),
+            _ => format!("{t}={i}"),
+        })
         .collect::<Vec<_>>()
         .join(",")
 }

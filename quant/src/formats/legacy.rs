@@ -79,6 +79,38 @@ pub(crate) fn dot_q8_1<W: Quants32>(w: &[u8], a: &[u8]) -> f32 {
     hsum_lanes(&acc) + summs
 }
 
+/// Dot with a Q8_0 activation row in the fast order ([`crate::DotOrder::Fast`]): one exact
+/// integer sum per block, `acc = (dx * dy).mul_add(sumi, acc)`.
+pub(crate) fn dot_q8_0_fast<W: Quants32>(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<W, BlockQ8_0>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = W::read(&w[i * W::BYTES..]);
+        let y = BlockQ8_0::read(&a[i * BlockQ8_0::BYTES..]);
+        let sumi: i32 = (0..QK).map(|j| x.q(j) * y.qs[j] as i32).sum();
+        let d = f16_to_f32(x.d_bits()) * f16_to_f32(y.d);
+        acc = d.mul_add(sumi as f32, acc);
+    }
+    acc
+}
+
+/// Dot with a Q8_1 activation row in the fast order: per block
+/// `acc = (dx * dy).mul_add(sumi, acc)` then `acc = m.mul_add(s, acc)`.
+pub(crate) fn dot_q8_1_fast<W: Quants32>(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<W, BlockQ8_1>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = W::read(&w[i * W::BYTES..]);
+        let y = BlockQ8_1::read(&a[i * BlockQ8_1::BYTES..]);
+        let sumi: i32 = (0..QK).map(|j| x.q(j) * y.qs[j] as i32).sum();
+        let d = f16_to_f32(x.d_bits()) * f16_to_f32(y.d);
+        acc = d.mul_add(sumi as f32, acc);
+        let m = f16_to_f32(x.m_bits().unwrap_or(0));
+        acc = m.mul_add(f16_to_f32(y.s), acc);
+    }
+    acc
+}
+
 /// ggml's generic (reference) `ggml_vec_dot_q*_q8_0`: one exact integer sum per block,
 /// scaled and added in C's order.
 pub(crate) fn dot_q8_0_ref<W: Quants32>(w: &[u8], a: &[u8]) -> f32 {

@@ -3,7 +3,8 @@
 
 use super::common::{rd_arr, rd_u16, Block};
 use super::legacy::{
-    dequantize_block, dot_q8_0, dot_q8_0_ref, nibble, pack_q4, signed_extreme, Quants32,
+    dequantize_block, dot_q8_0, dot_q8_0_fast, dot_q8_0_ref, nibble, pack_q4, signed_extreme,
+    Quants32,
 };
 use crate::f16::f32_to_f16;
 use crate::GgmlType;
@@ -74,4 +75,9 @@ pub fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 /// ggml's generic (reference) `ggml_vec_dot_q4_0_q8_0`, operation for operation.
 pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_0_ref::<BlockQ4_0>(w, a)
+}
+
+/// Dot with a Q8_0 activation row in the fast order ([`crate::DotOrder::Fast`]).
+pub fn vec_dot_q8_0_fast(w: &[u8], a: &[u8]) -> f32 {
+    dot_q8_0_fast::<BlockQ4_0>(w, a)
 }

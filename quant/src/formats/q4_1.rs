@@ -1,7 +1,9 @@
 //! Q4_1: 32 values as `q * d + m` with 4-bit `q`, f16 scale and minimum (5 bits/weight).
 
 use super::common::{rd_arr, rd_u16, Block};
-use super::legacy::{dequantize_block, dot_q8_1, dot_q8_1_ref, min_max, nibble, pack_q4, Quants32};
+use super::legacy::{
+    dequantize_block, dot_q8_1, dot_q8_1_fast, dot_q8_1_ref, min_max, nibble, pack_q4, Quants32,
+};
 use crate::f16::f32_to_f16;
 use crate::GgmlType;
 
@@ -79,4 +81,9 @@ pub fn vec_dot_q8_1(w: &[u8], a: &[u8]) -> f32 {
 /// ggml's generic (reference) `ggml_vec_dot_q4_1_q8_1`, operation for operation.
 pub fn vec_dot_q8_1_ref(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_1_ref::<BlockQ4_1>(w, a)
+}
+
+/// Dot with a Q8_1 activation row in the fast order ([`crate::DotOrder::Fast`]).
+pub fn vec_dot_q8_1_fast(w: &[u8], a: &[u8]) -> f32 {
+    dot_q8_1_fast::<BlockQ4_1>(w, a)
 }

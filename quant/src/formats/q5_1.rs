@@ -1,7 +1,9 @@
 //! Q5_1: 32 values as `q * d + m` with 5-bit `q` (layout of Q5_0 plus an f16 minimum).
 
 use super::common::{rd_arr, rd_u16, Block};
-use super::legacy::{dequantize_block, dot_q8_1, dot_q8_1_ref, min_max, nibble, pack_q5, Quants32};
+use super::legacy::{
+    dequantize_block, dot_q8_1, dot_q8_1_fast, dot_q8_1_ref, min_max, nibble, pack_q5, Quants32,
+};
 use crate::f16::f32_to_f16;
 use crate::GgmlType;
 
@@ -82,4 +84,9 @@ pub fn vec_dot_q8_1(w: &[u8], a: &[u8]) -> f32 {
 /// ggml's generic (reference) `ggml_vec_dot_q5_1_q8_1`, operation for operation.
 pub fn vec_dot_q8_1_ref(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_1_ref::<BlockQ5_1>(w, a)
+}
+
+/// Dot with a Q8_1 activation row in the fast order ([`crate::DotOrder::Fast`]).
+pub fn vec_dot_q8_1_fast(w: &[u8], a: &[u8]) -> f32 {
+    dot_q8_1_fast::<BlockQ5_1>(w, a)
 }

@@ -3,7 +3,7 @@
 //! Used both as a weight format and as the activation format dotted with Q4_0/Q5_0/Q8_0.
 
 use super::common::{quantize_with, rd_i8_arr, rd_u16, wr_i8_arr, Block};
-use super::legacy::{dequantize_block, dot_q8_0, dot_q8_0_ref, quants_q8, Quants32};
+use super::legacy::{dequantize_block, dot_q8_0, dot_q8_0_fast, dot_q8_0_ref, quants_q8, Quants32};
 use crate::f16::f32_to_f16;
 use crate::GgmlType;
 
@@ -89,4 +89,9 @@ pub fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
 /// ggml's generic (reference) `ggml_vec_dot_q8_0_q8_0`, operation for operation.
 pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_0_ref::<BlockQ8_0>(w, a)
+}
+
+/// Dot with a Q8_0 activation row in the fast order ([`crate::DotOrder::Fast`]).
+pub fn vec_dot_q8_0_fast(w: &[u8], a: &[u8]) -> f32 {
+    dot_q8_0_fast::<BlockQ8_0>(w, a)
 }

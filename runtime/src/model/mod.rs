@@ -17,7 +17,7 @@ use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::matmul::{dequant_row, matmul, MatRef, UbPos};
+use crate::matmul::{dequant_row, matmul, MatRef, Numerics, UbPos};
 use crate::numa::{
     page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
 };
@@ -107,6 +107,7 @@ pub struct Model {
     /// reads them from the mapped file.
     copies: Option<WeightCopies>,
     placement: WeightPlacement,
+    numerics: Numerics,
 }
 
 /// Which logits a sequence in a batch wants back.
@@ -344,6 +345,7 @@ impl Model {
             gelu: Gelu::new(),
             copies: None,
             placement: WeightPlacement::FirstTouch,
+            numerics: Numerics::Exact,
         })
     }
 
@@ -362,7 +364,18 @@ impl Model {
             n_out: m.n_out,
             data,
             copies,
+            numerics: self.numerics,
         }
+    }
+
+    /// Which kernel orders the matrix products use (`Exact` unless set).
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
+    pub fn set_numerics(&mut self, numerics: Numerics) {
+        self.numerics = numerics;
     }
 
     /// Moves the weights where `placement` says (before the model is shared): an
@@ -433,10 +446,11 @@ impl Model {
         }
     }
 
-    /// The distinct types of the model's matrices with the instruction set of the kernels
-    /// that multiply them (the one-row order's set; the other orders of a type come from
-    /// the same table at the same level), sorted by type id.
-    pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa)> {
+    /// The distinct types of the model's matrices with the instruction set and order of the
+    /// kernels that multiply them: the one-row order's set (the other llama.cpp orders of a
+    /// type come from the same table at the same level), or the fast set where the model
+    /// runs `Numerics::Fast` and the type has one; sorted by type id.
+    pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa, quant::DotOrder)> {
         let mut tys: Vec<GgmlType> = self
             .layers
             .iter()
@@ -447,7 +461,13 @@ impl Model {
         tys.sort_by_key(|&t| t as u32);
         tys.dedup();
         tys.into_iter()
-            .filter_map(|t| quant::kernels::kernels(t, quant::DotOrder::Single).map(|k| (t, k.isa)))
+            .filter_map(|t| {
+                let order = match self.numerics {
+                    Numerics::Exact => quant::DotOrder::Single,
+                    Numerics::Fast => quant::DotOrder::Fast,
+                };
+                quant::kernels::kernels(t, order).map(|k| (t, k.isa, k.order))
+            })
             .collect()
     }
 

@@ -31,6 +31,8 @@ trait Legacy {
     const A_QS: usize;
     /// Weights are signed (Q4_0, Q5_0, Q8_0) rather than unsigned with a min (Q4_1, Q5_1).
     const SIGNED: bool;
+    /// What `unpack_unsigned` adds to a signed format's quants (0 for the others).
+    const OFFSET: i32;
     /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
     /// when `SIGNED`, else unsigned.
     ///
@@ -57,6 +59,7 @@ impl Legacy for Q4_0 {
     const AB: usize = BlockQ8_0::BYTES;
     const A_QS: usize = 2;
     const SIGNED: bool = true;
+    const OFFSET: i32 = 8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -74,6 +77,7 @@ impl Legacy for Q4_1 {
     const AB: usize = BlockQ8_1::BYTES;
     const A_QS: usize = 4;
     const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -91,6 +95,7 @@ impl Legacy for Q5_0 {
     const AB: usize = BlockQ8_0::BYTES;
     const A_QS: usize = 2;
     const SIGNED: bool = true;
+    const OFFSET: i32 = 16;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -113,6 +118,7 @@ impl Legacy for Q5_1 {
     const AB: usize = BlockQ8_1::BYTES;
     const A_QS: usize = 4;
     const SIGNED: bool = false;
+    const OFFSET: i32 = 0;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -132,6 +138,7 @@ impl Legacy for Q8_0 {
     const AB: usize = BlockQ8_0::BYTES;
     const A_QS: usize = 2;
     const SIGNED: bool = true;
+    const OFFSET: i32 = 128;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -435,3 +442,571 @@ single_from_many!(q4_1_q8_1_vnni, BlockQ4_1, BlockQ8_1, q4_1_many_vnni);
 single_from_many!(q5_0_q8_0_vnni, BlockQ5_0, BlockQ8_0, q5_0_many_vnni);
 single_from_many!(q5_1_q8_1_vnni, BlockQ5_1, BlockQ8_1, q5_1_many_vnni);
 single_from_many!(q8_0_q8_0_vnni, BlockQ8_0, BlockQ8_0, q8_0_many_vnni);
+
+// The fast order (`DotOrder::Fast`): eight weight rows at a time, one row per register
+// lane. Each block of the eight rows is unpacked once and transposed (register `k` holds
+// elements 4k..4k+4 of every row), then each token needs only eight integer products with
+// its broadcast 4-byte groups, one conversion and one FMA for all eight rows. The integer
+// sum of a block is exact however it is formed, so every instantiation (and the scalar
+// twin `dot_q8_0_fast` / `dot_q8_1_fast`) gives the same bits.
+
+/// How the exact integer block sums are formed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FastInt {
+    /// `vpdpbusd` on unsigned weights (signed formats: `q + offset`, corrected by the
+    /// offset sums).
+    Vnni,
+    /// `maddubs` on unsigned weights of at most 31, four products summed in i16 before
+    /// widening (at most 4 * 2 * 31 * 127 = 31496, no saturation).
+    Avx2Small,
+    /// `maddubs` on `|q|` with the activation given q's sign (Q8_0 without VNNI).
+    Avx2Sign,
+}
+
+/// Transposes eight vectors of eight dwords: lane `r` of output `k` is lane `k` of input
+/// `r`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose8x8(v: &[__m256i; 8]) -> [__m256i; 8] {
+    let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    let t4 = _mm256_unpacklo_epi32(v[4], v[5]);
+    let t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    let t6 = _mm256_unpacklo_epi32(v[6], v[7]);
+    let t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    let u0 = _mm256_unpacklo_epi64(t0, t2);
+    let u1 = _mm256_unpackhi_epi64(t0, t2);
+    let u2 = _mm256_unpacklo_epi64(t1, t3);
+    let u3 = _mm256_unpackhi_epi64(t1, t3);
+    let u4 = _mm256_unpacklo_epi64(t4, t6);
+    let u5 = _mm256_unpackhi_epi64(t4, t6);
+    let u6 = _mm256_unpacklo_epi64(t5, t7);
+    let u7 = _mm256_unpackhi_epi64(t5, t7);
+    [
+        _mm256_permute2x128_si256::<0x20>(u0, u4),
+        _mm256_permute2x128_si256::<0x20>(u1, u5),
+        _mm256_permute2x128_si256::<0x20>(u2, u6),
+        _mm256_permute2x128_si256::<0x20>(u3, u7),
+        _mm256_permute2x128_si256::<0x31>(u0, u4),
+        _mm256_permute2x128_si256::<0x31>(u1, u5),
+        _mm256_permute2x128_si256::<0x31>(u2, u6),
+        _mm256_permute2x128_si256::<0x31>(u3, u7),
+    ]
+}
+
+/// `-offset * Σ y` of one activation block, for calls without precomputed offset sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn neg_offset_sum(yq: *const u8, off: i32) -> i32 {
+    let y = ld256(yq);
+    let s = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_set1_epi8(1), y),
+        _mm256_set1_epi16(1),
+    );
+    -off * hsum_i32(s)
+}
+
+/// Blocks of eight rows unpacked and transposed at a time into the kernel's stack scratch
+/// (8 KiB of quants): every token of the call then reads them from L1.
+const FAST_CHUNK: usize = 32;
+
+/// Four activation bytes broadcast to every dword lane, as one load (the compiler would
+/// otherwise merge neighbouring loads into one vector load and shuffle it apart).
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m256i {
+    let v: __m256i;
+    core::arch::asm!(
+        "vpbroadcastd {v}, dword ptr [{p}]",
+        p = in(reg) p,
+        v = out(ymm_reg) v,
+        options(pure, readonly, nostack, preserves_flags)
+    );
+    v
+}
+
+/// One fast-order tile call, validated by `check_tile_rows`: `rows` (1..=8) weight rows
+/// of `nb` blocks `wstride` bytes apart at `w`; `n` activation rows `stride` bytes apart at
+/// `a`; activation block scales as f32 at `ad` when `ad_stride > 0`; one offset sum per
+/// activation block at `sums` (rows `nb` apart) when `use_sums`; `rows * n` results at
+/// `out` (`out[r * n + c]`).
+#[derive(Clone, Copy)]
+struct FastCall {
+    w: *const u8,
+    wstride: usize,
+    rows: usize,
+    a: *const u8,
+    stride: usize,
+    n: usize,
+    ad: *const f32,
+    ad_stride: usize,
+    sums: *const i32,
+    use_sums: bool,
+    nb: usize,
+    out: *mut f32,
+}
+
+macro_rules! legacy_fast {
+    ($name:ident, $dec:ident, $feat:literal, $int:expr) => {
+        /// # Safety
+        /// The features named are available; `w` holds `rows` (1..=8) weight rows of `nb`
+        /// blocks, `wstride` bytes apart; `a` holds `n` activation rows of `nb` blocks,
+        /// `stride` bytes apart; `out` has `rows * n` slots. `ad` (when `ad_stride > 0`)
+        /// holds the activation block scales as f32, `sums` (when `use_sums`) one offset
+        /// sum per activation block (`fast_offset_sums`), rows `nb` apart.
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<T: Legacy>(f: FastCall) {
+            let FastCall {
+                w,
+                wstride,
+                rows,
+                a,
+                stride,
+                n,
+                ad,
+                ad_stride,
+                sums,
+                use_sums,
+                nb,
+                out,
+            } = f;
+            const INT: FastInt = $int;
+            let sign_trick = INT == FastInt::Avx2Sign;
+            let per = if T::SIGNED { 1 } else { 2 };
+            let mut acc = [_mm256_setzero_ps(); TILE_MAX_TOKENS];
+            // Transposed quants (|q| with the sign trick), their signs, scales and mins of
+            // one chunk of blocks.
+            // Uninitialized: zeroing 16 KiB per call would cost more than a few tokens'
+            // products. Entries 0..nc are written (through raw pointers) before any is read.
+            let mut tq_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
+            let mut ts_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
+            let mut dxs_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
+            let mut ms_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
+            let tq = tq_m.as_mut_ptr().cast::<[__m256i; 8]>();
+            let ts = ts_m.as_mut_ptr().cast::<[__m256i; 8]>();
+            let dxs = dxs_m.as_mut_ptr().cast::<__m256>();
+            let ms = ms_m.as_mut_ptr().cast::<__m256>();
+            let mut i0 = 0;
+            while i0 < nb {
+                let nc = (nb - i0).min(FAST_CHUNK);
+                for j in 0..nc {
+                    let i = i0 + j;
+                    let mut v = [_mm256_setzero_si256(); 8];
+                    let mut dh = [0u16; 8];
+                    let mut mh = [0u16; 8];
+                    for (r, v) in v.iter_mut().enumerate() {
+                        // Missing rows repeat row 0; their lanes are never stored.
+                        let rr = if r < rows { r } else { 0 };
+                        let wb = w.add(rr * wstride + i * T::WB);
+                        if n <= 2 {
+                            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                        }
+                        *v = if sign_trick {
+                            T::unpack(wb)
+                        } else {
+                            T::unpack_unsigned(wb)
+                        };
+                        dh[r] = wb.cast::<u16>().read_unaligned().to_le();
+                        if !T::SIGNED {
+                            mh[r] = wb.add(2).cast::<u16>().read_unaligned().to_le();
+                        }
+                    }
+                    let t = transpose8x8(&v);
+                    if sign_trick {
+                        ts.add(j).write(t);
+                        tq.add(j).write(t.map(|x| _mm256_sign_epi8(x, x)));
+                    } else {
+                        tq.add(j).write(t);
+                    }
+                    dxs.add(j)
+                        .write(_mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast())));
+                    ms.add(j).write(if T::SIGNED {
+                        _mm256_setzero_ps()
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast()))
+                    });
+                }
+                for (c, acc) in acc.iter_mut().enumerate().take(n) {
+                    let mut acc_c = *acc;
+                    for j in 0..nc {
+                        let i = i0 + j;
+                        let ab = a.add(c * stride + i * T::AB);
+                        let yq = ab.add(T::A_QS);
+                        // SAFETY (reads below): entry j < nc was written above.
+                        let t = &*tq.add(j);
+                        let init = if !T::SIGNED || sign_trick {
+                            0
+                        } else if use_sums {
+                            *sums.add(c * nb + i)
+                        } else {
+                            neg_offset_sum(yq, T::OFFSET)
+                        };
+                        let isum = match INT {
+                            FastInt::Vnni => {
+                                let mut s0 = _mm256_set1_epi32(init);
+                                let mut s1 = _mm256_setzero_si256();
+                                for k in (0..8).step_by(2) {
+                                    s0 = fast_dpbusd_vnni(s0, t[k], bcast4(yq.add(4 * k)));
+                                    s1 = fast_dpbusd_vnni(s1, t[k + 1], bcast4(yq.add(4 * k + 4)));
+                                }
+                                _mm256_add_epi32(s0, s1)
+                            }
+                            FastInt::Avx2Small => {
+                                let ones = _mm256_set1_epi16(1);
+                                let mut s = _mm256_set1_epi32(init);
+                                for g in 0..2 {
+                                    let k = 4 * g;
+                                    let m = |k: usize| {
+                                        _mm256_maddubs_epi16(t[k], bcast4(yq.add(4 * k)))
+                                    };
+                                    let p = _mm256_add_epi16(
+                                        _mm256_add_epi16(m(k), m(k + 1)),
+                                        _mm256_add_epi16(m(k + 2), m(k + 3)),
+                                    );
+                                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                                }
+                                s
+                            }
+                            FastInt::Avx2Sign => {
+                                let ones = _mm256_set1_epi16(1);
+                                let mut s = _mm256_setzero_si256();
+                                for k in 0..8 {
+                                    let y =
+                                        _mm256_sign_epi8(bcast4(yq.add(4 * k)), (*ts.add(j))[k]);
+                                    s = _mm256_add_epi32(
+                                        s,
+                                        _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones),
+                                    );
+                                }
+                                s
+                            }
+                        };
+                        let (dy, sy) = if ad_stride > 0 {
+                            let q = ad.add(c * ad_stride + i * per);
+                            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+                        } else {
+                            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                ab.cast::<u32>().read_unaligned().to_le() as i32,
+                            ));
+                            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                        };
+                        let d = _mm256_mul_ps(*dxs.add(j), _mm256_set1_ps(dy));
+                        acc_c = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc_c);
+                        if !T::SIGNED {
+                            acc_c = _mm256_fmadd_ps(*ms.add(j), _mm256_set1_ps(sy), acc_c);
+                        }
+                    }
+                    *acc = acc_c;
+                }
+                i0 += nc;
+            }
+            for (c, acc) in acc.iter().enumerate().take(n) {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *acc);
+                for (r, &v) in l.iter().enumerate().take(rows) {
+                    *out.add(r * n + c) = v;
+                }
+            }
+        }
+
+        /// The same products for one or two tokens (decode), four weight rows at a time
+        /// so that only four rows stream from memory together: each row's block is
+        /// multiplied whole and the four lane vectors are folded into one (exact
+        /// integers, so the same bits as the transposed kernel).
+        ///
+        /// # Safety
+        /// As the transposed kernel, with `n` at most 2.
+        #[target_feature(enable = $feat)]
+        unsafe fn $dec<T: Legacy>(f: FastCall) {
+            let FastCall {
+                w,
+                wstride,
+                rows,
+                a,
+                stride,
+                n,
+                ad,
+                ad_stride,
+                sums,
+                use_sums,
+                nb,
+                out,
+            } = f;
+            const INT: FastInt = $int;
+            let per = if T::SIGNED { 1 } else { 2 };
+            let ones = _mm256_set1_epi16(1);
+            let mut r0 = 0;
+            while r0 < rows {
+                let nr = (rows - r0).min(4);
+                let mut acc = [_mm_setzero_ps(); 2];
+                for i in 0..nb {
+                    let mut u = [_mm256_setzero_si256(); 4];
+                    let mut dh = [0u16; 4];
+                    let mut mh = [0u16; 4];
+                    for (q, u) in u.iter_mut().enumerate() {
+                        let rr = r0 + if q < nr { q } else { 0 };
+                        let wb = w.add(rr * wstride + i * T::WB);
+                        _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                        *u = if INT == FastInt::Avx2Sign {
+                            T::unpack(wb)
+                        } else {
+                            T::unpack_unsigned(wb)
+                        };
+                        dh[q] = wb.cast::<u16>().read_unaligned().to_le();
+                        if !T::SIGNED {
+                            mh[q] = wb.add(2).cast::<u16>().read_unaligned().to_le();
+                        }
+                    }
+                    let dx = _mm_cvtph_ps(_mm_loadl_epi64(dh.as_ptr().cast()));
+                    let mx = _mm_cvtph_ps(_mm_loadl_epi64(mh.as_ptr().cast()));
+                    for (c, acc) in acc.iter_mut().enumerate().take(n) {
+                        let ab = a.add(c * stride + i * T::AB);
+                        let yq = ab.add(T::A_QS);
+                        let y = ld256(yq);
+                        let mut p = [_mm256_setzero_si256(); 4];
+                        for (q, p) in p.iter_mut().enumerate() {
+                            *p = match INT {
+                                FastInt::Vnni => fast_dpbusd_vnni(_mm256_setzero_si256(), u[q], y),
+                                FastInt::Avx2Small => {
+                                    _mm256_madd_epi16(_mm256_maddubs_epi16(u[q], y), ones)
+                                }
+                                FastInt::Avx2Sign => _mm256_madd_epi16(
+                                    _mm256_maddubs_epi16(
+                                        _mm256_sign_epi8(u[q], u[q]),
+                                        _mm256_sign_epi8(y, u[q]),
+                                    ),
+                                    ones,
+                                ),
+                            };
+                        }
+                        // Fold: lane q of the result is the sum of p[q]'s eight lanes.
+                        let h = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(p[0], p[1]),
+                            _mm256_hadd_epi32(p[2], p[3]),
+                        );
+                        let mut s4 = _mm_add_epi32(
+                            _mm256_castsi256_si128(h),
+                            _mm256_extracti128_si256::<1>(h),
+                        );
+                        if T::SIGNED && INT != FastInt::Avx2Sign {
+                            let init = if use_sums {
+                                *sums.add(c * nb + i)
+                            } else {
+                                neg_offset_sum(yq, T::OFFSET)
+                            };
+                            s4 = _mm_add_epi32(s4, _mm_set1_epi32(init));
+                        }
+                        let (dy, sy) = if ad_stride > 0 {
+                            let q = ad.add(c * ad_stride + i * per);
+                            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+                        } else {
+                            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                ab.cast::<u32>().read_unaligned().to_le() as i32,
+                            ));
+                            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                        };
+                        let d = _mm_mul_ps(dx, _mm_set1_ps(dy));
+                        *acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(s4), *acc);
+                        if !T::SIGNED {
+                            *acc = _mm_fmadd_ps(mx, _mm_set1_ps(sy), *acc);
+                        }
+                    }
+                }
+                for (c, acc) in acc.iter().enumerate().take(n) {
+                    let mut l = [0.0f32; 4];
+                    _mm_storeu_ps(l.as_mut_ptr(), *acc);
+                    for (q, &v) in l.iter().enumerate().take(nr) {
+                        *out.add((r0 + q) * n + c) = v;
+                    }
+                }
+                r0 += nr;
+            }
+        }
+    };
+}
+
+/// `vpdpbusd` where the kernel has VNNI; never reached from the AVX2 instantiations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn fast_dpbusd_vnni(s: __m256i, u: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(s, u, y)
+}
+
+legacy_fast!(
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    "avx2,fma,f16c",
+    FastInt::Avx2Small
+);
+legacy_fast!(
+    fast_avx2_sign,
+    fast_avx2_sign_decode,
+    "avx2,fma,f16c",
+    FastInt::Avx2Sign
+);
+legacy_fast!(
+    fast_vnni,
+    fast_vnni_decode,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    FastInt::Vnni
+);
+
+/// Dispatches a fast-order tile call to the instantiation for its token count.
+macro_rules! fast_entry {
+    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $dec:ident, $sums:literal) => {
+        pub(super) fn $name(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            out: &mut [f32],
+        ) {
+            let k = crate::contract::check_tile_rows::<$w, $a>(
+                w,
+                rows,
+                a,
+                stride,
+                side,
+                out.len(),
+                8,
+                1,
+            );
+            let use_sums = $sums && k.use_sums;
+            let (wp, ap, dp, sp, op) = (
+                w.as_ptr(),
+                a.as_ptr(),
+                side.scales.as_ptr(),
+                k.sums,
+                out.as_mut_ptr(),
+            );
+            // SAFETY: handed out by the kernel table only after the features were
+            // detected; `check_tile_rows` validated every byte, scale and sum read, and
+            // `out` holds rows * cols results.
+            unsafe {
+                let call = FastCall {
+                    w: wp,
+                    wstride: k.wstride,
+                    rows: k.rows,
+                    a: ap,
+                    stride,
+                    n: k.cols,
+                    ad: dp,
+                    ad_stride: k.ad_stride,
+                    sums: sp,
+                    use_sums,
+                    nb: k.nb,
+                    out: op,
+                };
+                if k.cols <= 2 {
+                    $dec::<$ty>(call)
+                } else {
+                    $imp::<$ty>(call)
+                }
+            }
+        }
+    };
+}
+
+fast_entry!(
+    q4_0_fast_many,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    true
+);
+fast_entry!(
+    q4_1_fast_many,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    false
+);
+fast_entry!(
+    q5_0_fast_many,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    true
+);
+fast_entry!(
+    q5_1_fast_many,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    false
+);
+fast_entry!(
+    q8_0_fast_many,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    fast_avx2_sign,
+    fast_avx2_sign_decode,
+    false
+);
+fast_entry!(
+    q4_0_fast_many_vnni,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    fast_vnni,
+    fast_vnni_decode,
+    true
+);
+fast_entry!(
+    q4_1_fast_many_vnni,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    fast_vnni,
+    fast_vnni_decode,
+    false
+);
+fast_entry!(
+    q5_0_fast_many_vnni,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    fast_vnni,
+    fast_vnni_decode,
+    true
+);
+fast_entry!(
+    q5_1_fast_many_vnni,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    fast_vnni,
+    fast_vnni_decode,
+    false
+);
+fast_entry!(
+    q8_0_fast_many_vnni,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    fast_vnni,
+    fast_vnni_decode,
+    true
+);
+
+single_from_many!(q4_0_fast, BlockQ4_0, BlockQ8_0, q4_0_fast_many);
+single_from_many!(q4_1_fast, BlockQ4_1, BlockQ8_1, q4_1_fast_many);
+single_from_many!(q5_0_fast, BlockQ5_0, BlockQ8_0, q5_0_fast_many);
+single_from_many!(q5_1_fast, BlockQ5_1, BlockQ8_1, q5_1_fast_many);
+single_from_many!(q8_0_fast, BlockQ8_0, BlockQ8_0, q8_0_fast_many);
+single_from_many!(q4_0_fast_vnni, BlockQ4_0, BlockQ8_0, q4_0_fast_many_vnni);
+single_from_many!(q4_1_fast_vnni, BlockQ4_1, BlockQ8_1, q4_1_fast_many_vnni);
+single_from_many!(q5_0_fast_vnni, BlockQ5_0, BlockQ8_0, q5_0_fast_many_vnni);
+single_from_many!(q5_1_fast_vnni, BlockQ5_1, BlockQ8_1, q5_1_fast_many_vnni);
+single_from_many!(q8_0_fast_vnni, BlockQ8_0, BlockQ8_0, q8_0_fast_many_vnni);

@@ -58,6 +58,26 @@ const fn row(
         dot,
         tile,
         offset_sums,
+        tile_rows: crate::contract::EXACT_TILE_ROWS,
+    }
+}
+
+/// A fast-order row ([`DotOrder::Fast`]): its tile takes eight weight rows.
+const fn fast_row(
+    ty: GgmlType,
+    isa: Isa,
+    dot: DotFn,
+    tile: TileFn,
+    offset_sums: bool,
+) -> KernelRow {
+    KernelRow {
+        ty,
+        order: DotOrder::Fast,
+        isa,
+        dot,
+        tile: Some(tile),
+        offset_sums,
+        tile_rows: 8,
     }
 }
 
@@ -91,5 +111,16 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
         row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
+        // The fast order: eight weight rows in the lanes of a register.
+        fast_row(T::Q4_0, Avx2, l::q4_0_fast, l::q4_0_fast_many, true),
+        fast_row(T::Q4_1, Avx2, l::q4_1_fast, l::q4_1_fast_many, false),
+        fast_row(T::Q5_0, Avx2, l::q5_0_fast, l::q5_0_fast_many, true),
+        fast_row(T::Q5_1, Avx2, l::q5_1_fast, l::q5_1_fast_many, false),
+        fast_row(T::Q8_0, Avx2, l::q8_0_fast, l::q8_0_fast_many, false),
+        fast_row(T::Q4_0, Avx2Vnni, l::q4_0_fast_vnni, l::q4_0_fast_many_vnni, true),
+        fast_row(T::Q4_1, Avx2Vnni, l::q4_1_fast_vnni, l::q4_1_fast_many_vnni, false),
+        fast_row(T::Q5_0, Avx2Vnni, l::q5_0_fast_vnni, l::q5_0_fast_many_vnni, true),
+        fast_row(T::Q5_1, Avx2Vnni, l::q5_1_fast_vnni, l::q5_1_fast_many_vnni, false),
+        fast_row(T::Q8_0, Avx2Vnni, l::q8_0_fast_vnni, l::q8_0_fast_many_vnni, true),
     ]
 };

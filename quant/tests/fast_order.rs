@@ -1,0 +1,196 @@
+//! The fast order (`DotOrder::Fast`): every SIMD kernel of the table against the scalar
+//! twin, bit for bit, for one to eight weight rows and one to eight tokens, with and
+//! without precomputed side data; and the twin against an exact f64 dot product, so the
+//! order is a correct dot product and not merely a consistent one.
+
+use half::f16;
+use quant::{
+    isa, kernels, quantize_activations, quantize_row, vec_dot_type, ActSide, DotOrder, GgmlType,
+    Isa, SideBuf, TILE_MAX_ROWS, TILE_MAX_TOKENS,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const FAST_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+fn floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    let spike = rng.gen_bool(0.3);
+    (0..n)
+        .map(|_| {
+            let x: f32 = rng.gen_range(-1.0..1.0);
+            if spike && rng.gen_bool(0.02) {
+                x * 40.0
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+/// Weights: quantized floats, or raw random bytes with sane f16 scales (every quant bit
+/// pattern, -128 in Q8_0 included).
+fn weight_row(rng: &mut StdRng, ty: GgmlType, n: usize, raw: bool) -> Vec<u8> {
+    let mut out = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
+    if !raw {
+        quantize_row(ty, &floats(rng, n), &mut out).unwrap();
+        return out;
+    }
+    rng.fill(&mut out[..]);
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        _ => &[0],
+    };
+    for b in out.chunks_exact_mut(ty.type_size()) {
+        for &off in fields {
+            let v = rng.gen_range(-2.0f32..2.0) * 10f32.powi(rng.gen_range(-4..1));
+            b[off..off + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+        }
+    }
+    out
+}
+
+fn act_row(rng: &mut StdRng, ty: GgmlType, n: usize) -> Vec<u8> {
+    let aty = vec_dot_type(ty);
+    let mut out = vec![0u8; aty.row_bytes(n as u64).unwrap() as usize];
+    quantize_activations(aty, &floats(rng, n), &mut out).unwrap();
+    out
+}
+
+#[test]
+fn fast_kernels_match_the_twin_for_every_tile_shape() {
+    let mut rng = StdRng::seed_from_u64(0xfa57);
+    let mut checked = 0;
+    for ty in FAST_TYPES {
+        let twin = kernels::scalar(ty, DotOrder::Fast).expect("every fast type has a twin");
+        assert_eq!(twin.order, DotOrder::Fast);
+        let sets: Vec<_> = kernels::available()
+            .into_iter()
+            .filter(|k| k.ty == ty && k.order == DotOrder::Fast && k.isa != Isa::Scalar)
+            .collect();
+        for blocks in [1usize, 2, 7, 28, 77] {
+            let n = blocks * 32;
+            for raw in [false, true] {
+                let w: Vec<Vec<u8>> = (0..TILE_MAX_ROWS)
+                    .map(|_| weight_row(&mut rng, ty, n, raw))
+                    .collect();
+                let a: Vec<Vec<u8>> = (0..TILE_MAX_TOKENS)
+                    .map(|_| act_row(&mut rng, ty, n))
+                    .collect();
+                let stride = a[0].len() + 3;
+                let mut abuf = vec![0u8; TILE_MAX_TOKENS * stride];
+                for (c, r) in a.iter().enumerate() {
+                    abuf[c * stride..c * stride + r.len()].copy_from_slice(r);
+                }
+                let want: Vec<Vec<f32>> = w
+                    .iter()
+                    .map(|wr| a.iter().map(|ar| (twin.dot)(wr, ar)).collect())
+                    .collect();
+                for k in &sets {
+                    assert_eq!(k.tile_rows, 8, "{ty} {}", k.isa);
+                    let tile = k.tile.expect("fast sets have tiles");
+                    for (r, wr) in w.iter().enumerate() {
+                        for (c, ar) in a.iter().enumerate() {
+                            let got = (k.dot)(wr, ar);
+                            assert_eq!(got.to_bits(), want[r][c].to_bits(), "{ty} {} dot", k.isa);
+                        }
+                    }
+                    for rows in 1..=k.tile_rows {
+                        let wbuf: Vec<u8> = w[..rows].concat();
+                        for cols in 1..=TILE_MAX_TOKENS {
+                            let mut side = SideBuf::default();
+                            for ar in &a[..cols] {
+                                side.push(k, ar);
+                            }
+                            for sd in [ActSide::default(), side.rows(k, 0, cols)] {
+                                let mut out = vec![f32::NAN; rows * cols];
+                                tile(&wbuf, rows, &abuf, stride, sd, &mut out);
+                                for r in 0..rows {
+                                    for c in 0..cols {
+                                        assert_eq!(
+                                            out[r * cols + c].to_bits(),
+                                            want[r][c].to_bits(),
+                                            "{ty} {} n={n} raw={raw} tile {rows}x{cols} ({r},{c})",
+                                            k.isa
+                                        );
+                                    }
+                                }
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if Isa::Avx2.available() {
+        assert!(checked > 0, "no fast SIMD kernel was checked");
+    } else {
+        eprintln!(
+            "note: no SIMD fast kernels on this CPU ({}); twins only",
+            isa::active()
+        );
+    }
+}
+
+/// The fast twin is a dot product of the dequantized weights and activations: within a
+/// few float roundings per block of the exact f64 value, like llama.cpp's own order.
+#[test]
+fn fast_twin_is_an_accurate_dot_product() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for ty in FAST_TYPES {
+        let aty = vec_dot_type(ty);
+        let fast = kernels::scalar(ty, DotOrder::Fast).unwrap().dot;
+        let exact_order = kernels::scalar(ty, DotOrder::Single).unwrap().dot;
+        for blocks in [1usize, 4, 28, 152] {
+            let n = blocks * 32;
+            let w = weight_row(&mut rng, ty, n, false);
+            let a = act_row(&mut rng, ty, n);
+            let mut wf = vec![0.0f32; n];
+            let mut af = vec![0.0f32; n];
+            quant::dequantize_row(ty, &w, &mut wf).unwrap();
+            quant::dequantize_row(aty, &a, &mut af).unwrap();
+            let exact: f64 = wf.iter().zip(&af).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = wf
+                .iter()
+                .zip(&af)
+                .map(|(&x, &y)| (x as f64 * y as f64).abs())
+                .sum();
+            let got = fast(&w, &a) as f64;
+            let llama = exact_order(&w, &a) as f64;
+            // Q4_1/Q5_1: the activation block sum s is stored as f16, in both orders.
+            let tol = mag * if aty == GgmlType::Q8_1 { 2e-3 } else { 1e-5 } + 1e-6;
+            assert!(
+                (got - exact).abs() <= tol,
+                "{ty} n={n}: fast {got} exact {exact}"
+            );
+            assert!(
+                (got - llama).abs() <= tol,
+                "{ty} n={n}: fast {got} llama.cpp order {llama}"
+            );
+        }
+    }
+}
+
+/// Where a SIMD kernel exists for the exact order, the fast order never falls back to its
+/// scalar twin: `kernels` gives a SIMD fast set, or the exact set when there is none.
+#[test]
+fn fast_lookups_stay_on_simd() {
+    for ty in FAST_TYPES {
+        let k = kernels::kernels(ty, DotOrder::Fast).unwrap();
+        if isa::active() != Isa::Scalar {
+            assert_ne!(k.isa, Isa::Scalar, "{ty}: fast order resolved to scalar");
+        }
+        if k.order == DotOrder::Fast && k.isa != Isa::Scalar {
+            assert_eq!(k.tile_rows, 8);
+        }
+    }
+    // K-quants have no fast kernels: they keep their exact order.
+    let k = kernels::kernels(GgmlType::Q6_K, DotOrder::Fast).unwrap();
+    assert_eq!(k.order, DotOrder::Single);
+}
