@@ -8,6 +8,7 @@ use llamacpp_ref::{RefModel, RefOptions};
 use runtime::model::Model;
 use runtime::runner::Runner;
 use runtime::sampling::{argmax, Sampler, SamplingParams};
+use runtime::Numerics;
 
 const SEQ_LEN: usize = 128;
 const GREEDY: usize = 32;
@@ -69,6 +70,7 @@ fn compare_perplexity(
     ours: &mut Runner,
     theirs_default: &mut RefModel,
     theirs_fa_off: &mut RefModel,
+    max_rel: f64,
 ) {
     let text = include_str!("../../testdata/apache-2.0.txt");
     let tokens = theirs_default.tokenize(text, true, false).unwrap();
@@ -78,13 +80,15 @@ fn compare_perplexity(
     let ref_ppl = ref_perplexity(theirs_default, &tokens, n_ctx, bos);
     let off_ppl = ref_perplexity(theirs_fa_off, &tokens, n_ctx, bos);
     let rel = (our_ppl - ref_ppl).abs() / ref_ppl;
+    let off_rel = (off_ppl - ref_ppl).abs() / ref_ppl;
     eprintln!(
-        "{name}: perplexity (c=256, {} chunks) ours {our_ppl:.4}, llama.cpp default {ref_ppl:.4} (diff {:.3}%), llama.cpp flash-attn off {off_ppl:.4}",
+        "{name}: perplexity (c=256, {} chunks) ours {our_ppl:.4}, llama.cpp default {ref_ppl:.4} (diff {:.3}%), llama.cpp flash-attn off {off_ppl:.4} (diff {:.3}%)",
         tokens.len() / n_ctx,
-        rel * 100.0
+        rel * 100.0,
+        off_rel * 100.0
     );
     assert!(
-        rel < 0.01,
+        rel < max_rel,
         "{name}: perplexity differs by {:.3}%",
         rel * 100.0
     );
@@ -95,11 +99,23 @@ fn compare_perplexity(
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn compare_model(name: &str) {
+    compare_model_with(name, Numerics::Exact);
+}
+
+/// `numerics`: with `Exact` the bars of the exact mode are asserted (our kernels follow
+/// llama.cpp's operation for operation); with `Fast` the same figures are measured and
+/// printed beside llama.cpp's own flash-attention on-vs-off figures, and only gross
+/// breakage fails (the fidelity bar is a decision for the default, not a unit test).
+fn compare_model_with(name: &str, numerics: Numerics) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(path) = runtime::registry::test_model(name) else {
         return;
     };
-    let model = Arc::new(Model::load(&path).unwrap());
+    let mut model = Model::load(&path).unwrap();
+    model.set_numerics(numerics);
+    let model = Arc::new(model);
+    let exact = numerics == Numerics::Exact;
+    let name = &format!("{name} ({numerics})");
     let nv = model.config.n_vocab;
     let mut ours = Runner::new(model, threads(), 1024);
     let mut theirs = reference(&path);
@@ -116,7 +132,13 @@ fn compare_model(name: &str) {
         },
     )
     .unwrap();
-    compare_perplexity(name, &mut ours, &mut theirs_fa, &mut theirs);
+    compare_perplexity(
+        name,
+        &mut ours,
+        &mut theirs_fa,
+        &mut theirs,
+        if exact { 0.01 } else { 0.03 },
+    );
     let (mut self_agree, mut self_max_diff) = (0usize, 0f32);
 
     let limit: usize = std::env::var("RLLAMA_TEST_PROMPTS")
@@ -197,6 +219,10 @@ fn compare_model(name: &str) {
     // Our kernels follow llama.cpp's x86 ones operation for operation (flash attention
     // off), so on these machines the agreement is exact; llama.cpp's own two attention
     // paths (printed above) stay below that bar on these models.
+    if !exact {
+        assert!(rate >= 0.9, "{name}: top-1 agreement {rate:.4}");
+        return;
+    }
     assert!(
         rate >= 0.99,
         "{name}: top-1 agreement {rate:.4} (llama.cpp vs itself {self_rate:.4})"
@@ -205,6 +231,17 @@ fn compare_model(name: &str) {
         greedy_same * 10 >= 9 * n_prompts,
         "{name}: greedy identical {greedy_same}/{n_prompts} (llama.cpp vs itself {self_greedy_same})"
     );
+}
+
+/// The fidelity of the fast kernel orders against llama.cpp, measured the same way
+/// (a few minutes on two cores, so not in CI):
+/// `cargo test --release -p llamacpp-ref --test model_vs_llamacpp fast_numerics -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn fast_numerics_fidelity() {
+    for name in ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"] {
+        compare_model_with(name, Numerics::Fast);
+    }
 }
 
 #[test]

@@ -9,8 +9,11 @@ use crate::GgmlType;
 /// `vec_dot_type`) to f32. Panics when the two rows hold different element counts.
 pub type DotFn = fn(&[u8], &[u8]) -> f32;
 
-/// Most activation rows (tokens) one [`TileFn`] call takes.
+/// Most activation rows (tokens) one [`TileFn`] call of llama.cpp's orders takes.
 pub const TILE_MAX_TOKENS: usize = 8;
+/// Most activation rows one tile call of the fast order takes: its kernels transpose a
+/// block of eight weight rows once per call, so long calls amortise that.
+pub const FAST_TILE_TOKENS: usize = 64;
 /// Most weight rows one [`TileFn`] call takes (each kernel set says how many its tile
 /// takes: two for llama.cpp's orders, eight for [`crate::DotOrder::Fast`], whose kernels
 /// put eight rows in the lanes of one register).
@@ -32,6 +35,26 @@ pub(crate) const EXACT_TILE_ROWS: usize = 2;
 /// [`ActSide`]); the results are the same bits with or without it.
 pub type TileFn =
     fn(w: &[u8], w_rows: usize, a: &[u8], a_stride: usize, side: ActSide<'_>, out: &mut [f32]);
+
+/// A [`TileFn`] that writes its results into a caller's matrix instead of a packed
+/// slice: result (row `r`, token `c`) goes to `out[c * out_stride + r]` (tokens as rows,
+/// as a model's activations are laid out), `n` tokens. The fast order's kernels have
+/// one: eight rows of a token are then one vector store.
+///
+/// # Safety
+/// `out[c * out_stride + r]` for every `r < w_rows`, `c < n` must be valid for writes
+/// and written by nobody else during the call; the other arguments are checked as for
+/// [`TileFn`] (`n` is the token count the activations and `side` are checked against).
+pub type TileIntoFn = unsafe fn(
+    w: &[u8],
+    w_rows: usize,
+    a: &[u8],
+    a_stride: usize,
+    side: ActSide<'_>,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+);
 
 /// Per-block data of the activation rows of a [`TileFn`] call, computed once per matrix
 /// product instead of once per weight row. Each field is either empty or covers every row
@@ -148,11 +171,20 @@ pub(crate) fn check_tile<W: Block, A: Block>(
     side: ActSide<'_>,
     out_len: usize,
 ) -> TileCall {
-    check_tile_rows::<W, A>(w, rows, a, stride, side, out_len, EXACT_TILE_ROWS, 8)
+    check_tile_rows::<W, A>(
+        w,
+        rows,
+        a,
+        stride,
+        side,
+        out_len,
+        (EXACT_TILE_ROWS, TILE_MAX_TOKENS),
+        8,
+    )
 }
 
-/// [`check_tile`] for tiles of up to `max_rows` weight rows whose offset sums (when
-/// given) are `sums_per_block` per activation block.
+/// [`check_tile`] for tiles of up to `max.0` weight rows and `max.1` activation rows whose
+/// offset sums (when given) are `sums_per_block` per activation block.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(
     not(any(target_arch = "x86_64", target_arch = "aarch64")),
@@ -165,17 +197,18 @@ pub(crate) fn check_tile_rows<W: Block, A: Block>(
     stride: usize,
     side: ActSide<'_>,
     out_len: usize,
-    max_rows: usize,
+    max: (usize, usize),
     sums_per_block: usize,
 ) -> TileCall {
+    let (max_rows, max_tokens) = max;
     assert!(
         (1..=max_rows).contains(&rows) && out_len.is_multiple_of(rows),
         "tile: {rows} weight rows ({max_rows} at most), {out_len} outputs"
     );
     let n = out_len / rows;
     assert!(
-        (1..=TILE_MAX_TOKENS).contains(&n),
-        "tile: {n} activation rows (1..={TILE_MAX_TOKENS} allowed)"
+        (1..=max_tokens).contains(&n),
+        "tile: {n} activation rows (1..={max_tokens} allowed)"
     );
     assert!(
         w.len().is_multiple_of(rows) && (w.len() / rows).is_multiple_of(W::BYTES),
@@ -239,4 +272,8 @@ pub(crate) struct KernelRow {
     pub offset_sums: bool,
     /// Most weight rows the tile takes.
     pub tile_rows: usize,
+    /// Most activation rows the tile takes.
+    pub tile_tokens: usize,
+    /// The tile writing into a strided matrix, where the row has one.
+    pub tile_into: Option<TileIntoFn>,
 }

@@ -39,6 +39,11 @@ pub struct KernelSet {
     pub tile: Option<TileFn>,
     /// Most weight rows one `tile` call takes (at most [`crate::TILE_MAX_ROWS`]).
     pub tile_rows: usize,
+    /// Most activation rows one `tile` call takes ([`crate::TILE_MAX_TOKENS`], or
+    /// [`crate::FAST_TILE_TOKENS`] for the fast order).
+    pub tile_tokens: usize,
+    /// `tile` writing straight into a strided output matrix (the fast order's kernels).
+    pub tile_into: Option<crate::contract::TileIntoFn>,
     offset_sums: bool,
 }
 
@@ -65,6 +70,8 @@ impl KernelSet {
             dot: r.dot,
             tile: r.tile,
             tile_rows: r.tile_rows,
+            tile_tokens: r.tile_tokens,
+            tile_into: r.tile_into,
             offset_sums: r.offset_sums,
         }
     }
@@ -154,6 +161,8 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         tile: None,
         offset_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
+        tile_tokens: crate::contract::TILE_MAX_TOKENS,
+        tile_into: None,
     }
 }
 

@@ -31,7 +31,9 @@ pub mod ops;
 pub mod order;
 pub mod types;
 
-pub use contract::{ActSide, DotFn, TileFn, TILE_MAX_ROWS, TILE_MAX_TOKENS};
+pub use contract::{
+    ActSide, DotFn, TileFn, TileIntoFn, FAST_TILE_TOKENS, TILE_MAX_ROWS, TILE_MAX_TOKENS,
+};
 pub use formats::common::{Block, QK_K};
 pub use formats::search::get_scale_min_k4;
 pub use isa::Isa;

@@ -6,7 +6,7 @@
 use half::f16;
 use quant::{
     isa, kernels, quantize_activations, quantize_row, vec_dot_type, ActSide, DotOrder, GgmlType,
-    Isa, SideBuf, TILE_MAX_ROWS, TILE_MAX_TOKENS,
+    Isa, SideBuf, FAST_TILE_TOKENS, TILE_MAX_ROWS,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -79,11 +79,11 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                 let w: Vec<Vec<u8>> = (0..TILE_MAX_ROWS)
                     .map(|_| weight_row(&mut rng, ty, n, raw))
                     .collect();
-                let a: Vec<Vec<u8>> = (0..TILE_MAX_TOKENS)
+                let a: Vec<Vec<u8>> = (0..FAST_TILE_TOKENS)
                     .map(|_| act_row(&mut rng, ty, n))
                     .collect();
                 let stride = a[0].len() + 3;
-                let mut abuf = vec![0u8; TILE_MAX_TOKENS * stride];
+                let mut abuf = vec![0u8; FAST_TILE_TOKENS * stride];
                 for (c, r) in a.iter().enumerate() {
                     abuf[c * stride..c * stride + r.len()].copy_from_slice(r);
                 }
@@ -93,6 +93,7 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                     .collect();
                 for k in &sets {
                     assert_eq!(k.tile_rows, 8, "{ty} {}", k.isa);
+                    assert_eq!(k.tile_tokens, FAST_TILE_TOKENS, "{ty} {}", k.isa);
                     let tile = k.tile.expect("fast sets have tiles");
                     for (r, wr) in w.iter().enumerate() {
                         for (c, ar) in a.iter().enumerate() {
@@ -102,7 +103,8 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                     }
                     for rows in 1..=k.tile_rows {
                         let wbuf: Vec<u8> = w[..rows].concat();
-                        for cols in 1..=TILE_MAX_TOKENS {
+                        let long = [9, 23, FAST_TILE_TOKENS];
+                        for cols in (1..=8).chain(long).filter(|&c| c <= k.tile_tokens) {
                             let mut side = SideBuf::default();
                             for ar in &a[..cols] {
                                 side.push(k, ar);
@@ -121,6 +123,34 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                                     }
                                 }
                                 checked += 1;
+                                // The same results written into a strided matrix (token
+                                // c's row r at c * ld + r); the gaps stay untouched.
+                                let into = k.tile_into.expect("fast sets write in place");
+                                let ld = rows + 5;
+                                let mut m = vec![f32::NAN; cols * ld];
+                                // SAFETY: every slot c * ld + r is inside `m`.
+                                unsafe {
+                                    into(&wbuf, rows, &abuf, stride, sd, cols, m.as_mut_ptr(), ld)
+                                };
+                                for c in 0..cols {
+                                    for r in 0..ld {
+                                        let got = m[c * ld + r];
+                                        if r < rows {
+                                            assert_eq!(
+                                                got.to_bits(),
+                                                want[r][c].to_bits(),
+                                                "{ty} {} into ({r},{c})",
+                                                k.isa
+                                            );
+                                        } else {
+                                            assert!(
+                                                got.is_nan(),
+                                                "{ty} {} wrote past its rows",
+                                                k.isa
+                                            );
+                                        }
+                                    }
+                                }
                             }
                         }
                     }

@@ -106,6 +106,10 @@ enum Cmd {
         /// Weight placement: first-touch, interleave or replicate.
         #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
         numa_weights: WeightPlacement,
+        /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental;
+        /// see ARCHITECTURE.md, "The fast order").
+        #[arg(long, default_value = "exact")]
+        numerics: runtime::Numerics,
         #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
         ctx: usize,
         #[arg(long)]
@@ -160,6 +164,10 @@ enum Cmd {
         /// Weight placement: first-touch, interleave or replicate.
         #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
         numa_weights: WeightPlacement,
+        /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental;
+        /// see ARCHITECTURE.md, "The fast order").
+        #[arg(long, default_value = "exact")]
+        numerics: runtime::Numerics,
     },
 }
 
@@ -234,12 +242,15 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             numa,
             numa_weights,
+            numerics,
             ctx,
             json,
         } => {
             let t_load = Instant::now();
             let threads = threads.unwrap_or_else(default_threads);
-            let l = ModelFile::open(&model)?.load_placed(numa_weights, numa, threads)?;
+            let l = ModelFile::open(&model)?
+                .with_numerics(numerics)
+                .load_placed(numa_weights, numa, threads)?;
             let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
             let text = if chat {
                 let tmpl = ChatTemplate::from_gguf(&l.file);
@@ -362,9 +373,12 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             numa,
             numa_weights,
+            numerics,
         } => {
             let threads = threads.unwrap_or_else(default_threads);
-            let l = ModelFile::open(&model)?.load_placed(numa_weights, numa, threads)?;
+            let l = ModelFile::open(&model)?
+                .with_numerics(numerics)
+                .load_placed(numa_weights, numa, threads)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let mut tokens = l.tokenizer.encode(&text, true, false);

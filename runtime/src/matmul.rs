@@ -3,7 +3,7 @@
 //! (Q8_0, Q8_1 or Q8_K), exactly the scheme llama.cpp's CPU backend uses.
 
 use quant::kernels::{dot_order_for, effective_order, kernels};
-use quant::{ActSide, DotOrder, GgmlType, KernelSet, SideBuf, TILE_MAX_ROWS, TILE_MAX_TOKENS};
+use quant::{ActSide, DotOrder, GgmlType, KernelSet, SideBuf, FAST_TILE_TOKENS, TILE_MAX_ROWS};
 
 use crate::numa::WeightCopies;
 use crate::pool::{SharedMut, ThreadPool};
@@ -27,6 +27,18 @@ impl Numerics {
         match self {
             Numerics::Exact => "exact",
             Numerics::Fast => "fast",
+        }
+    }
+}
+
+impl std::str::FromStr for Numerics {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Numerics, String> {
+        match s {
+            "exact" => Ok(Numerics::Exact),
+            "fast" => Ok(Numerics::Fast),
+            other => Err(format!("unknown numerics {other:?} (exact or fast)")),
         }
     }
 }
@@ -133,8 +145,6 @@ fn quantize_rows(
 
 /// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
-/// Token rows per tile kernel call.
-const TILE: usize = TILE_MAX_TOKENS;
 
 /// `y = x · Wᵀ` for the activation rows of `x`, one per token, token `t` at place `ub[t]`
 /// of llama.cpp's micro-batch (which picks the K-quant kernel order, see [`UbPos`]).
@@ -223,15 +233,35 @@ pub fn matmul(
             }
             return;
         }
-        // Tiles of up to TILE token rows in one kernel order: each weight row is unpacked
+        // Tiles of up to `tile_tokens` token rows in one kernel order: each weight row is unpacked
         // once per tile instead of once per token. Each result is bit-identical to the
         // one-row dot in its order.
         let mut t = 0;
         while t < n_tok {
             let set = set_of(t);
             let mut k = 1;
-            while k < TILE && t + k < n_tok && set_of(t + k).order == set.order {
+            while k < set.tile_tokens && t + k < n_tok && set_of(t + k).order == set.order {
                 k += 1;
+            }
+            if let Some(into) = set.tile_into {
+                // Results straight into y: eight rows of a token are one store.
+                let a = &xq[t * xrb..(t + k) * xrb];
+                let side = if with_side {
+                    side_ref.rows(set, t, t + k)
+                } else {
+                    ActSide::default()
+                };
+                let mut o = o0;
+                while o < o1 {
+                    let rows = (o1 - o).min(set.tile_rows);
+                    let wr = &wdata[o * wrb..(o + rows) * wrb];
+                    // SAFETY: the slots (t + c) * n_out + o + r (c < k, r < rows) are in y
+                    // and in this task's columns [o0, o1), which no other task writes.
+                    unsafe { into(wr, rows, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
+                    o += rows;
+                }
+                t += k;
+                continue;
             }
             let tile = set.tile.expect("every order has a tile kernel");
             let a = &xq[t * xrb..(t + k) * xrb];
@@ -240,12 +270,13 @@ pub fn matmul(
             } else {
                 ActSide::default()
             };
-            let mut ys: [&mut [f32]; TILE_MAX_TOKENS] = Default::default();
+            let mut ys: [&mut [f32]; FAST_TILE_TOKENS] =
+                std::array::from_fn(|_| Default::default());
             for (c, ys) in ys.iter_mut().enumerate().take(k) {
                 // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
                 *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
             }
-            let mut r = [0.0f32; TILE_MAX_ROWS * TILE_MAX_TOKENS];
+            let mut r = [0.0f32; TILE_MAX_ROWS * FAST_TILE_TOKENS];
             let mut o = o0;
             while o < o1 {
                 let rows = (o1 - o).min(set.tile_rows);

@@ -55,6 +55,9 @@ pub struct EngineConfig {
     /// NUMA thread placement (`--numa`) and weight placement (`--numa-weights`).
     pub numa: Option<runtime::numa::NumaMode>,
     pub numa_weights: runtime::numa::WeightPlacement,
+    /// Kernel orders (`--numerics`): llama.cpp's exact ones or the fast ones. Either way a
+    /// request's output does not depend on its batch-mates.
+    pub numerics: runtime::Numerics,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +76,7 @@ impl Default for EngineConfig {
             kv_persist: None,
             numa: None,
             numa_weights: runtime::numa::WeightPlacement::FirstTouch,
+            numerics: runtime::Numerics::Exact,
         }
     }
 }
@@ -399,11 +403,9 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         file,
         tokenizer,
         model,
-    } = runtime::ModelFile::open(&cfg.model)?.load_placed(
-        cfg.numa_weights,
-        cfg.numa,
-        cfg.threads.max(1),
-    )?;
+    } = runtime::ModelFile::open(&cfg.model)?
+        .with_numerics(cfg.numerics)
+        .load_placed(cfg.numa_weights, cfg.numa, cfg.threads.max(1))?;
     if cfg.numa.is_some() {
         // Refuse a thread placement that cannot be honoured before serving anything.
         let topo = runtime::numa::Topology::read()?;

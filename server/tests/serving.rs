@@ -145,7 +145,15 @@ fn check_n(addr: SocketAddr, label: &str, ids: &[u64], n: usize, want: &Out) -> 
 }
 
 fn invariance_server(prefix_caching: bool) -> server::RunningServer {
+    invariance_server_with(prefix_caching, runtime::Numerics::Exact)
+}
+
+fn invariance_server_with(
+    prefix_caching: bool,
+    numerics: runtime::Numerics,
+) -> server::RunningServer {
     let mut cfg = engine_config();
+    cfg.numerics = numerics;
     cfg.max_seqs = 32;
     cfg.max_batch_tokens = 512;
     cfg.n_ctx = Some(2048);
@@ -246,6 +254,28 @@ fn batch_invariance_short_context() {
     assert!(outs.iter().all(|o| o.cached == 0));
     srv.shutdown();
     println!("batch invariance short: {:.1}s", t0.elapsed().as_secs_f64());
+}
+
+/// The fast kernel orders keep the guarantee: the same prompt alone, and eight copies
+/// computed side by side in one batch (prefix cache off) and cold/hot/warm with it on,
+/// give the same text.
+#[test]
+fn batch_invariance_fast_numerics() {
+    let _g = serial();
+    if !model_available() {
+        return;
+    }
+    let srv = invariance_server_with(false, runtime::Numerics::Fast);
+    let ids = tokens_of(srv.addr, &notes(12, 11));
+    let ids = &ids[..60];
+    let lone = complete(srv.addr, &greedy(ids, MAX_TOKENS), false).unwrap();
+    let outs = check_n(srv.addr, "fast off", ids, 8, &lone);
+    assert!(outs.iter().all(|o| o.cached == 0));
+    srv.shutdown();
+    let srv = invariance_server_with(true, runtime::Numerics::Fast);
+    let tails = tokens_of(srv.addr, &notes(40, 12));
+    invariance_matrix(srv.addr, ids, 32, &tails);
+    srv.shutdown();
 }
 
 #[test]

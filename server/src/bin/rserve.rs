@@ -31,6 +31,10 @@ struct Args {
     /// nodes) or replicate (a copy per node).
     #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
     numa_weights: runtime::numa::WeightPlacement,
+    /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental; see
+    /// ARCHITECTURE.md, "The fast order"). Batch-invariant either way.
+    #[arg(long, default_value = "exact")]
+    numerics: runtime::Numerics,
     /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -148,6 +152,7 @@ fn main() {
             }),
             numa: a.numa,
             numa_weights: a.numa_weights,
+            numerics: a.numerics,
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

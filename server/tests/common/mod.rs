@@ -46,6 +46,7 @@ pub fn engine_config() -> EngineConfig {
         kv_persist: None,
         numa: None,
         numa_weights: Default::default(),
+        numerics: Default::default(),
     }
 }
 

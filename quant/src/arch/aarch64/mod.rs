@@ -52,6 +52,8 @@ const fn row(
         tile,
         offset_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
+        tile_tokens: crate::contract::TILE_MAX_TOKENS,
+        tile_into: None,
     }
 }
 

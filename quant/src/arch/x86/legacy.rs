@@ -545,7 +545,13 @@ struct FastCall {
     use_sums: bool,
     nb: usize,
     out: *mut f32,
+    /// Result (r, c) goes to `out[r * out_row + c * out_col]`.
+    out_row: usize,
+    out_col: usize,
 }
+
+/// Weight rows the decode kernels read together.
+const DECODE_ROWS: usize = 2;
 
 macro_rules! legacy_fast {
     ($name:ident, $dec:ident, $feat:literal, $int:expr) => {
@@ -570,11 +576,13 @@ macro_rules! legacy_fast {
                 use_sums,
                 nb,
                 out,
+                out_row,
+                out_col,
             } = f;
             const INT: FastInt = $int;
             let sign_trick = INT == FastInt::Avx2Sign;
             let per = if T::SIGNED { 1 } else { 2 };
-            let mut acc = [_mm256_setzero_ps(); TILE_MAX_TOKENS];
+            let mut acc = [_mm256_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
             // Transposed quants (|q| with the sign trick), their signs, scales and mins of
             // one chunk of blocks.
             // Uninitialized: zeroing 16 KiB per call would cost more than a few tokens'
@@ -702,10 +710,14 @@ macro_rules! legacy_fast {
                 i0 += nc;
             }
             for (c, acc) in acc.iter().enumerate().take(n) {
+                if rows == 8 && out_row == 1 {
+                    _mm256_storeu_ps(out.add(c * out_col), *acc);
+                    continue;
+                }
                 let mut l = [0.0f32; 8];
                 _mm256_storeu_ps(l.as_mut_ptr(), *acc);
                 for (r, &v) in l.iter().enumerate().take(rows) {
-                    *out.add(r * n + c) = v;
+                    *out.add(r * out_row + c * out_col) = v;
                 }
             }
         }
@@ -732,19 +744,21 @@ macro_rules! legacy_fast {
                 use_sums,
                 nb,
                 out,
+                out_row,
+                out_col,
             } = f;
             const INT: FastInt = $int;
             let per = if T::SIGNED { 1 } else { 2 };
             let ones = _mm256_set1_epi16(1);
             let mut r0 = 0;
             while r0 < rows {
-                let nr = (rows - r0).min(4);
+                let nr = (rows - r0).min(DECODE_ROWS);
                 let mut acc = [_mm_setzero_ps(); 2];
                 for i in 0..nb {
                     let mut u = [_mm256_setzero_si256(); 4];
                     let mut dh = [0u16; 4];
                     let mut mh = [0u16; 4];
-                    for (q, u) in u.iter_mut().enumerate() {
+                    for (q, u) in u.iter_mut().enumerate().take(DECODE_ROWS) {
                         let rr = r0 + if q < nr { q } else { 0 };
                         let wb = w.add(rr * wstride + i * T::WB);
                         _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
@@ -765,7 +779,7 @@ macro_rules! legacy_fast {
                         let yq = ab.add(T::A_QS);
                         let y = ld256(yq);
                         let mut p = [_mm256_setzero_si256(); 4];
-                        for (q, p) in p.iter_mut().enumerate() {
+                        for (q, p) in p.iter_mut().enumerate().take(DECODE_ROWS) {
                             *p = match INT {
                                 FastInt::Vnni => fast_dpbusd_vnni(_mm256_setzero_si256(), u[q], y),
                                 FastInt::Avx2Small => {
@@ -817,7 +831,7 @@ macro_rules! legacy_fast {
                     let mut l = [0.0f32; 4];
                     _mm_storeu_ps(l.as_mut_ptr(), *acc);
                     for (q, &v) in l.iter().enumerate().take(nr) {
-                        *out.add((r0 + q) * n + c) = v;
+                        *out.add((r0 + q) * out_row + c * out_col) = v;
                     }
                 }
                 r0 += nr;
@@ -853,8 +867,57 @@ legacy_fast!(
 );
 
 /// Dispatches a fast-order tile call to the instantiation for its token count.
+/// Validates a fast-order tile call and runs the kernel for its token count, results
+/// to `out[r * out_row + c * out_col]`.
+///
+/// # Safety
+/// The kernels' features are available; every result slot is valid for writes and
+/// written by nobody else during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn fast_call<W: Block, A: Block>(
+    (w, rows, a, stride): (&[u8], usize, &[u8], usize),
+    side: ActSide<'_>,
+    n: usize,
+    (out, out_row, out_col): (*mut f32, usize, usize),
+    sums: bool,
+    imp: unsafe fn(FastCall),
+    dec: unsafe fn(FastCall),
+) {
+    let k = crate::contract::check_tile_rows::<W, A>(
+        w,
+        rows,
+        a,
+        stride,
+        side,
+        rows * n,
+        (8, crate::contract::FAST_TILE_TOKENS),
+        1,
+    );
+    let call = FastCall {
+        w: w.as_ptr(),
+        wstride: k.wstride,
+        rows: k.rows,
+        a: a.as_ptr(),
+        stride,
+        n: k.cols,
+        ad: side.scales.as_ptr(),
+        ad_stride: k.ad_stride,
+        sums: k.sums,
+        use_sums: sums && k.use_sums,
+        nb: k.nb,
+        out,
+        out_row,
+        out_col,
+    };
+    if k.cols <= 2 {
+        dec(call)
+    } else {
+        imp(call)
+    }
+}
+
 macro_rules! fast_entry {
-    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $dec:ident, $sums:literal) => {
+    ($name:ident, $into:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $dec:ident, $sums:literal) => {
         pub(super) fn $name(
             w: &[u8],
             rows: usize,
@@ -863,54 +926,56 @@ macro_rules! fast_entry {
             side: ActSide<'_>,
             out: &mut [f32],
         ) {
-            let k = crate::contract::check_tile_rows::<$w, $a>(
-                w,
-                rows,
-                a,
-                stride,
-                side,
-                out.len(),
-                8,
-                1,
+            assert!(
+                rows >= 1 && out.len().is_multiple_of(rows),
+                "tile: {rows} weight rows, {} outputs",
+                out.len()
             );
-            let use_sums = $sums && k.use_sums;
-            let (wp, ap, dp, sp, op) = (
-                w.as_ptr(),
-                a.as_ptr(),
-                side.scales.as_ptr(),
-                k.sums,
-                out.as_mut_ptr(),
-            );
+            let n = out.len() / rows;
             // SAFETY: handed out by the kernel table only after the features were
-            // detected; `check_tile_rows` validated every byte, scale and sum read, and
-            // `out` holds rows * cols results.
+            // detected; the slots r * n + c (r < rows, c < n) are exactly `out`.
             unsafe {
-                let call = FastCall {
-                    w: wp,
-                    wstride: k.wstride,
-                    rows: k.rows,
-                    a: ap,
-                    stride,
-                    n: k.cols,
-                    ad: dp,
-                    ad_stride: k.ad_stride,
-                    sums: sp,
-                    use_sums,
-                    nb: k.nb,
-                    out: op,
-                };
-                if k.cols <= 2 {
-                    $dec::<$ty>(call)
-                } else {
-                    $imp::<$ty>(call)
-                }
+                fast_call::<$w, $a>(
+                    (w, rows, a, stride),
+                    side,
+                    n,
+                    (out.as_mut_ptr(), n, 1),
+                    $sums,
+                    $imp::<$ty>,
+                    $dec::<$ty>,
+                )
             }
+        }
+
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`].
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $into(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            fast_call::<$w, $a>(
+                (w, rows, a, stride),
+                side,
+                n,
+                (out, 1, out_stride),
+                $sums,
+                $imp::<$ty>,
+                $dec::<$ty>,
+            )
         }
     };
 }
 
 fast_entry!(
     q4_0_fast_many,
+    q4_0_fast_many_into,
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
@@ -920,6 +985,7 @@ fast_entry!(
 );
 fast_entry!(
     q4_1_fast_many,
+    q4_1_fast_many_into,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
@@ -929,6 +995,7 @@ fast_entry!(
 );
 fast_entry!(
     q5_0_fast_many,
+    q5_0_fast_many_into,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
@@ -938,6 +1005,7 @@ fast_entry!(
 );
 fast_entry!(
     q5_1_fast_many,
+    q5_1_fast_many_into,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
@@ -947,6 +1015,7 @@ fast_entry!(
 );
 fast_entry!(
     q8_0_fast_many,
+    q8_0_fast_many_into,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
@@ -956,6 +1025,7 @@ fast_entry!(
 );
 fast_entry!(
     q4_0_fast_many_vnni,
+    q4_0_fast_many_vnni_into,
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
@@ -965,6 +1035,7 @@ fast_entry!(
 );
 fast_entry!(
     q4_1_fast_many_vnni,
+    q4_1_fast_many_vnni_into,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
@@ -974,6 +1045,7 @@ fast_entry!(
 );
 fast_entry!(
     q5_0_fast_many_vnni,
+    q5_0_fast_many_vnni_into,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
@@ -983,6 +1055,7 @@ fast_entry!(
 );
 fast_entry!(
     q5_1_fast_many_vnni,
+    q5_1_fast_many_vnni_into,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
@@ -992,6 +1065,7 @@ fast_entry!(
 );
 fast_entry!(
     q8_0_fast_many_vnni,
+    q8_0_fast_many_vnni_into,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
