@@ -1,4 +1,5 @@
-//! `rllama`: fetch, inspect, tokenize, run and score GGUF models; write synthetic ones.
+//! `rllama`: fetch, inspect, tokenize, run and score GGUF models; write synthetic ones;
+//! list offload devices.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -34,6 +35,17 @@ enum Cmd {
     },
     /// List the registry models and whether they are cached.
     Models,
+    /// List the ggml backends and devices layers can be offloaded to (`-ngl`), or say why
+    /// this machine is CPU only.
+    Devices {
+        /// Directory holding ggml's libraries (default: $RLLAMA_GGML_DIR, ggml/ beside
+        /// this binary, then the build's output).
+        #[arg(long)]
+        ggml_dir: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a GGUF file's metadata and tensor table.
     Inspect {
         /// Registry name or path to a .gguf file.
@@ -206,6 +218,14 @@ fn run(cli: Cli) -> Result<()> {
                     "not fetched".into()
                 };
                 writeln!(out, "{:<20} {:<55} {}", m.name, m.description, state)?;
+            }
+        }
+        Cmd::Devices { ggml_dir, json } => {
+            let report = runtime::offload::probe(ggml_dir.as_deref());
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+            } else {
+                write!(out, "{}", runtime::offload::render(&report))?;
             }
         }
         Cmd::Tokenize {

@@ -9,6 +9,7 @@ pub mod load;
 pub mod matmul;
 pub mod model;
 pub mod numa;
+pub mod offload;
 pub mod pool;
 pub mod registry;
 pub mod runner;

@@ -1,5 +1,5 @@
 //! Helpers shared by the `rllama` binary's tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,352 @@
+//! Devices for offload: which ggml backends and devices this machine has.
+//!
+//! Offloaded layers run as ggml graphs on a ggml backend (CUDA, Vulkan, SYCL, or ggml's
+//! own CPU backend standing in for a device in tests), while our runtime keeps the
+//! scheduler, the KV manager and the CPU layers. ggml comes from `ggml-sys`: shared
+//! libraries found at run time, so the same binary runs with and without a GPU. This
+//! module answers `rllama devices`: what was found, and when it is "CPU only", why.
+
+use std::path::{Path, PathBuf};
+
+use ggml_sys::{BackendLoad, DeviceKind, Ggml, OpenError, GPU_BACKENDS};
+use serde::Serialize;
+
+/// Everything `rllama devices` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// ggml's version as loaded (`None` when ggml could not be loaded).
+    pub ggml_version: Option<String>,
+    /// The backend API version this build's ggml expects of backend modules.
+    pub backend_api: Option<i32>,
+    /// The directory the libraries came from.
+    pub lib_dir: Option<PathBuf>,
+    /// One entry per backend module file, loaded or refused.
+    pub backends: Vec<BackendEntry>,
+    /// True when no device other than a CPU was found.
+    pub cpu_only: bool,
+    /// Why it is CPU only (`None` when a device was found).
+    pub cpu_only_reason: Option<String>,
+}
+
+/// One backend module and what became of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendEntry {
+    /// The backend as its file names it (`cpu`, `vulkan`, `cuda`).
+    pub backend: String,
+    pub file: PathBuf,
+    /// ggml's name for it once loaded (`CPU`, `Vulkan`).
+    pub name: Option<String>,
+    pub devices: Vec<Device>,
+    /// Why ggml refused the module (`None` when it loaded).
+    pub error: Option<String>,
+}
+
+/// One device of a backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    pub name: String,
+    pub description: String,
+    /// `cpu`, `gpu`, `igpu`, `accel`.
+    pub kind: String,
+    pub memory_free: u64,
+    pub memory_total: u64,
+}
+
+/// Probes ggml from `dir`, or from the default search path (`$RLLAMA_GGML_DIR`, `ggml/`
+/// beside the binary, the build's output) when `dir` is `None`.
+pub fn probe(dir: Option<&Path>) -> DeviceReport {
+    let owned;
+    let ggml: Result<&Ggml, OpenError> = match dir {
+        Some(d) => match Ggml::open(d) {
+            Ok(g) => {
+                owned = g;
+                Ok(&owned)
+            }
+            Err(e) => Err(e),
+        },
+        None => Ggml::global(),
+    };
+    match ggml {
+        Err(e) => DeviceReport {
+            ggml_version: None,
+            backend_api: ggml_sys::backend_api(),
+            lib_dir: dir.map(Path::to_path_buf),
+            backends: Vec::new(),
+            cpu_only: true,
+            cpu_only_reason: Some(format!("no ggml: {e}")),
+        },
+        Ok(g) => report(g),
+    }
+}
+
+fn report(g: &Ggml) -> DeviceReport {
+    let backends: Vec<BackendEntry> = g.load_backends().iter().map(entry).collect();
+    let has_device = backends
+        .iter()
+        .flat_map(|b| &b.devices)
+        .any(|d| d.kind != DeviceKind::Cpu.as_str());
+    let cpu_only_reason = (!has_device).then(|| cpu_only_reason(g.dir(), &backends));
+    DeviceReport {
+        ggml_version: Some(g.loaded_version()),
+        backend_api: ggml_sys::backend_api(),
+        lib_dir: Some(g.dir().to_path_buf()),
+        backends,
+        cpu_only: !has_device,
+        cpu_only_reason,
+    }
+}
+
+fn entry(l: &BackendLoad) -> BackendEntry {
+    let (name, devices, error) = match &l.outcome {
+        Ok(b) => (
+            Some(b.name.clone()),
+            b.devices
+                .iter()
+                .map(|d| Device {
+                    name: d.name.clone(),
+                    description: d.description.clone(),
+                    kind: d.kind.as_str().to_string(),
+                    memory_free: d.memory_free,
+                    memory_total: d.memory_total,
+                })
+                .collect(),
+            None,
+        ),
+        Err(e) => (None, Vec::new(), Some(e.clone())),
+    };
+    BackendEntry {
+        backend: l.backend.clone(),
+        file: l.file.clone(),
+        name,
+        devices,
+        error,
+    }
+}
+
+/// Says, per GPU backend, why it gave no device: no library, a refused library, or a
+/// library that found no device (no driver, no GPU).
+fn cpu_only_reason(dir: &Path, backends: &[BackendEntry]) -> String {
+    let mut reasons = Vec::new();
+    let mut missing = Vec::new();
+    for name in GPU_BACKENDS {
+        match backends.iter().find(|b| b.backend == name) {
+            None => missing.push(format!("libggml-{name}.so")),
+            Some(b) => match &b.error {
+                Some(e) => reasons.push(format!("{name}: {e}")),
+                None => reasons.push(format!(
+                    "{name}: backend loaded, no device found (no driver or no GPU)"
+                )),
+            },
+        }
+    }
+    if !missing.is_empty() {
+        reasons.push(format!("no {} in {}", missing.join(", "), dir.display()));
+    }
+    reasons.join("; ")
+}
+
+/// The report as the table `rllama devices` prints.
+pub fn render(r: &DeviceReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    match (&r.ggml_version, &r.lib_dir) {
+        (Some(v), Some(dir)) => {
+            let _ = writeln!(
+                s,
+                "ggml {v} (backend API {}), libraries in {}",
+                r.backend_api
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                dir.display()
+            );
+        }
+        _ => {
+            let _ = writeln!(s, "ggml: not available");
+        }
+    }
+    let rows: Vec<[String; 5]> = r
+        .backends
+        .iter()
+        .flat_map(|b| {
+            let backend = b.name.clone().unwrap_or_else(|| b.backend.clone());
+            if b.error.is_some() {
+                Vec::new()
+            } else if b.devices.is_empty() {
+                vec![[
+                    backend,
+                    "-".into(),
+                    "-".into(),
+                    "no device".into(),
+                    "-".into(),
+                ]]
+            } else {
+                b.devices
+                    .iter()
+                    .map(|d| {
+                        [
+                            backend.clone(),
+                            d.name.clone(),
+                            d.kind.clone(),
+                            d.description.clone(),
+                            format!("{} / {}", gib(d.memory_free), gib(d.memory_total)),
+                        ]
+                    })
+                    .collect()
+            }
+        })
+        .collect();
+    if !rows.is_empty() {
+        let header = [
+            "backend",
+            "device",
+            "type",
+            "description",
+            "memory free / total",
+        ];
+        let mut w = header.map(str::len);
+        for row in &rows {
+            for (i, c) in row.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: [&str; 5]| {
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    l.push_str(c);
+                } else {
+                    let _ = write!(l, "{c:<width$}  ", width = w[i]);
+                }
+            }
+            l.trim_end().to_string()
+        };
+        let _ = writeln!(s, "{}", line(header));
+        for row in &rows {
+            let _ = writeln!(s, "{}", line([&row[0], &row[1], &row[2], &row[3], &row[4]]));
+        }
+    }
+    for b in &r.backends {
+        if let Some(e) = &b.error {
+            let file = b.file.file_name().map(|f| f.to_string_lossy().into_owned());
+            let _ = writeln!(s, "{}: refused: {e}", file.unwrap_or_default());
+        }
+    }
+    match &r.cpu_only_reason {
+        Some(why) => {
+            let _ = writeln!(s, "CPU only: {why}");
+        }
+        None => {
+            let n = r
+                .backends
+                .iter()
+                .flat_map(|b| &b.devices)
+                .filter(|d| d.kind != "cpu")
+                .count();
+            let _ = writeln!(
+                s,
+                "{n} offload device(s): use -ngl N to put N layers on one"
+            );
+        }
+    }
+    s
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(backend: &str, error: Option<&str>, kinds: &[&str]) -> BackendEntry {
+        BackendEntry {
+            backend: backend.into(),
+            file: PathBuf::from(format!("/x/libggml-{backend}.so")),
+            name: error.is_none().then(|| backend.to_uppercase()),
+            devices: kinds
+                .iter()
+                .enumerate()
+                .map(|(i, k)| Device {
+                    name: format!("{backend}{i}"),
+                    description: "d".into(),
+                    kind: (*k).into(),
+                    memory_free: 1 << 30,
+                    memory_total: 2 << 30,
+                })
+                .collect(),
+            error: error.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn cpu_only_reasons_name_each_gpu_backend() {
+        let dir = Path::new("/x");
+        let r = cpu_only_reason(dir, &[entry("cpu", None, &["cpu"])]);
+        assert_eq!(
+            r,
+            "no libggml-cuda.so, libggml-vulkan.so, libggml-sycl.so in /x"
+        );
+        let r = cpu_only_reason(
+            dir,
+            &[
+                entry("cpu", None, &["cpu"]),
+                entry("vulkan", None, &[]),
+                entry(
+                    "cuda",
+                    Some("does not load: libcuda.so.1: cannot open"),
+                    &[],
+                ),
+            ],
+        );
+        assert_eq!(
+            r,
+            "cuda: does not load: libcuda.so.1: cannot open; vulkan: backend loaded, no \
+             device found (no driver or no GPU); no libggml-sycl.so in /x"
+        );
+    }
+
+    #[test]
+    fn render_lists_devices_and_refusals() {
+        let r = DeviceReport {
+            ggml_version: Some("0.26.0".into()),
+            backend_api: Some(3),
+            lib_dir: Some("/x".into()),
+            backends: vec![
+                entry("cpu", None, &["cpu"]),
+                entry("vulkan", None, &["gpu"]),
+                entry("sycl", Some("built for another ggml"), &[]),
+            ],
+            cpu_only: false,
+            cpu_only_reason: None,
+        };
+        let t = render(&r);
+        assert!(
+            t.starts_with("ggml 0.26.0 (backend API 3), libraries in /x\n"),
+            "{t}"
+        );
+        assert!(t.contains("VULKAN   vulkan0  gpu"), "{t}");
+        assert!(
+            t.contains("libggml-sycl.so: refused: built for another ggml"),
+            "{t}"
+        );
+        assert!(t.contains("1.0 GiB / 2.0 GiB"), "{t}");
+        assert!(
+            t.ends_with("1 offload device(s): use -ngl N to put N layers on one\n"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn a_missing_directory_is_cpu_only_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = probe(Some(dir.path()));
+        assert!(r.cpu_only);
+        let why = r.cpu_only_reason.unwrap();
+        assert!(why.starts_with("no ggml: "), "{why}");
+        assert!(
+            why.contains(&dir.path().display().to_string()) || why.contains("built without"),
+            "{why}"
+        );
+    }
+}
