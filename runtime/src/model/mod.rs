@@ -21,6 +21,7 @@ use crate::matmul::{dequant_row, matmul, MatRef, Numerics, UbPos};
 use crate::numa::{
     page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
 };
+use crate::offload::{DeviceBatch, DeviceLayers, OffloadError, OffloadSpec};
 use crate::pool::ThreadPool;
 use attention::{attention, AttnShape, AttnTokens};
 
@@ -53,6 +54,8 @@ pub enum ModelError {
     BadToken { id: u32, n_vocab: usize },
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error(transparent)]
+    Offload(#[from] crate::offload::OffloadError),
     #[error(
         "context full: sequence {seq} would reach {needed} positions, the context holds {n_ctx}"
     )]
@@ -108,6 +111,8 @@ pub struct Model {
     copies: Option<WeightCopies>,
     placement: WeightPlacement,
     numerics: Numerics,
+    /// The last layers (and maybe the output layer) on a ggml device (`-ngl`).
+    device: Option<DeviceLayers>,
 }
 
 /// Which logits a sequence in a batch wants back.
@@ -346,6 +351,7 @@ impl Model {
             copies: None,
             placement: WeightPlacement::FirstTouch,
             numerics: Numerics::Exact,
+            device: None,
         })
     }
 
@@ -376,6 +382,96 @@ impl Model {
     /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
+    }
+
+    /// Moves the last `spec.n_gpu_layers` layers (all of them and the output layer when it
+    /// exceeds the layer count) to a ggml device: their weights are uploaded now, their
+    /// KV cache (`n_slots` slots, the size of the `KvCache` this model will run with) is
+    /// allocated there. `progress(done, total)` follows the upload. `-ngl 0` removes any
+    /// offload and changes nothing else.
+    pub fn offload(
+        &mut self,
+        spec: &OffloadSpec,
+        n_slots: usize,
+        threads: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(), OffloadError> {
+        self.device = None;
+        if spec.n_gpu_layers == 0 {
+            return Ok(());
+        }
+        #[cfg(not(ggml))]
+        {
+            let _ = (n_slots, threads, progress);
+            Err(OffloadError::NoGgml(
+                ggml_sys::Ggml::global()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+            ))
+        }
+        #[cfg(ggml)]
+        {
+            use crate::offload::{LayerWeights, Weight};
+            let c = &self.config;
+            let n = spec.n_gpu_layers.min(c.n_layer);
+            let first = c.n_layer - n;
+            let bytes = self.file.bytes();
+            let mat = |m: &Mat| Weight::Mat {
+                ty: m.ty,
+                n_in: m.n_in,
+                n_out: m.n_out,
+                bytes: &bytes[m.start..m.start + m.len],
+            };
+            let layers: Vec<LayerWeights<'_>> = self.layers[first..]
+                .iter()
+                .enumerate()
+                .map(|(j, l)| LayerWeights {
+                    attn_norm: &l.attn_norm,
+                    wq: mat(&l.wq),
+                    wk: mat(&l.wk),
+                    wv: mat(&l.wv),
+                    wo: mat(&l.wo),
+                    bq: l.bq.as_deref(),
+                    bk: l.bk.as_deref(),
+                    bv: l.bv.as_deref(),
+                    q_norm: l.q_norm.as_deref(),
+                    k_norm: l.k_norm.as_deref(),
+                    post_attn_norm: l.post_attn_norm.as_deref(),
+                    ffn_norm: &l.ffn_norm,
+                    gate: mat(&l.gate),
+                    up: mat(&l.up),
+                    down: mat(&l.down),
+                    post_ffn_norm: l.post_ffn_norm.as_deref(),
+                    freq_base: l.rope.freq_base,
+                    swa: c.swa_layers[first + j],
+                })
+                .collect();
+            let output = (spec.n_gpu_layers > c.n_layer)
+                .then(|| (self.output_norm.as_slice(), mat(&self.output)));
+            let ff = self
+                .layers
+                .first()
+                .and_then(|l| l.rope.freq_factors.as_deref());
+            let dev = DeviceLayers::new(
+                c,
+                first,
+                &layers,
+                output,
+                ff,
+                n_slots,
+                spec.device.as_deref(),
+                threads,
+                progress,
+            )?;
+            self.device = Some(dev);
+            Ok(())
+        }
+    }
+
+    /// The device layers, when offloaded.
+    pub fn device_layers(&self) -> Option<&DeviceLayers> {
+        self.device.as_ref()
     }
 
     /// Moves the weights where `placement` says (before the model is shared): an
@@ -581,8 +677,52 @@ impl Model {
             }
         }
 
-        for (il, layer) in self.layers.iter().enumerate() {
+        let n_cpu = self.layers.len() - self.device.as_ref().map_or(0, |dv| dv.n_layers());
+        for (il, layer) in self.layers.iter().enumerate().take(n_cpu) {
             self.layer_forward(il, layer, n_tok, kv, ws, pool);
+        }
+        if let Some(dev) = &self.device {
+            let n_out = ws.out_rows.len();
+            let db = DeviceBatch {
+                x: &ws.x[..n_tok * d],
+                pos: &ws.tok_pos,
+                seq: &ws.tok_seq,
+                seq_slots: &ws.seq_slots[..batch.len()],
+                out_rows: &ws.out_rows,
+            };
+            let res = if kv.layout().n_blocks * kv.layout().block_size > dev.n_slots() {
+                Err(OffloadError::Backend(format!(
+                    "the KV cache has {} slots, the device cache {}",
+                    kv.layout().n_blocks * kv.layout().block_size,
+                    dev.n_slots()
+                )))
+            } else if dev.has_output() {
+                dev.forward(&db, &mut ws.logits)
+            } else {
+                dev.forward(&db, &mut ws.proj)
+            };
+            if let Err(e) = res {
+                // Leave the cache as it was: the step did not happen.
+                for (sb, &(_, before, existed)) in batch.iter().zip(&starts) {
+                    if existed {
+                        kv.truncate(sb.seq, before)?;
+                    } else {
+                        kv.remove_seq(sb.seq);
+                    }
+                }
+                return Err(e.into());
+            }
+            if dev.has_output() {
+                if let Some(cap) = c.final_logit_softcap {
+                    ws.logits
+                        .iter_mut()
+                        .for_each(|v| *v = (*v / cap).tanh() * cap);
+                }
+                trace!(ws, "result_output", usize::MAX, logits);
+                return Ok(n_out);
+            }
+            ws.x.clear();
+            ws.x.extend_from_slice(&ws.proj[..n_out * d]);
         }
 
         // Final norm and logits; the last layer kept the rows with logits only.

@@ -11,6 +11,92 @@ use std::path::{Path, PathBuf};
 use ggml_sys::{BackendLoad, DeviceKind, Ggml, OpenError, GPU_BACKENDS};
 use serde::Serialize;
 
+#[cfg(ggml)]
+mod graph;
+#[cfg(ggml)]
+pub use graph::DeviceLayers;
+#[cfg(ggml)]
+pub(crate) use graph::{LayerWeights, Weight};
+
+/// Which layers go to a device: llama.cpp's `-ngl` (the last N layers; more than the
+/// model has also moves the output layer) and `--device` (a ggml device name; default the
+/// first GPU).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OffloadSpec {
+    pub n_gpu_layers: usize,
+    pub device: Option<String>,
+}
+
+/// Why layers could not be offloaded, or a device step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OffloadError {
+    #[error("offload needs ggml: {0}")]
+    NoGgml(String),
+    #[error("{0}")]
+    NoDevice(String),
+    #[error(
+        "{device}: not enough device memory: {layers} layers need {need_mib} MiB with room \
+         for the compute buffer, {free_mib} MiB free; {fit} layers would fit (-ngl {fit})"
+    )]
+    OutOfMemory {
+        device: String,
+        need_mib: usize,
+        free_mib: usize,
+        layers: usize,
+        fit: usize,
+    },
+    #[error("offload: {0}")]
+    Backend(String),
+}
+
+/// The inputs of one device call: the batch as the CPU layers leave it.
+pub struct DeviceBatch<'a> {
+    /// Hidden state entering the first offloaded layer, `n_tok x n_embd`.
+    pub x: &'a [f32],
+    /// Each token's position.
+    pub pos: &'a [usize],
+    /// Each token's sequence (index into `seq_slots`).
+    pub seq: &'a [usize],
+    /// Each sequence's KV slot per position, for all positions up to the end of this call.
+    pub seq_slots: &'a [Vec<usize>],
+    /// The rows (tokens) whose result is wanted, in order.
+    pub out_rows: &'a [usize],
+}
+
+/// Without ggml in the build there are no device layers: this type has no values.
+#[cfg(not(ggml))]
+pub enum DeviceLayers {}
+
+#[cfg(not(ggml))]
+impl DeviceLayers {
+    pub fn n_layers(&self) -> usize {
+        match *self {}
+    }
+    pub fn has_output(&self) -> bool {
+        match *self {}
+    }
+    pub fn n_slots(&self) -> usize {
+        match *self {}
+    }
+    pub fn forward(&self, _b: &DeviceBatch<'_>, _out: &mut Vec<f32>) -> Result<(), OffloadError> {
+        match *self {}
+    }
+}
+
+/// `RLLAMA_OFFLOAD_MEM_LIMIT` caps the free memory a device reports (bytes, or a number
+/// with a `K`/`M`/`G` suffix): how the out-of-memory path is tested without a small GPU.
+pub(crate) fn memory_limit_override() -> Option<usize> {
+    let v = std::env::var("RLLAMA_OFFLOAD_MEM_LIMIT").ok()?;
+    let v = v.trim();
+    let (num, mul) = match v.chars().last()? {
+        'K' | 'k' => (&v[..v.len() - 1], 1usize << 10),
+        'M' | 'm' => (&v[..v.len() - 1], 1 << 20),
+        'G' | 'g' => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    num.trim().parse::<usize>().ok().map(|n| n * mul)
+}
+
 /// Everything `rllama devices` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceReport {

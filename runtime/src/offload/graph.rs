@@ -1,0 +1,784 @@
+//! The offloaded layers of a model as ggml graphs on one ggml device.
+//!
+//! Our runtime stays in charge: it schedules, owns the KV bookkeeping (which slot holds
+//! which position of which sequence) and runs the layers that stay on the CPU with its own
+//! kernels. The last `n` layers (llama.cpp's `-ngl` counts from the top, and `-ngl` above
+//! the layer count also moves the output layer) run here: their weights are uploaded once
+//! at load in their GGUF block formats (ggml has the same ones), their K and V caches live
+//! on the device indexed by the same slot numbers as our paged cache, and each forward
+//! call crosses the boundary once: the hidden state of the batch goes up, the rows with
+//! logits (or the logits) come back.
+//!
+//! One graph per call covers all offloaded layers for all tokens of a continuous batch:
+//! K/V rows are written with `ggml_set_rows` at each token's slot, attention gathers the
+//! slots of the batch's sequences once per layer and a mask keeps each token to its own
+//! sequence, causal order and (gemma3's local layers) sliding window, so a token never sees
+//! another sequence's keys.
+
+use std::ffi::{c_void, CString};
+use std::ptr::null_mut;
+use std::sync::Mutex;
+
+use ggml_sys::sys::{self, ggml_context, ggml_tensor, GgmlLib};
+use ggml_sys::Ggml;
+use quant::ops::rope::RopeStyle;
+
+use super::{DeviceBatch, OffloadError};
+use crate::model::config::{Arch, Config};
+
+/// Graph nodes a call may create (about 40 per layer plus the ends).
+const GRAPH_SIZE: usize = 16384;
+
+/// What the model hands over for upload: a matrix's GGUF bytes or an f32 vector.
+pub(crate) enum Weight<'a> {
+    Mat {
+        ty: quant::GgmlType,
+        n_in: usize,
+        n_out: usize,
+        bytes: &'a [u8],
+    },
+    Vec(&'a [f32]),
+}
+
+/// One offloaded layer's weights (tensors in the device buffer).
+struct LayerW {
+    attn_norm: *mut ggml_tensor,
+    wq: *mut ggml_tensor,
+    wk: *mut ggml_tensor,
+    wv: *mut ggml_tensor,
+    wo: *mut ggml_tensor,
+    bq: Option<*mut ggml_tensor>,
+    bk: Option<*mut ggml_tensor>,
+    bv: Option<*mut ggml_tensor>,
+    q_norm: Option<*mut ggml_tensor>,
+    k_norm: Option<*mut ggml_tensor>,
+    post_attn_norm: Option<*mut ggml_tensor>,
+    ffn_norm: *mut ggml_tensor,
+    gate: *mut ggml_tensor,
+    up: *mut ggml_tensor,
+    down: *mut ggml_tensor,
+    post_ffn_norm: Option<*mut ggml_tensor>,
+    k_cache: *mut ggml_tensor,
+    v_cache: *mut ggml_tensor,
+    freq_base: f32,
+    swa: bool,
+}
+
+/// The per-layer weights of one layer as the model gives them.
+pub(crate) struct LayerWeights<'a> {
+    pub attn_norm: &'a [f32],
+    pub wq: Weight<'a>,
+    pub wk: Weight<'a>,
+    pub wv: Weight<'a>,
+    pub wo: Weight<'a>,
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub ffn_norm: &'a [f32],
+    pub gate: Weight<'a>,
+    pub up: Weight<'a>,
+    pub down: Weight<'a>,
+    pub post_ffn_norm: Option<&'a [f32]>,
+    pub freq_base: f32,
+    pub swa: bool,
+}
+
+struct State {
+    galloc: sys::ggml_gallocr_t,
+    /// Memory for the per-call graph context (tensor and graph metadata only).
+    meta: Vec<u8>,
+    /// Largest compute buffer seen, for the memory report.
+    compute_bytes: usize,
+}
+
+/// The offloaded layers on one device.
+pub struct DeviceLayers {
+    g: &'static Ggml,
+    backend: sys::ggml_backend_t,
+    /// ggml's device name (`CPU`, `Vulkan0`).
+    pub device: String,
+    /// Index of the first offloaded layer.
+    pub first_layer: usize,
+    layers: Vec<LayerW>,
+    /// Output norm and matrix when the output layer is offloaded too.
+    output: Option<(*mut ggml_tensor, *mut ggml_tensor)>,
+    freq_factors: Option<*mut ggml_tensor>,
+    cfg: Config,
+    n_slots: usize,
+    w_ctx: *mut ggml_context,
+    w_buf: sys::ggml_backend_buffer_t,
+    kv_ctx: *mut ggml_context,
+    kv_buf: sys::ggml_backend_buffer_t,
+    /// Bytes on the device: weights, KV cache.
+    pub weight_bytes: usize,
+    pub kv_bytes: usize,
+    state: Mutex<State>,
+}
+
+// SAFETY: the raw pointers are ggml objects owned by this value; every use of the mutable
+// ones (the allocator, the KV tensors written by a graph) happens under `state`'s lock,
+// and the weight tensors are only read after load.
+unsafe impl Send for DeviceLayers {}
+unsafe impl Sync for DeviceLayers {}
+
+fn gtype(ty: quant::GgmlType) -> sys::ggml_type {
+    ty as u32 as sys::ggml_type
+}
+
+impl DeviceLayers {
+    /// Uploads `layers` (the model's last layers, in order, starting at `first_layer`)
+    /// and, when `output` is given, the output norm and matrix; allocates their K/V caches
+    /// for `n_slots` slots. `device` is a ggml device name (`None`: the first GPU-like
+    /// device). `threads` sets the CPU backend's threads when the device is ggml's CPU.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: &Config,
+        first_layer: usize,
+        layers: &[LayerWeights<'_>],
+        output: Option<(&[f32], Weight<'_>)>,
+        freq_factors: Option<&[f32]>,
+        n_slots: usize,
+        device: Option<&str>,
+        threads: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<DeviceLayers, OffloadError> {
+        let g = Ggml::global().map_err(|e| OffloadError::NoGgml(e.to_string()))?;
+        let _ = g.load_backends();
+        let l = g.raw();
+        let dev = pick_device(g, device)?;
+        // SAFETY: dev is a registered device; the name is owned by ggml.
+        let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
+
+        // Memory check before any allocation: what the layers need against what the
+        // device has free, naming how many layers would fit.
+        let k_dim = cfg.n_head_kv * cfg.head_dim_k;
+        let v_dim = cfg.n_head_kv * cfg.head_dim_v;
+        let kv_per_layer = n_slots * (k_dim + v_dim) * 2;
+        let layer_bytes: Vec<usize> = layers
+            .iter()
+            .map(|w| layer_weight_bytes(w) + kv_per_layer)
+            .collect();
+        let out_bytes = output
+            .as_ref()
+            .map_or(0, |(n, w)| n.len() * 4 + weight_bytes(w));
+        let need: usize = layer_bytes.iter().sum::<usize>() + out_bytes;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers point at locals.
+        unsafe { l.ggml_backend_dev_memory(dev, &mut free, &mut total) };
+        if let Some(limit) = super::memory_limit_override() {
+            free = free.min(limit);
+        }
+        // Keep room for the compute buffer (activations of one call).
+        let reserve = 64 << 20;
+        if need + reserve > free {
+            let mut fit = 0;
+            let mut used = reserve;
+            for b in layer_bytes.iter().rev() {
+                if used + b > free {
+                    break;
+                }
+                used += b;
+                fit += 1;
+            }
+            return Err(OffloadError::OutOfMemory {
+                device: dev_name,
+                need_mib: (need + reserve) >> 20,
+                free_mib: free >> 20,
+                layers: layers.len(),
+                fit,
+            });
+        }
+
+        // SAFETY: NULL params are accepted by every backend's init.
+        let backend = unsafe { l.ggml_backend_dev_init(dev, std::ptr::null()) };
+        if backend.is_null() {
+            return Err(OffloadError::Backend(format!(
+                "{dev_name}: backend init failed"
+            )));
+        }
+        set_threads(l, dev, backend, threads);
+
+        let n_tensors = layers.len() * 20 + 4;
+        let w_ctx = new_ctx(l, n_tensors)?;
+        let kv_ctx = new_ctx(l, layers.len() * 2 + 2)?;
+        let mut uploads: Vec<(*mut ggml_tensor, *const u8, usize)> = Vec::new();
+        let mut new_w = |w: &Weight<'_>| -> *mut ggml_tensor {
+            // SAFETY: w_ctx is a live no-alloc context sized for these tensors.
+            unsafe {
+                match w {
+                    Weight::Mat {
+                        ty,
+                        n_in,
+                        n_out,
+                        bytes,
+                    } => {
+                        let t =
+                            l.ggml_new_tensor_2d(w_ctx, gtype(*ty), *n_in as i64, *n_out as i64);
+                        uploads.push((t, bytes.as_ptr(), bytes.len()));
+                        t
+                    }
+                    Weight::Vec(v) => {
+                        let t = l.ggml_new_tensor_1d(
+                            w_ctx,
+                            sys::ggml_type_GGML_TYPE_F32,
+                            v.len() as i64,
+                        );
+                        uploads.push((t, v.as_ptr().cast(), v.len() * 4));
+                        t
+                    }
+                }
+            }
+        };
+        let mut lw = Vec::with_capacity(layers.len());
+        for w in layers {
+            let v = Weight::Vec;
+            let attn_norm = new_w(&v(w.attn_norm));
+            let wq = new_w(&w.wq);
+            let wk = new_w(&w.wk);
+            let wv = new_w(&w.wv);
+            let wo = new_w(&w.wo);
+            let bq = w.bq.map(|b| new_w(&v(b)));
+            let bk = w.bk.map(|b| new_w(&v(b)));
+            let bv = w.bv.map(|b| new_w(&v(b)));
+            let q_norm = w.q_norm.map(|b| new_w(&v(b)));
+            let k_norm = w.k_norm.map(|b| new_w(&v(b)));
+            let post_attn_norm = w.post_attn_norm.map(|b| new_w(&v(b)));
+            let ffn_norm = new_w(&v(w.ffn_norm));
+            let gate = new_w(&w.gate);
+            let up = new_w(&w.up);
+            let down = new_w(&w.down);
+            let post_ffn_norm = w.post_ffn_norm.map(|b| new_w(&v(b)));
+            // SAFETY: kv_ctx is a live no-alloc context.
+            let (k_cache, v_cache) = unsafe {
+                (
+                    l.ggml_new_tensor_2d(
+                        kv_ctx,
+                        sys::ggml_type_GGML_TYPE_F16,
+                        k_dim as i64,
+                        n_slots as i64,
+                    ),
+                    l.ggml_new_tensor_2d(
+                        kv_ctx,
+                        sys::ggml_type_GGML_TYPE_F16,
+                        v_dim as i64,
+                        n_slots as i64,
+                    ),
+                )
+            };
+            lw.push(LayerW {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                bq,
+                bk,
+                bv,
+                q_norm,
+                k_norm,
+                post_attn_norm,
+                ffn_norm,
+                gate,
+                up,
+                down,
+                post_ffn_norm,
+                k_cache,
+                v_cache,
+                freq_base: w.freq_base,
+                swa: w.swa,
+            });
+        }
+        let out = output.as_ref().map(|(norm, w)| {
+            let n = new_w(&Weight::Vec(norm));
+            (n, new_w(w))
+        });
+        let ff = freq_factors.map(|f| new_w(&Weight::Vec(f)));
+
+        // SAFETY: contexts hold only tensor metadata; the backend allocates their data.
+        let w_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(w_ctx, backend) };
+        let kv_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(kv_ctx, backend) };
+        if w_buf.is_null() || kv_buf.is_null() {
+            unsafe {
+                if !w_buf.is_null() {
+                    l.ggml_backend_buffer_free(w_buf);
+                }
+                if !kv_buf.is_null() {
+                    l.ggml_backend_buffer_free(kv_buf);
+                }
+                l.ggml_free(w_ctx);
+                l.ggml_free(kv_ctx);
+                l.ggml_backend_free(backend);
+            }
+            return Err(OffloadError::OutOfMemory {
+                device: dev_name,
+                need_mib: need >> 20,
+                free_mib: free >> 20,
+                layers: layers.len(),
+                fit: 0,
+            });
+        }
+        let total_uploads = uploads.len();
+        for (i, (t, p, n)) in uploads.into_iter().enumerate() {
+            // SAFETY: t was allocated with exactly n bytes (its type and shape); p points
+            // at n readable bytes (the mapped file or a loaded vector).
+            unsafe { l.ggml_backend_tensor_set(t, p.cast::<c_void>(), 0, n) };
+            progress(i + 1, total_uploads);
+        }
+        // SAFETY: kv_buf is live.
+        unsafe { l.ggml_backend_buffer_clear(kv_buf, 0) };
+        let weight_bytes = unsafe { l.ggml_backend_buffer_get_size(w_buf) };
+        let kv_bytes = unsafe { l.ggml_backend_buffer_get_size(kv_buf) };
+        // SAFETY: the backend is live; its default buffer type outlives the allocator.
+        let galloc = unsafe { l.ggml_gallocr_new(l.ggml_backend_get_default_buffer_type(backend)) };
+        let meta_size = unsafe {
+            l.ggml_tensor_overhead() * GRAPH_SIZE + l.ggml_graph_overhead_custom(GRAPH_SIZE, false)
+        };
+        Ok(DeviceLayers {
+            g,
+            backend,
+            device: dev_name,
+            first_layer,
+            layers: lw,
+            output: out,
+            freq_factors: ff,
+            cfg: cfg.clone(),
+            n_slots,
+            w_ctx,
+            w_buf,
+            kv_ctx,
+            kv_buf,
+            weight_bytes,
+            kv_bytes,
+            state: Mutex::new(State {
+                galloc,
+                meta: vec![0u8; meta_size],
+                compute_bytes: 0,
+            }),
+        })
+    }
+
+    /// Number of offloaded layers.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether the output layer runs here too (then `forward` returns logits).
+    pub fn has_output(&self) -> bool {
+        self.output.is_some()
+    }
+
+    /// KV slots the device cache holds.
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+
+    /// Largest compute buffer used so far.
+    pub fn compute_bytes(&self) -> usize {
+        self.state.lock().map(|s| s.compute_bytes).unwrap_or(0)
+    }
+
+    /// Runs the offloaded layers for one batch and writes, for `b.out_rows`, either the
+    /// hidden state after the last layer (`n_out x n_embd`) or, with the output layer
+    /// here, the logits (`n_out x n_vocab`) into `out`.
+    pub fn forward(&self, b: &DeviceBatch<'_>, out: &mut Vec<f32>) -> Result<(), OffloadError> {
+        let c = &self.cfg;
+        let l = self.g.raw();
+        let d = c.n_embd;
+        let n_tok = b.pos.len();
+        let n_out = b.out_rows.len();
+        if n_tok == 0 || n_out == 0 {
+            out.clear();
+            return Ok(());
+        }
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| OffloadError::Backend("device state poisoned".into()))?;
+
+        // The slots the batch attends over: every position of each sequence of the batch.
+        let mut kv_idx: Vec<i32> = Vec::new();
+        let mut kv_seq: Vec<(usize, usize)> = Vec::new(); // (sequence, position)
+        for (s, slots) in b.seq_slots.iter().enumerate() {
+            if !b.seq.contains(&s) {
+                continue;
+            }
+            for (p, &slot) in slots.iter().enumerate() {
+                if slot >= self.n_slots {
+                    return Err(OffloadError::Backend(format!(
+                        "KV slot {slot} is beyond the device cache's {} slots",
+                        self.n_slots
+                    )));
+                }
+                kv_idx.push(slot as i32);
+                kv_seq.push((s, p));
+            }
+        }
+        let n_kv = kv_idx.len();
+        let mask_for = |window: usize| -> Vec<f32> {
+            let mut m = vec![f32::NEG_INFINITY; n_kv * n_tok];
+            for t in 0..n_tok {
+                let (s, pos) = (b.seq[t], b.pos[t]);
+                let first = if window > 0 {
+                    (pos + 1).saturating_sub(window)
+                } else {
+                    0
+                };
+                for (j, &(ks, kp)) in kv_seq.iter().enumerate() {
+                    if ks == s && kp <= pos && kp >= first {
+                        m[t * n_kv + j] = 0.0;
+                    }
+                }
+            }
+            m
+        };
+        let mask = mask_for(0);
+        let mask_swa =
+            (c.n_swa > 0 && self.layers.iter().any(|w| w.swa)).then(|| mask_for(c.n_swa));
+        let slot_of: Vec<i64> = (0..n_tok)
+            .map(|t| b.seq_slots[b.seq[t]][b.pos[t]] as i64)
+            .collect();
+        let pos: Vec<i32> = b.pos.iter().map(|&p| p as i32).collect();
+        let rows: Vec<i32> = b.out_rows.iter().map(|&r| r as i32).collect();
+
+        // SAFETY: all ggml calls below act on the per-call context (backed by st.meta),
+        // the device's weight and KV tensors, and input buffers that outlive the calls.
+        unsafe {
+            let params = sys::ggml_init_params {
+                mem_size: st.meta.len(),
+                mem_buffer: st.meta.as_mut_ptr().cast(),
+                no_alloc: true,
+            };
+            let ctx = l.ggml_init(params);
+            if ctx.is_null() {
+                return Err(OffloadError::Backend("ggml_init failed".into()));
+            }
+            let gb = Gb { l, ctx };
+            let inp_x = gb.input(sys::ggml_type_GGML_TYPE_F32, &[d, n_tok]);
+            let inp_pos = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_tok]);
+            let inp_slot = gb.input(sys::ggml_type_GGML_TYPE_I64, &[n_tok]);
+            let inp_kv = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_kv]);
+            let inp_mask = gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]);
+            let inp_mask_swa = mask_swa
+                .as_ref()
+                .map(|_| gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]));
+            let inp_rows = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_out]);
+
+            let gf = l.ggml_new_graph_custom(ctx, GRAPH_SIZE, false);
+            let mut x = inp_x;
+            for w in &self.layers {
+                let m = if w.swa {
+                    inp_mask_swa.unwrap_or(inp_mask)
+                } else {
+                    inp_mask
+                };
+                x = self.layer(&gb, gf, w, x, inp_pos, inp_slot, inp_kv, m, n_tok, n_kv);
+            }
+            let mut res = l.ggml_get_rows(ctx, x, inp_rows);
+            if let Some((norm, w)) = self.output {
+                res = l.ggml_mul(ctx, l.ggml_rms_norm(ctx, res, c.rms_eps), norm);
+                res = l.ggml_mul_mat(ctx, w, res);
+            }
+            l.ggml_set_output(res);
+            l.ggml_build_forward_expand(gf, res);
+
+            if !l.ggml_gallocr_alloc_graph(st.galloc, gf) {
+                l.ggml_free(ctx);
+                return Err(OffloadError::Backend(format!(
+                    "{}: out of device memory for the compute buffer ({n_tok} tokens, {n_kv} KV slots)",
+                    self.device
+                )));
+            }
+            st.compute_bytes = st
+                .compute_bytes
+                .max(l.ggml_gallocr_get_buffer_size(st.galloc, 0));
+            set(l, inp_x, b.x.as_ptr(), n_tok * d);
+            set(l, inp_pos, pos.as_ptr(), n_tok);
+            set(l, inp_slot, slot_of.as_ptr(), n_tok);
+            set(l, inp_kv, kv_idx.as_ptr(), n_kv);
+            set(l, inp_mask, mask.as_ptr(), n_kv * n_tok);
+            if let (Some(t), Some(m)) = (inp_mask_swa, &mask_swa) {
+                set(l, t, m.as_ptr(), n_kv * n_tok);
+            }
+            set(l, inp_rows, rows.as_ptr(), n_out);
+            let status = l.ggml_backend_graph_compute(self.backend, gf);
+            if status != sys::ggml_status_GGML_STATUS_SUCCESS {
+                l.ggml_free(ctx);
+                return Err(OffloadError::Backend(format!(
+                    "{}: graph compute failed (status {status})",
+                    self.device
+                )));
+            }
+            let width = if self.output.is_some() { c.n_vocab } else { d };
+            out.resize(n_out * width, 0.0);
+            l.ggml_backend_tensor_get(res, out.as_mut_ptr().cast(), 0, n_out * width * 4);
+            l.ggml_free(ctx);
+        }
+        Ok(())
+    }
+
+    /// One layer's nodes. Shapes follow ggml's order: `[n_embd, n_tok]` for hidden states.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn layer(
+        &self,
+        gb: &Gb<'_>,
+        gf: *mut sys::ggml_cgraph,
+        w: &LayerW,
+        x: *mut ggml_tensor,
+        pos: *mut ggml_tensor,
+        slot: *mut ggml_tensor,
+        kv: *mut ggml_tensor,
+        mask: *mut ggml_tensor,
+        n_tok: usize,
+        n_kv: usize,
+    ) -> *mut ggml_tensor {
+        let c = &self.cfg;
+        let (l, ctx) = (gb.l, gb.ctx);
+        let (hk, hv) = (c.head_dim_k as i64, c.head_dim_v as i64);
+        let (nh, nkv) = (c.n_head as i64, c.n_head_kv as i64);
+        let (nt, nk) = (n_tok as i64, n_kv as i64);
+        let gemma = c.arch == Arch::Gemma3;
+        let norm = |t: *mut ggml_tensor, w: *mut ggml_tensor| {
+            l.ggml_mul(ctx, l.ggml_rms_norm(ctx, t, c.rms_eps), w)
+        };
+        let bias = |t: *mut ggml_tensor, b: Option<*mut ggml_tensor>| match b {
+            Some(b) => l.ggml_add(ctx, t, b),
+            None => t,
+        };
+
+        let cur = norm(x, w.attn_norm);
+        let q = bias(l.ggml_mul_mat(ctx, w.wq, cur), w.bq);
+        let k = bias(l.ggml_mul_mat(ctx, w.wk, cur), w.bk);
+        let v = bias(l.ggml_mul_mat(ctx, w.wv, cur), w.bv);
+        let mut q = l.ggml_reshape_3d(ctx, q, hk, nh, nt);
+        let mut k = l.ggml_reshape_3d(ctx, k, hk, nkv, nt);
+        if let Some(qn) = w.q_norm {
+            q = norm(q, qn);
+        }
+        if let Some(kn) = w.k_norm {
+            k = norm(k, kn);
+        }
+        let mode = match c.arch.rope_style() {
+            RopeStyle::Normal => 0,
+            RopeStyle::Neox => 2,
+        };
+        let ff = self.freq_factors.unwrap_or(null_mut());
+        let rope = |t| {
+            l.ggml_rope_ext(
+                ctx,
+                t,
+                pos,
+                ff,
+                c.n_rot as i32,
+                mode,
+                c.n_ctx_train as i32,
+                w.freq_base,
+                c.rope_freq_scale,
+                0.0,
+                1.0,
+                32.0,
+                1.0,
+            )
+        };
+        let mut q = rope(q);
+        let k = rope(k);
+        // gemma3 scales the query before the scores (and the scores by 1), as ours does.
+        let kq_scale = if gemma {
+            q = l.ggml_scale(ctx, q, c.attn_scale);
+            1.0
+        } else {
+            c.attn_scale
+        };
+
+        // Write this batch's K and V rows at their slots, then gather the batch's slots.
+        let k_dim = hk * nkv;
+        let kc = l.ggml_set_rows(ctx, w.k_cache, l.ggml_reshape_2d(ctx, k, k_dim, nt), slot);
+        let vc = l.ggml_set_rows(ctx, w.v_cache, v, slot);
+        l.ggml_build_forward_expand(gf, kc);
+        l.ggml_build_forward_expand(gf, vc);
+        let kg = l.ggml_reshape_3d(ctx, l.ggml_get_rows(ctx, kc, kv), hk, nkv, nk);
+        let vg = l.ggml_reshape_3d(ctx, l.ggml_get_rows(ctx, vc, kv), hv, nkv, nk);
+        // The gathered rows come back as f32; cast to f16 (lossless: the cache is f16) so
+        // the products round the query and the probabilities to f16 as llama.cpp's (and
+        // our CPU path's) f16 attention does.
+        let f16 = sys::ggml_type_GGML_TYPE_F16;
+        let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
+        let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
+        let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
+        let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
+        let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
+        let kqv = l.ggml_mul_mat(ctx, vt, kq); // [hv, n_tok, n_head]
+        let o = l.ggml_cont(ctx, l.ggml_permute(ctx, kqv, 0, 2, 1, 3)); // [hv, n_head, n_tok]
+        let o = l.ggml_reshape_2d(ctx, o, hv * nh, nt);
+        let mut o = l.ggml_mul_mat(ctx, w.wo, o);
+        if let Some(pn) = w.post_attn_norm {
+            o = norm(o, pn);
+        }
+        let x = l.ggml_add(ctx, x, o);
+
+        let cur = norm(x, w.ffn_norm);
+        let g = l.ggml_mul_mat(ctx, w.gate, cur);
+        let u = l.ggml_mul_mat(ctx, w.up, cur);
+        let a = if gemma {
+            l.ggml_geglu_split(ctx, g, u)
+        } else {
+            l.ggml_swiglu_split(ctx, g, u)
+        };
+        let mut o = l.ggml_mul_mat(ctx, w.down, a);
+        if let Some(pn) = w.post_ffn_norm {
+            o = norm(o, pn);
+        }
+        l.ggml_add(ctx, x, o)
+    }
+}
+
+impl Drop for DeviceLayers {
+    fn drop(&mut self) {
+        let l = self.g.raw();
+        // SAFETY: each object was created in `new` and is freed once, allocator first.
+        unsafe {
+            if let Ok(st) = self.state.get_mut() {
+                l.ggml_gallocr_free(st.galloc);
+            }
+            l.ggml_backend_buffer_free(self.w_buf);
+            l.ggml_backend_buffer_free(self.kv_buf);
+            l.ggml_free(self.w_ctx);
+            l.ggml_free(self.kv_ctx);
+            l.ggml_backend_free(self.backend);
+        }
+    }
+}
+
+/// A per-call graph context.
+struct Gb<'a> {
+    l: &'a GgmlLib,
+    ctx: *mut ggml_context,
+}
+
+impl Gb<'_> {
+    unsafe fn input(&self, ty: sys::ggml_type, shape: &[usize]) -> *mut ggml_tensor {
+        let t = match shape {
+            [a] => self.l.ggml_new_tensor_1d(self.ctx, ty, *a as i64),
+            [a, b] => self
+                .l
+                .ggml_new_tensor_2d(self.ctx, ty, *a as i64, *b as i64),
+            _ => unreachable!("inputs are 1-D or 2-D"),
+        };
+        self.l.ggml_set_input(t);
+        t
+    }
+}
+
+/// Copies `n` elements into an allocated tensor.
+unsafe fn set<T>(l: &GgmlLib, t: *mut ggml_tensor, p: *const T, n: usize) {
+    l.ggml_backend_tensor_set(t, p.cast(), 0, n * std::mem::size_of::<T>());
+}
+
+fn new_ctx(l: &GgmlLib, n_tensors: usize) -> Result<*mut ggml_context, OffloadError> {
+    // SAFETY: a no-alloc context of this size holds n_tensors tensor headers.
+    let ctx = unsafe {
+        l.ggml_init(sys::ggml_init_params {
+            mem_size: l.ggml_tensor_overhead() * n_tensors,
+            mem_buffer: null_mut(),
+            no_alloc: true,
+        })
+    };
+    if ctx.is_null() {
+        Err(OffloadError::Backend("ggml_init failed".into()))
+    } else {
+        Ok(ctx)
+    }
+}
+
+fn weight_bytes(w: &Weight<'_>) -> usize {
+    match w {
+        Weight::Mat { bytes, .. } => bytes.len(),
+        Weight::Vec(v) => v.len() * 4,
+    }
+}
+
+fn layer_weight_bytes(w: &LayerWeights<'_>) -> usize {
+    let v = |x: Option<&[f32]>| x.map_or(0, |x| x.len() * 4);
+    [&w.wq, &w.wk, &w.wv, &w.wo, &w.gate, &w.up, &w.down]
+        .iter()
+        .map(|m| weight_bytes(m))
+        .sum::<usize>()
+        + (w.attn_norm.len() + w.ffn_norm.len()) * 4
+        + v(w.bq)
+        + v(w.bk)
+        + v(w.bv)
+        + v(w.q_norm)
+        + v(w.k_norm)
+        + v(w.post_attn_norm)
+        + v(w.post_ffn_norm)
+}
+
+/// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of
+/// the tests), else the first GPU, integrated GPU or accelerator.
+fn pick_device(g: &Ggml, name: Option<&str>) -> Result<sys::ggml_backend_dev_t, OffloadError> {
+    let l = g.raw();
+    // SAFETY: registry queries on a loaded ggml.
+    unsafe {
+        let n = l.ggml_backend_dev_count();
+        let mut names = Vec::new();
+        for i in 0..n {
+            let dev = l.ggml_backend_dev_get(i);
+            let dn = cstr(l.ggml_backend_dev_name(dev));
+            let ty = l.ggml_backend_dev_type(dev);
+            match name {
+                Some(want) if dn.eq_ignore_ascii_case(want) => return Ok(dev),
+                None if ty != sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU => {
+                    return Ok(dev)
+                }
+                _ => {}
+            }
+            names.push(dn);
+        }
+        Err(match name {
+            Some(want) => OffloadError::NoDevice(format!(
+                "no ggml device named {want:?} (found: {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )),
+            None => OffloadError::NoDevice(
+                "no GPU device found (`rllama devices` says why; --device CPU runs the \
+                 offload path on ggml's CPU backend)"
+                    .into(),
+            ),
+        })
+    }
+}
+
+/// Sets the CPU backend's thread count (ggml's other backends have no such call).
+fn set_threads(
+    l: &GgmlLib,
+    dev: sys::ggml_backend_dev_t,
+    backend: sys::ggml_backend_t,
+    threads: usize,
+) {
+    let name = CString::new("ggml_backend_set_n_threads").unwrap();
+    // SAFETY: the proc address, when present, has ggml_backend_set_n_threads_t's signature.
+    unsafe {
+        let reg = l.ggml_backend_dev_backend_reg(dev);
+        let f = l.ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+        if !f.is_null() {
+            let f: unsafe extern "C" fn(sys::ggml_backend_t, i32) = std::mem::transmute(f);
+            f(backend, threads.max(1) as i32);
+        }
+    }
+}
+
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
