@@ -187,6 +187,7 @@ fn test_names() {
         n_prompt: p,
         n_gen: n,
         n_depth: d,
+        n_gpu_layers: 0,
     };
     assert_eq!(t(512, 0, 0).name(), "pp512");
     assert_eq!(t(0, 128, 0).name(), "tg128");
@@ -220,4 +221,23 @@ fn cpu_masks() {
     assert_eq!(parse_cpu_mask("f0").unwrap(), [4, 5, 6, 7]);
     assert_eq!(parse_cpu_mask("0x101").unwrap(), [0, 8]);
     assert!(parse_cpu_mask("0x").is_err());
+}
+
+#[test]
+fn offload_sweeps() {
+    let p = params(&["-ngl", "0,16,99", "-dev", "CPU", "-p", "8", "-n", "0"]);
+    assert_eq!(p.n_gpu_layers, vec![0, 16, 99]);
+    assert_eq!(p.device.as_deref(), Some("CPU"));
+    let ngl: Vec<usize> = p.tests().iter().map(|t| t.n_gpu_layers).collect();
+    assert_eq!(ngl, vec![0, 16, 99]);
+    let p = params(&["--n-gpu-layers=4", "-p", "8"]);
+    assert_eq!(p.n_gpu_layers, vec![4]);
+    assert_eq!(params(&[]).n_gpu_layers, vec![0]);
+    let e = parse_err(&["-ngl", "99", "--engine", "rllama,llamacpp"]);
+    assert!(e.contains("in-tool llama.cpp is a CPU build"), "{e}");
+    // -ngl 0 with llama.cpp is the ordinary CPU comparison.
+    assert_eq!(
+        params(&["-ngl", "0", "--engine", "rllama,llamacpp"]).n_gpu_layers,
+        vec![0]
+    );
 }

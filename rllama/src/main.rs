@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use runtime::chat::{ChatMessage, ChatTemplate};
 use runtime::gguf::{GgufFile, Value};
 use runtime::numa::{self, NumaMode, WeightPlacement};
+use runtime::offload::OffloadSpec;
 use runtime::pool::{default_threads, PoolOptions, ThreadPool};
 use runtime::registry;
 use runtime::runner::{FinishReason, Runner};
@@ -122,6 +123,13 @@ enum Cmd {
         /// see ARCHITECTURE.md, "The fast order").
         #[arg(long, default_value = "exact")]
         numerics: runtime::Numerics,
+        /// Layers on a ggml device (`-ngl`, as llama.cpp): the last N; above the layer count
+        /// the output layer too. `rllama devices` lists the devices.
+        #[arg(long = "n-gpu-layers", default_value_t = 0)]
+        n_gpu_layers: usize,
+        /// The ggml device for -ngl (`-dev`; CPU is ggml's CPU backend); default: the first GPU.
+        #[arg(long = "device")]
+        device: Option<String>,
         #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
         ctx: usize,
         #[arg(long)]
@@ -180,11 +188,24 @@ enum Cmd {
         /// see ARCHITECTURE.md, "The fast order").
         #[arg(long, default_value = "exact")]
         numerics: runtime::Numerics,
+        /// Layers on a ggml device (`-ngl`, as llama.cpp): the last N; above the layer count
+        /// the output layer too. `rllama devices` lists the devices.
+        #[arg(long = "n-gpu-layers", default_value_t = 0)]
+        n_gpu_layers: usize,
+        /// The ggml device for -ngl (`-dev`; CPU is ggml's CPU backend); default: the first GPU.
+        #[arg(long = "device")]
+        device: Option<String>,
     },
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // llama.cpp's multi-letter single-dash spellings.
+    let argv = std::env::args().map(|a| match a.as_str() {
+        "-ngl" => "--n-gpu-layers".into(),
+        "-dev" => "--device".into(),
+        _ => a,
+    });
+    let cli = Cli::parse_from(argv);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -194,10 +215,24 @@ fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each once: our library errors already print their source in
+/// their own message, which `{:#}` would repeat.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -263,13 +298,20 @@ fn run(cli: Cli) -> Result<()> {
             numa,
             numa_weights,
             numerics,
+            n_gpu_layers,
+            device,
             ctx,
             json,
         } => {
             let t_load = Instant::now();
             let threads = threads.unwrap_or_else(default_threads);
+            let spec = OffloadSpec {
+                n_gpu_layers,
+                device,
+            };
             let l = ModelFile::open(&model)?
                 .with_numerics(numerics)
+                .with_offload(spec, ctx.div_ceil(16) * 16)
                 .load_placed(numa_weights, numa, threads)?;
             let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
             let text = if chat {
@@ -394,10 +436,17 @@ fn run(cli: Cli) -> Result<()> {
             numa,
             numa_weights,
             numerics,
+            n_gpu_layers,
+            device,
         } => {
             let threads = threads.unwrap_or_else(default_threads);
+            let spec = OffloadSpec {
+                n_gpu_layers,
+                device,
+            };
             let l = ModelFile::open(&model)?
                 .with_numerics(numerics)
+                .with_offload(spec, ctx.div_ceil(16) * 16)
                 .load_placed(numa_weights, numa, threads)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;

@@ -178,3 +178,54 @@ fn backends_built_for_another_ggml_or_missing_a_driver_are_refused_by_name() {
     );
     assert!(last.contains("no libggml-sycl.so in "), "{last}");
 }
+
+#[test]
+fn run_with_layers_offloaded_and_without_a_gpu() {
+    let Some(_) = built_ggml_dir() else { return };
+    if common::model("smollm2-135m").is_none() {
+        return;
+    }
+    let args = [
+        "run",
+        "-m",
+        "smollm2-135m",
+        "-p",
+        "The capital of France is",
+        "-n",
+        "8",
+        "-t",
+        "2",
+    ];
+    let out = run_with_timeout(
+        rllama().args(args).args(["-ngl", "99", "-dev", "CPU"]),
+        Duration::from_secs(120),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("offload: 30 layers + output on CPU (CPU): weights "),
+        "{err}"
+    );
+    assert!(err.contains("finish: length"), "{err}");
+    // No GPU here: -ngl without --device names the reason and the way out.
+    let out = run_with_timeout(
+        rllama().args(args).args(["-ngl", "4"]),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot offload: no GPU device found"), "{err}");
+    assert_eq!(err.matches("no GPU device found").count(), 1, "{err}");
+    // Too little device memory: how many layers would fit.
+    let out = run_with_timeout(
+        rllama()
+            .args(args)
+            .args(["-ngl", "99", "-dev", "CPU"])
+            .env("RLLAMA_OFFLOAD_MEM_LIMIT", "100M"),
+        Duration::from_secs(60),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("30 layers and the output layer need"), "{err}");
+    assert!(err.contains("layers would fit (-ngl "), "{err}");
+}

@@ -9,6 +9,7 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::matmul::Numerics;
 use crate::model::{Model, ModelError};
 use crate::numa::{self, NumaError, NumaMode, WeightPlacement};
+use crate::offload::{OffloadError, OffloadSpec};
 use crate::registry::{self, FetchError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -27,6 +28,8 @@ pub enum LoadError {
     Model { path: PathBuf, source: ModelError },
     #[error("{}: cannot place the weights: {source}", path.display())]
     Numa { path: PathBuf, source: NumaError },
+    #[error("{}: cannot offload: {source}", path.display())]
+    Offload { path: PathBuf, source: OffloadError },
 }
 
 /// A model file opened with its tokenizer, before (or without) building the model.
@@ -37,12 +40,23 @@ pub struct ModelFile {
     pub tokenizer: Arc<Tokenizer>,
     /// The kernel orders the models built from here use (`Exact` unless set).
     pub numerics: Numerics,
+    /// Layers to put on a ggml device, with the KV slots to allocate there (see
+    /// [`ModelFile::with_offload`]).
+    pub offload: Option<(OffloadSpec, usize)>,
 }
 
 impl ModelFile {
     /// Sets the kernel orders of the models built from here (see [`Numerics`]).
     pub fn with_numerics(mut self, numerics: Numerics) -> ModelFile {
         self.numerics = numerics;
+        self
+    }
+
+    /// Offloads the models built from here as `spec` says (`-ngl`, `--device`), with a
+    /// device KV cache of `n_slots` slots: the size of the `KvCache` the model will run
+    /// with (`Model::kv_layout(n_ctx, block).n_blocks * block`). `-ngl 0` changes nothing.
+    pub fn with_offload(mut self, spec: OffloadSpec, n_slots: usize) -> ModelFile {
+        self.offload = (spec.n_gpu_layers > 0).then_some((spec, n_slots));
         self
     }
 
@@ -67,6 +81,7 @@ impl ModelFile {
             file: Arc::new(file),
             tokenizer: Arc::new(tokenizer),
             numerics: Numerics::Exact,
+            offload: None,
         })
     }
 
@@ -101,6 +116,35 @@ impl ModelFile {
                 .map_err(err)?;
             if let Some(n) = model.weight_placement_note() {
                 eprintln!("{}: {n}", self.path.display());
+            }
+        }
+        if let Some((spec, n_slots)) = &self.offload {
+            let n = spec.n_gpu_layers.min(model.config.n_layer);
+            eprintln!(
+                "offload: uploading {n} of {} layers{} to {} ...",
+                model.config.n_layer,
+                if spec.n_gpu_layers > model.config.n_layer {
+                    " and the output layer"
+                } else {
+                    ""
+                },
+                spec.device.as_deref().unwrap_or("the first GPU")
+            );
+            let mut last = 0;
+            model
+                .offload(spec, *n_slots, threads, &mut |done, total| {
+                    let pct = done * 100 / total.max(1);
+                    if pct >= last + 25 {
+                        last = pct;
+                        eprintln!("offload: {pct}% of {total} tensors");
+                    }
+                })
+                .map_err(|source| LoadError::Offload {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            if let Some(d) = model.device_layers() {
+                eprintln!("offload: {}", d.summary());
             }
         }
         Ok(model)

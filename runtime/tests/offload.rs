@@ -201,8 +201,18 @@ fn out_of_device_memory_names_how_many_layers_fit() {
     std::env::remove_var("RLLAMA_OFFLOAD_MEM_LIMIT");
     let msg = err.to_string();
     match err {
-        OffloadError::OutOfMemory { fit, layers, .. } => {
+        OffloadError::OutOfMemory {
+            fit,
+            layers,
+            output,
+            ..
+        } => {
             assert_eq!(layers, 30);
+            assert!(output);
+            assert!(
+                msg.contains("30 layers and the output layer need "),
+                "{msg}"
+            );
             assert!(fit > 0 && fit < 30, "{msg}");
             assert!(
                 msg.contains(&format!("{fit} layers would fit (-ngl {fit})")),

@@ -58,6 +58,9 @@ pub struct EngineConfig {
     /// Kernel orders (`--numerics`): llama.cpp's exact ones or the fast ones. Either way a
     /// request's output does not depend on its batch-mates.
     pub numerics: runtime::Numerics,
+    /// Layers on a ggml device (`-ngl`, `--device`); with layers offloaded, outputs follow
+    /// the device's kernels, whose rounding may depend on the batch.
+    pub offload: runtime::offload::OffloadSpec,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +80,7 @@ impl Default for EngineConfig {
             numa: None,
             numa_weights: runtime::numa::WeightPlacement::FirstTouch,
             numerics: runtime::Numerics::Exact,
+            offload: runtime::offload::OffloadSpec::default(),
         }
     }
 }
@@ -402,7 +406,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         path,
         file,
         tokenizer,
-        model,
+        mut model,
     } = runtime::ModelFile::open(&cfg.model)?
         .with_numerics(cfg.numerics)
         .load_placed(cfg.numa_weights, cfg.numa, cfg.threads.max(1))?;
@@ -432,6 +436,30 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         );
     }
     let layout = model.kv_layout(blocks * BLOCK_SIZE, BLOCK_SIZE);
+    if cfg.offload.n_gpu_layers > 0 && cfg.kv_persist.is_some() {
+        anyhow::bail!(
+            "--kv-persist with -ngl > 0 is not supported yet: the persisted prefix cache holds \
+             the CPU cache's rows, not the device's"
+        );
+    }
+    if cfg.offload.n_gpu_layers > 0 {
+        // The device cache mirrors the pool's slots, so it is sized now that they are.
+        let m = std::sync::Arc::get_mut(&mut model).expect("the model is not shared yet");
+        eprintln!(
+            "rserve: offloading {} layers to {} ...",
+            cfg.offload.n_gpu_layers.min(m.config.n_layer),
+            cfg.offload.device.as_deref().unwrap_or("the first GPU")
+        );
+        m.offload(
+            &cfg.offload,
+            blocks * BLOCK_SIZE,
+            cfg.threads.max(1),
+            &mut |_, _| {},
+        )?;
+        if let Some(d) = m.device_layers() {
+            eprintln!("rserve: offload: {}", d.summary());
+        }
+    }
     let sizing = Sizing {
         weight_bytes: model.weight_bytes(),
         kv_blocks: layout.n_blocks,

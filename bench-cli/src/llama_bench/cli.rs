@@ -195,6 +195,14 @@ pub struct Cli {
     /// far. The `isa` column marks fast kernels `/fast`
     #[arg(long = "numerics", value_name = "exact|fast", default_value = "exact")]
     pub numerics: NumericsArg,
+    /// Layers to offload to a ggml device, `-ngl` (the last N layers; above the layer count
+    /// the output layer too), a list to sweep (-ngl 0,16,99) [default: 0]
+    #[arg(long = "n-gpu-layers", value_name = "N", action = ArgAction::Append)]
+    pub n_gpu_layers: Vec<String>,
+    /// The ggml device for -ngl, `-dev` (a name from `rllama devices`; CPU is ggml's CPU
+    /// backend) [default: the first GPU]
+    #[arg(long = "device", value_name = "NAME")]
+    pub device: Option<String>,
 }
 
 /// `--numerics` values.
@@ -214,13 +222,19 @@ impl From<NumericsArg> for runtime::Numerics {
 }
 
 /// Rewrites llama-bench's multi-letter single-dash flags into clap's long form
-/// (`-pg` → `--pg`, `-ub` → `--ubatch-size`), also in their `-flag=value` form.
+/// (`-pg` → `--pg`, `-ub` → `--ubatch-size`, `-ngl` → `--n-gpu-layers`, `-dev` →
+/// `--device`), also in their `-flag=value` form.
 pub fn normalize_args<I, S>(args: I) -> Vec<String>
 where
     I: IntoIterator<Item = S>,
     S: Into<String>,
 {
-    const ALIASES: &[(&str, &str)] = &[("-pg", "--pg"), ("-ub", "--ubatch-size")];
+    const ALIASES: &[(&str, &str)] = &[
+        ("-pg", "--pg"),
+        ("-ub", "--ubatch-size"),
+        ("-ngl", "--n-gpu-layers"),
+        ("-dev", "--device"),
+    ];
     args.into_iter()
         .map(Into::into)
         .map(|a| {
@@ -380,6 +394,10 @@ pub struct Params {
     pub pin: bool,
     /// rllama's kernel orders (`--exact`: llama.cpp's).
     pub numerics: runtime::Numerics,
+    /// `-ngl` values to sweep.
+    pub n_gpu_layers: Vec<usize>,
+    /// `-dev`: the ggml device for offloaded layers.
+    pub device: Option<String>,
 }
 
 pub const DEFAULT_N_PROMPT: usize = 512;
@@ -457,6 +475,7 @@ impl Params {
                  mask, it applies to the whole run"
             ),
         };
+        let n_gpu_layers = expand(&cli.n_gpu_layers, &[0], "-ngl")?;
         let mut engines = Vec::new();
         for e in &cli.engine {
             for part in e.split(',') {
@@ -468,6 +487,13 @@ impl Params {
         }
         if engines.is_empty() {
             engines.push(Engine::Rllama);
+        }
+        if engines.contains(&Engine::LlamaCpp) && n_gpu_layers.iter().any(|&n| n > 0) {
+            bail!(
+                "-ngl > 0 with --engine llamacpp: the in-tool llama.cpp is a CPU build, so its \
+                 rows would not be offloaded; compare offload with llama.cpp's own GPU \
+                 llama-bench, or run -ngl sweeps with --engine rllama"
+            );
         }
         let p = Params {
             models,
@@ -490,6 +516,8 @@ impl Params {
             progress: !cli.no_progress,
             pin: !cli.no_pin,
             numerics: cli.numerics.into(),
+            n_gpu_layers,
+            device: cli.device,
         };
         if p.tests().is_empty() {
             bail!("nothing to run: every test has 0 tokens (check -p, -n and -pg)");
@@ -502,40 +530,43 @@ impl Params {
     pub fn tests(&self) -> Vec<TestSpec> {
         let mut out = Vec::new();
         for model in &self.models {
-            for &n_batch in &self.n_batch {
-                for &n_ubatch in &self.n_ubatch {
-                    for &threads in &self.threads {
-                        for &n_depth in &self.n_depth {
-                            let base = TestSpec {
-                                model: model.clone(),
-                                n_batch,
-                                n_ubatch,
-                                threads,
-                                n_prompt: 0,
-                                n_gen: 0,
-                                n_depth,
-                            };
-                            for &p in self.n_prompt.iter().filter(|&&p| p > 0) {
-                                out.push(TestSpec {
-                                    n_prompt: p,
-                                    ..base.clone()
-                                });
-                            }
-                            for &n in self.n_gen.iter().filter(|&&n| n > 0) {
-                                out.push(TestSpec {
-                                    n_gen: n,
-                                    ..base.clone()
-                                });
-                            }
-                            for &(p, n) in &self.pg {
-                                if p == 0 && n == 0 {
-                                    continue;
+            for &n_gpu_layers in &self.n_gpu_layers {
+                for &n_batch in &self.n_batch {
+                    for &n_ubatch in &self.n_ubatch {
+                        for &threads in &self.threads {
+                            for &n_depth in &self.n_depth {
+                                let base = TestSpec {
+                                    model: model.clone(),
+                                    n_batch,
+                                    n_ubatch,
+                                    threads,
+                                    n_prompt: 0,
+                                    n_gen: 0,
+                                    n_depth,
+                                    n_gpu_layers,
+                                };
+                                for &p in self.n_prompt.iter().filter(|&&p| p > 0) {
+                                    out.push(TestSpec {
+                                        n_prompt: p,
+                                        ..base.clone()
+                                    });
                                 }
-                                out.push(TestSpec {
-                                    n_prompt: p,
-                                    n_gen: n,
-                                    ..base.clone()
-                                });
+                                for &n in self.n_gen.iter().filter(|&&n| n > 0) {
+                                    out.push(TestSpec {
+                                        n_gen: n,
+                                        ..base.clone()
+                                    });
+                                }
+                                for &(p, n) in &self.pg {
+                                    if p == 0 && n == 0 {
+                                        continue;
+                                    }
+                                    out.push(TestSpec {
+                                        n_prompt: p,
+                                        n_gen: n,
+                                        ..base.clone()
+                                    });
+                                }
                             }
                         }
                     }
@@ -543,6 +574,12 @@ impl Params {
             }
         }
         out
+    }
+
+    /// KV slots the longest test needs (what an offloaded model's device cache holds).
+    pub fn max_kv_slots(&self) -> usize {
+        let n = self.tests().iter().map(TestSpec::n_ctx).max().unwrap_or(0);
+        n.div_ceil(16) * 16
     }
 }
 
@@ -557,6 +594,8 @@ pub struct TestSpec {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub n_depth: usize,
+    /// Layers offloaded to a ggml device (`-ngl`).
+    pub n_gpu_layers: usize,
 }
 
 impl TestSpec {

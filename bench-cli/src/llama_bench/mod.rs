@@ -91,7 +91,7 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
     let tests = params.tests();
     let mut progress = Progress::new(params.progress);
     let mut results: Vec<TestResult> = Vec::new();
-    let mut loaded: Option<LoadedModel> = None;
+    let mut loaded: Option<(LoadedModel, usize)> = None;
     let run_opts = RunOptions::from_params(params);
     let outcome = (|| -> Result<()> {
         for (i, spec) in tests.iter().enumerate() {
@@ -100,11 +100,14 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
                 .find(|(name, _)| *name == spec.model)
                 .expect("every test's model was resolved")
                 .1;
-            if !matches!(&loaded, Some(l) if &l.path == path) {
-                loaded = None; // drop the previous model first
-                loaded = Some(LoadedModel::open_placed(path, params)?);
+            if !matches!(&loaded, Some((l, ngl)) if &l.path == path && *ngl == spec.n_gpu_layers) {
+                loaded = None; // drop the previous model (and its device buffers) first
+                loaded = Some((
+                    LoadedModel::open_offloaded(path, params, spec.n_gpu_layers)?,
+                    spec.n_gpu_layers,
+                ));
             }
-            let model = loaded.as_ref().expect("just loaded");
+            let model = &loaded.as_ref().expect("just loaded").0;
             if i > 0 {
                 run::delay(params.delay);
             }

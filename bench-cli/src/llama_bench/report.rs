@@ -103,8 +103,11 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("build_commit", json!(info.build_commit)),
         ("build_number", json!(info.build_number)),
         ("cpu_info", json!(info.cpu_info)),
-        ("gpu_info", json!("")),
-        ("backends", json!("CPU")),
+        (
+            "gpu_info",
+            json!(r.device_memory.as_ref().map_or("", |(d, _)| d.as_str())),
+        ),
+        ("backends", json!(r.backend)),
         ("model_filename", json!(r.info.filename)),
         ("model_type", json!(r.info.model_type)),
         ("model_size", json!(r.info.size)),
@@ -117,7 +120,7 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("poll", json!(50)),
         ("type_k", json!("f16")),
         ("type_v", json!("f16")),
-        ("n_gpu_layers", json!(0)),
+        ("n_gpu_layers", json!(r.spec.n_gpu_layers)),
         ("no_kv_offload", json!(false)),
         ("flash_attn", json!(r.flash_attn)),
         ("use_mmap", json!(true)),
@@ -143,6 +146,18 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("numa_weights", json!(r.numa.weights)),
         ("numa_nodes", json!(r.numa.nodes)),
         ("numa_detail", r.numa.to_json()),
+        (
+            "device_weight_bytes",
+            opt(r.device_memory.as_ref().map(|(_, m)| m.weights as u64)),
+        ),
+        (
+            "device_kv_bytes",
+            opt(r.device_memory.as_ref().map(|(_, m)| m.kv_cache as u64)),
+        ),
+        (
+            "device_compute_bytes",
+            opt(r.device_memory.as_ref().map(|(_, m)| m.compute as u64)),
+        ),
     ]
 }
 
@@ -198,6 +213,8 @@ enum Col {
     Numa,
     NumaWeights,
     Pages,
+    Ngl,
+    DevMib,
 }
 
 impl Col {
@@ -219,6 +236,8 @@ impl Col {
             Col::Numa => "numa",
             Col::NumaWeights => "weights",
             Col::Pages => "weight pages per node",
+            Col::Ngl => "ngl",
+            Col::DevMib => "device MiB w/kv/compute",
         }
     }
 
@@ -236,6 +255,8 @@ impl Col {
             Col::Numa => -10,
             Col::NumaWeights => -11,
             Col::Pages => -24,
+            Col::Ngl => 3,
+            Col::DevMib => 24,
         }
     }
 
@@ -244,7 +265,7 @@ impl Col {
             Col::Model => r.info.model_type.clone(),
             Col::Size => format_size(r.info.size),
             Col::Params => format_params(r.info.n_params),
-            Col::Backend => "CPU".into(),
+            Col::Backend => r.backend.clone(),
             Col::Engine => r.engine.display().into(),
             Col::Threads => r.spec.threads.to_string(),
             Col::NBatch => r.spec.n_batch.to_string(),
@@ -273,6 +294,15 @@ impl Col {
             }
             Col::NumaWeights => r.numa.weights.clone(),
             Col::Pages => r.numa.pages_summary(),
+            Col::Ngl => r.spec.n_gpu_layers.to_string(),
+            Col::DevMib => r.device_memory.as_ref().map_or("-".into(), |(_, m)| {
+                format!(
+                    "{} / {} / {}",
+                    mib(m.weights as u64),
+                    mib(m.kv_cache as u64),
+                    mib(m.compute as u64)
+                )
+            }),
         }
     }
 }
@@ -308,6 +338,10 @@ pub struct Printer<W: Write> {
 impl<W: Write> Printer<W> {
     pub fn new(out: W, params: &Params, info: RunInfo) -> Printer<W> {
         let mut cols = vec![Col::Model, Col::Size, Col::Params, Col::Backend];
+        let offload = params.n_gpu_layers.iter().any(|&n| n > 0);
+        if offload {
+            cols.push(Col::Ngl);
+        }
         if params.engines != [Engine::Rllama] {
             cols.push(Col::Engine);
         }
@@ -319,6 +353,9 @@ impl<W: Write> Printer<W> {
             cols.push(Col::NUbatch);
         }
         cols.extend([Col::Test, Col::Ts, Col::ModelMib, Col::KvMib, Col::KvTokens]);
+        if offload {
+            cols.push(Col::DevMib);
+        }
         let multi_node = runtime::numa::machine().is_some_and(|t| t.n_nodes() > 1);
         if params.numa.is_some()
             || params.numa_weights != runtime::numa::WeightPlacement::FirstTouch
@@ -598,4 +635,7 @@ pub const CSV_FIELDS: &[&str] = &[
     "numa",
     "numa_weights",
     "numa_nodes",
+    "device_weight_bytes",
+    "device_kv_bytes",
+    "device_compute_bytes",
 ];

@@ -59,6 +59,10 @@ pub struct TestResult {
     pub isa: String,
     /// NUMA: the thread mode, the weight placement, and what was observed.
     pub numa: NumaRow,
+    /// llama-bench's `backends`: `CPU`, or `CPU,<ggml device>` with layers offloaded.
+    pub backend: String,
+    /// Device memory of the offloaded layers (weights, KV cache, compute buffer).
+    pub device_memory: Option<(String, runtime::offload::DeviceMemory)>,
 }
 
 /// A row's NUMA facts: the settings and the proof (page counts after the test).
@@ -271,19 +275,35 @@ impl LoadedModel {
             None,
             1,
             runtime::Numerics::Exact,
+            None,
         )
     }
 
     /// Opens `path` and places our weights as `--numa-weights` asks, for the thread
     /// plan of the run's largest thread count.
     pub fn open_placed(path: &Path, params: &Params) -> Result<LoadedModel> {
+        LoadedModel::open_offloaded(path, params, 0)
+    }
+
+    /// As [`LoadedModel::open_placed`], with the last `n_gpu_layers` layers on the
+    /// `--device` (a device cache as large as the longest test needs).
+    pub fn open_offloaded(
+        path: &Path,
+        params: &Params,
+        n_gpu_layers: usize,
+    ) -> Result<LoadedModel> {
         let threads = params.threads.iter().copied().max().unwrap_or(1);
+        let spec = runtime::offload::OffloadSpec {
+            n_gpu_layers,
+            device: params.device.clone(),
+        };
         LoadedModel::open_with(
             path,
             params.numa_weights,
             params.numa,
             threads,
             params.numerics,
+            Some((spec, params.max_kv_slots())),
         )
     }
 
@@ -293,8 +313,12 @@ impl LoadedModel {
         numa: Option<NumaMode>,
         threads: usize,
         numerics: runtime::Numerics,
+        offload: Option<(runtime::offload::OffloadSpec, usize)>,
     ) -> Result<LoadedModel> {
-        let mf = ModelFile::open_path(path)?.with_numerics(numerics);
+        let mut mf = ModelFile::open_path(path)?.with_numerics(numerics);
+        if let Some((spec, slots)) = offload {
+            mf = mf.with_offload(spec, slots);
+        }
         let file = &mf.file;
         let info = ModelDesc {
             filename: path.display().to_string(),
@@ -304,8 +328,11 @@ impl LoadedModel {
         };
         let (ours, ours_error) = match mf.model_placed(weights, numa, threads) {
             Ok(m) => (Some(Arc::new(m)), None),
-            // Placement failures are the user's request failing, not a format we lack.
-            Err(e @ runtime::LoadError::Numa { .. }) => return Err(e.into()),
+            // Placement and offload failures are the user's request failing, not a
+            // format we lack.
+            Err(e @ (runtime::LoadError::Numa { .. } | runtime::LoadError::Offload { .. })) => {
+                return Err(e.into())
+            }
             Err(e) => (None, Some(e.to_string())),
         };
         Ok(LoadedModel {
@@ -689,7 +716,16 @@ pub fn run_test(
                 )
             }
         };
+        let dev = match inst {
+            Inst::Ours(_) => model.ours.as_ref().and_then(|m| m.device_layers()),
+            #[cfg(feature = "llamacpp")]
+            Inst::Ref(_) => None,
+        };
+        let backend = dev.map_or("CPU".to_string(), |d| format!("CPU,{}", d.device()));
+        let device_memory = dev.map(|d| (d.device().to_string(), d.memory()));
         out.push(TestResult {
+            backend,
+            device_memory,
             spec: spec.clone(),
             engine,
             info,

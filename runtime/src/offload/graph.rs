@@ -188,6 +188,7 @@ impl DeviceLayers {
                 need_mib: (need + reserve) >> 20,
                 free_mib: free >> 20,
                 layers: layers.len(),
+                output: output.is_some(),
                 fit,
             });
         }
@@ -317,6 +318,7 @@ impl DeviceLayers {
                 need_mib: need >> 20,
                 free_mib: free >> 20,
                 layers: layers.len(),
+                output: out.is_some(),
                 fit: 0,
             });
         }
@@ -378,6 +380,43 @@ impl DeviceLayers {
     /// Largest compute buffer used so far.
     pub fn compute_bytes(&self) -> usize {
         self.state.lock().map(|s| s.compute_bytes).unwrap_or(0)
+    }
+
+    /// ggml's name of the device.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Device memory in use: weights, KV cache, the largest compute buffer so far.
+    pub fn memory(&self) -> super::DeviceMemory {
+        super::DeviceMemory {
+            weights: self.weight_bytes,
+            kv_cache: self.kv_bytes,
+            compute: self.compute_bytes(),
+        }
+    }
+
+    /// One line for logs: where, how many layers, memory.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} layers{} on {} ({}): weights {} MiB, KV cache {} MiB ({} slots)",
+            self.layers.len(),
+            if self.output.is_some() {
+                " + output"
+            } else {
+                ""
+            },
+            self.device,
+            self.backend_name(),
+            self.weight_bytes >> 20,
+            self.kv_bytes >> 20,
+            self.n_slots
+        )
+    }
+
+    fn backend_name(&self) -> String {
+        // SAFETY: the backend is live; its name is owned by ggml.
+        unsafe { cstr(self.g.raw().ggml_backend_name(self.backend)) }
     }
 
     /// Runs the offloaded layers for one batch and writes, for `b.out_rows`, either the

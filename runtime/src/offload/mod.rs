@@ -35,14 +35,17 @@ pub enum OffloadError {
     #[error("{0}")]
     NoDevice(String),
     #[error(
-        "{device}: not enough device memory: {layers} layers need {need_mib} MiB with room \
-         for the compute buffer, {free_mib} MiB free; {fit} layers would fit (-ngl {fit})"
+        "{device}: not enough device memory: {layers} layers{} need {need_mib} MiB with room \
+         for the compute buffer, {free_mib} MiB free; {fit} layers would fit (-ngl {fit})",
+        if *output { " and the output layer" } else { "" }
     )]
     OutOfMemory {
         device: String,
         need_mib: usize,
         free_mib: usize,
         layers: usize,
+        /// The output layer was asked for too.
+        output: bool,
         fit: usize,
     },
     #[error("offload: {0}")]
@@ -81,6 +84,23 @@ impl DeviceLayers {
     pub fn forward(&self, _b: &DeviceBatch<'_>, _out: &mut Vec<f32>) -> Result<(), OffloadError> {
         match *self {}
     }
+    pub fn summary(&self) -> String {
+        match *self {}
+    }
+    pub fn device(&self) -> &str {
+        match *self {}
+    }
+    pub fn memory(&self) -> DeviceMemory {
+        match *self {}
+    }
+}
+
+/// Device memory in use by offloaded layers (the memory columns per device).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceMemory {
+    pub weights: usize,
+    pub kv_cache: usize,
+    pub compute: usize,
 }
 
 /// `RLLAMA_OFFLOAD_MEM_LIMIT` caps the free memory a device reports (bytes, or a number

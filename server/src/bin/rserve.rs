@@ -88,6 +88,14 @@ struct Args {
     /// With --kv-persist: disk budget (e.g. 2G); the oldest files are deleted first.
     #[arg(long, value_parser = parse_size, default_value = "4G")]
     kv_persist_max: u64,
+    /// Layers to run on a ggml device (`-ngl`, as llama.cpp): the last N layers, with their
+    /// KV cache on the device; above the layer count the output layer too.
+    #[arg(long = "n-gpu-layers", default_value_t = 0)]
+    n_gpu_layers: usize,
+    /// The ggml device for -ngl (`rllama devices` lists them; CPU is ggml's CPU backend);
+    /// default: the first GPU.
+    #[arg(long = "device")]
+    device: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -113,8 +121,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
-    // llama.cpp spells the parallel-sequences flag `-np`.
-    let argv = std::env::args().map(|a| if a == "-np" { "--parallel".into() } else { a });
+    // llama.cpp spells these flags `-np`, `-ngl` and `-dev`.
+    let argv = std::env::args().map(|a| match a.as_str() {
+        "-np" => "--parallel".into(),
+        "-ngl" => "--n-gpu-layers".into(),
+        "-dev" => "--device".into(),
+        _ => a,
+    });
     let a = Args::parse_from(argv);
     if a.parallel == 0 || a.queue_size == 0 || a.max_batch_tokens == 0 {
         eprintln!("rserve: --parallel, --queue-size and --max-batch-tokens must be at least 1");
@@ -153,6 +166,10 @@ fn main() {
             numa: a.numa,
             numa_weights: a.numa_weights,
             numerics: a.numerics,
+            offload: runtime::offload::OffloadSpec {
+                n_gpu_layers: a.n_gpu_layers,
+                device: a.device,
+            },
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

@@ -47,6 +47,7 @@ pub fn engine_config() -> EngineConfig {
         numa: None,
         numa_weights: Default::default(),
         numerics: Default::default(),
+        offload: Default::default(),
     }
 }
 

@@ -1,0 +1,131 @@
+//! rserve with layers offloaded (`-ngl`), ggml's CPU backend standing in for the device:
+//! it serves concurrent requests to completion, and the greedy text of a lone request
+//! matches the CPU-only server's on most prompts (the device's kernels round differently,
+//! so an exact match is not required; runtime/tests/offload.rs measures agreement).
+//! `--kv-persist` with offload is refused at start. Skipped with the reason when this
+//! build has no ggml (a failure under GGML_SYS_REQUIRED=1, as in CI).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use server::ServerConfig;
+
+fn ggml_available() -> bool {
+    match ggml_sys::Ggml::global() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("GGML_SYS_REQUIRED").as_deref() != Ok("1"),
+                "{e}"
+            );
+            eprintln!("SKIPPED: no ggml: {e}");
+            false
+        }
+    }
+}
+
+const PROMPTS: [&str; 6] = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three laws of thermodynamics are",
+    "My favourite fruit is",
+    "Water boils at",
+];
+
+fn texts(addr: std::net::SocketAddr) -> Vec<String> {
+    PROMPTS
+        .iter()
+        .map(|p| {
+            let r = post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": p, "max_tokens": 12, "temperature": 0}),
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn serves_with_layers_offloaded() {
+    if !model_available() || !ggml_available() {
+        return;
+    }
+    let _g = serial();
+    let cpu = start(engine_config());
+    let want = texts(cpu.addr);
+    drop(cpu);
+
+    let mut cfg = engine_config();
+    cfg.offload = runtime::offload::OffloadSpec {
+        n_gpu_layers: 99,
+        device: Some("CPU".into()),
+    };
+    let srv = start(cfg);
+    let addr = srv.addr;
+    let got = texts(addr);
+    let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+    eprintln!(
+        "offloaded server: {same}/{} greedy texts equal the CPU server's",
+        want.len()
+    );
+    assert!(same * 2 >= want.len(), "{got:?} vs {want:?}");
+
+    // Concurrent requests, all completed.
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Request {i}: the weather today is"), "max_tokens": 16, "temperature": 0});
+                post(addr, "/v1/completions", &body)
+            })
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn kv_persist_with_offload_is_refused() {
+    if !model_available() || !ggml_available() {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = engine_config();
+    cfg.offload = runtime::offload::OffloadSpec {
+        n_gpu_layers: 4,
+        device: Some("CPU".into()),
+    };
+    cfg.kv_persist = Some(server::persist::PersistConfig {
+        dir: dir.path().to_path_buf(),
+        interval: Duration::from_secs(30),
+        every_blocks: 64,
+        max_bytes: 1 << 30,
+    });
+    let srv = server::start(ServerConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        engine: cfg,
+        max_body_bytes: 1 << 20,
+        http_threads: 2,
+        drain_timeout: Duration::from_secs(5),
+        handle_signals: false,
+        api_keys: None,
+    })
+    .expect("listens");
+    let err = srv
+        .wait_ready(Duration::from_secs(120))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--kv-persist with -ngl > 0"), "{err}");
+    srv.begin_shutdown();
+    srv.join();
+}
