@@ -129,3 +129,38 @@ fn kv_persist_with_offload_is_refused() {
     srv.begin_shutdown();
     srv.join();
 }
+
+/// A device that is lost mid-run (every device step fails from the 40th on): the requests
+/// of the failing steps end with an error, none hangs, and the server stays up.
+#[test]
+fn a_lost_device_fails_requests_and_the_server_stays_up() {
+    if !model_available() || !ggml_available() {
+        return;
+    }
+    let _g = serial();
+    let mut cfg = engine_config();
+    cfg.offload = runtime::offload::OffloadSpec {
+        n_gpu_layers: 8,
+        device: Some("CPU".into()),
+    };
+    std::env::set_var("RLLAMA_OFFLOAD_FAIL_AT", "40");
+    let srv = start(cfg);
+    std::env::remove_var("RLLAMA_OFFLOAD_FAIL_AT");
+    let addr = srv.addr;
+    let statuses: Vec<(u16, String)> = (0..6)
+        .map(|i| {
+            let body = json!({"prompt": format!("Story {i}: once upon a time"), "max_tokens": 16, "temperature": 0});
+            let r = post(addr, "/v1/completions", &body);
+            (r.status, r.text())
+        })
+        .collect();
+    assert_eq!(statuses[0].0, 200, "{statuses:?}");
+    let failed: Vec<&(u16, String)> = statuses.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(!failed.is_empty(), "no request failed: {statuses:?}");
+    for (s, body) in &failed {
+        assert_eq!(*s, 500, "{body}");
+        assert!(body.contains("device lost"), "{body}");
+    }
+    assert_eq!(get(addr, "/health").status, 200);
+    assert_eq!(get(addr, "/v1/models").status, 200);
+}

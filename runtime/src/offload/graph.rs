@@ -92,6 +92,10 @@ struct State {
     meta: Vec<u8>,
     /// Largest compute buffer seen, for the memory report.
     compute_bytes: usize,
+    /// Device calls so far, and the call from which the device acts lost
+    /// (`RLLAMA_OFFLOAD_FAIL_AT`, for testing what a lost device does to its callers).
+    calls: usize,
+    fail_at: Option<usize>,
 }
 
 /// The offloaded layers on one device.
@@ -358,6 +362,10 @@ impl DeviceLayers {
                 galloc,
                 meta: vec![0u8; meta_size],
                 compute_bytes: 0,
+                calls: 0,
+                fail_at: std::env::var("RLLAMA_OFFLOAD_FAIL_AT")
+                    .ok()
+                    .and_then(|v| v.parse().ok()),
             }),
         })
     }
@@ -436,6 +444,14 @@ impl DeviceLayers {
             .state
             .lock()
             .map_err(|_| OffloadError::Backend("device state poisoned".into()))?;
+        st.calls += 1;
+        if st.fail_at.is_some_and(|n| st.calls >= n) {
+            return Err(OffloadError::Backend(format!(
+                "{}: device lost (RLLAMA_OFFLOAD_FAIL_AT={})",
+                self.device,
+                st.fail_at.unwrap_or(0)
+            )));
+        }
 
         // The slots the batch attends over: every position of each sequence of the batch.
         let mut kv_idx: Vec<i32> = Vec::new();
