@@ -236,3 +236,24 @@ fn out_of_device_memory_names_how_many_layers_fit() {
         "{msg}"
     );
 }
+
+/// Decode steps of one shape reuse one graph (the gathered KV slots are padded to 256), so
+/// generating 40 tokens builds a graph for the prompt and one for decoding, not one per
+/// token.
+#[test]
+fn decode_reuses_its_graph() {
+    if !ggml_available() {
+        return;
+    }
+    let Some((m, tok)) = load(MODELS[0], 99) else { return };
+    let m = Arc::new(m);
+    let mut r = Runner::new(m.clone(), THREADS, N_CTX);
+    let ids = tok.encode("The capital of France is", true, false);
+    let mut s = Sampler::new(SamplingParams::greedy());
+    let (out, _) = r.generate(&ids, 40, &mut s, &|_| false, &mut |_| true).unwrap();
+    assert_eq!(out.len(), 40);
+    let (builds, reuses) = m.device_layers().unwrap().graph_stats();
+    eprintln!("graphs built {builds}, reused {reuses}");
+    assert!(builds <= 2, "built {builds} graphs for one prompt and 39 decode steps");
+    assert!(reuses >= 38, "reused only {reuses}");
+}

@@ -29,6 +29,10 @@ use crate::model::config::{Arch, Config};
 /// Graph nodes a call may create (about 40 per layer plus the ends).
 const GRAPH_SIZE: usize = 16384;
 
+/// The gathered KV slots are padded to a multiple of this (masked), as llama.cpp pads its
+/// KV view, so decode steps keep one graph shape for 256 tokens at a time.
+const KV_PAD: usize = 256;
+
 /// What the model hands over for upload: a matrix's GGUF bytes or an f32 vector.
 pub(crate) enum Weight<'a> {
     Mat {
@@ -96,6 +100,25 @@ struct State {
     /// (`RLLAMA_OFFLOAD_FAIL_AT`, for testing what a lost device does to its callers).
     calls: usize,
     fail_at: Option<usize>,
+    /// The graph of the last shape, reused while the shape stays.
+    graph: Option<Graph>,
+    builds: usize,
+    reuses: usize,
+}
+
+/// A built and allocated graph with its inputs and result.
+struct Graph {
+    key: (usize, usize, usize),
+    ctx: *mut ggml_context,
+    gf: *mut sys::ggml_cgraph,
+    x: *mut ggml_tensor,
+    pos: *mut ggml_tensor,
+    slot: *mut ggml_tensor,
+    kv: *mut ggml_tensor,
+    mask: *mut ggml_tensor,
+    mask_swa: Option<*mut ggml_tensor>,
+    rows: *mut ggml_tensor,
+    res: *mut ggml_tensor,
 }
 
 /// The offloaded layers on one device.
@@ -366,6 +389,9 @@ impl DeviceLayers {
                 fail_at: std::env::var("RLLAMA_OFFLOAD_FAIL_AT")
                     .ok()
                     .and_then(|v| v.parse().ok()),
+                graph: None,
+                builds: 0,
+                reuses: 0,
             }),
         })
     }
@@ -453,7 +479,9 @@ impl DeviceLayers {
             )));
         }
 
-        // The slots the batch attends over: every position of each sequence of the batch.
+        // The slots the batch attends over: every position of each sequence of the batch,
+        // padded to a multiple of KV_PAD with masked entries so that consecutive decode
+        // steps keep one shape and reuse their graph.
         let mut kv_idx: Vec<i32> = Vec::new();
         let mut kv_seq: Vec<(usize, usize)> = Vec::new(); // (sequence, position)
         for (s, slots) in b.seq_slots.iter().enumerate() {
@@ -471,7 +499,10 @@ impl DeviceLayers {
                 kv_seq.push((s, p));
             }
         }
-        let n_kv = kv_idx.len();
+        let n_kv = kv_idx.len().div_ceil(KV_PAD) * KV_PAD;
+        let pad_slot = kv_idx.first().copied().unwrap_or(0);
+        kv_idx.resize(n_kv, pad_slot);
+        kv_seq.resize(n_kv, (usize::MAX, 0));
         let mask_for = |window: usize| -> Vec<f32> {
             let mut m = vec![f32::NEG_INFINITY; n_kv * n_tok];
             for t in 0..n_tok {
@@ -489,78 +520,52 @@ impl DeviceLayers {
             }
             m
         };
+        let has_swa = c.n_swa > 0 && self.layers.iter().any(|w| w.swa);
         let mask = mask_for(0);
-        let mask_swa =
-            (c.n_swa > 0 && self.layers.iter().any(|w| w.swa)).then(|| mask_for(c.n_swa));
+        let mask_swa = has_swa.then(|| mask_for(c.n_swa));
         let slot_of: Vec<i64> = (0..n_tok)
             .map(|t| b.seq_slots[b.seq[t]][b.pos[t]] as i64)
             .collect();
         let pos: Vec<i32> = b.pos.iter().map(|&p| p as i32).collect();
         let rows: Vec<i32> = b.out_rows.iter().map(|&r| r as i32).collect();
 
-        // SAFETY: all ggml calls below act on the per-call context (backed by st.meta),
-        // the device's weight and KV tensors, and input buffers that outlive the calls.
+        let key = (n_tok, n_kv, n_out);
+        // SAFETY: all ggml calls below act on the graph context (backed by st.meta), the
+        // device's weight and KV tensors, and input buffers that outlive the calls.
         unsafe {
-            let params = sys::ggml_init_params {
-                mem_size: st.meta.len(),
-                mem_buffer: st.meta.as_mut_ptr().cast(),
-                no_alloc: true,
-            };
-            let ctx = l.ggml_init(params);
-            if ctx.is_null() {
-                return Err(OffloadError::Backend("ggml_init failed".into()));
+            if st.graph.as_ref().map(|g| g.key) != Some(key) {
+                if let Some(old) = st.graph.take() {
+                    l.ggml_free(old.ctx);
+                }
+                let gr = self.build(&mut st.meta, key, has_swa)?;
+                if !l.ggml_gallocr_alloc_graph(st.galloc, gr.gf) {
+                    l.ggml_free(gr.ctx);
+                    return Err(OffloadError::Backend(format!(
+                        "{}: out of device memory for the compute buffer ({n_tok} tokens, {n_kv} KV slots)",
+                        self.device
+                    )));
+                }
+                st.compute_bytes = st
+                    .compute_bytes
+                    .max(l.ggml_gallocr_get_buffer_size(st.galloc, 0));
+                st.builds += 1;
+                st.graph = Some(gr);
+            } else {
+                st.reuses += 1;
             }
-            let gb = Gb { l, ctx };
-            let inp_x = gb.input(sys::ggml_type_GGML_TYPE_F32, &[d, n_tok]);
-            let inp_pos = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_tok]);
-            let inp_slot = gb.input(sys::ggml_type_GGML_TYPE_I64, &[n_tok]);
-            let inp_kv = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_kv]);
-            let inp_mask = gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]);
-            let inp_mask_swa = mask_swa
-                .as_ref()
-                .map(|_| gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]));
-            let inp_rows = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_out]);
-
-            let gf = l.ggml_new_graph_custom(ctx, GRAPH_SIZE, false);
-            let mut x = inp_x;
-            for w in &self.layers {
-                let m = if w.swa {
-                    inp_mask_swa.unwrap_or(inp_mask)
-                } else {
-                    inp_mask
-                };
-                x = self.layer(&gb, gf, w, x, inp_pos, inp_slot, inp_kv, m, n_tok, n_kv);
-            }
-            let mut res = l.ggml_get_rows(ctx, x, inp_rows);
-            if let Some((norm, w)) = self.output {
-                res = l.ggml_mul(ctx, l.ggml_rms_norm(ctx, res, c.rms_eps), norm);
-                res = l.ggml_mul_mat(ctx, w, res);
-            }
-            l.ggml_set_output(res);
-            l.ggml_build_forward_expand(gf, res);
-
-            if !l.ggml_gallocr_alloc_graph(st.galloc, gf) {
-                l.ggml_free(ctx);
-                return Err(OffloadError::Backend(format!(
-                    "{}: out of device memory for the compute buffer ({n_tok} tokens, {n_kv} KV slots)",
-                    self.device
-                )));
-            }
-            st.compute_bytes = st
-                .compute_bytes
-                .max(l.ggml_gallocr_get_buffer_size(st.galloc, 0));
-            set(l, inp_x, b.x.as_ptr(), n_tok * d);
-            set(l, inp_pos, pos.as_ptr(), n_tok);
-            set(l, inp_slot, slot_of.as_ptr(), n_tok);
-            set(l, inp_kv, kv_idx.as_ptr(), n_kv);
-            set(l, inp_mask, mask.as_ptr(), n_kv * n_tok);
-            if let (Some(t), Some(m)) = (inp_mask_swa, &mask_swa) {
+            let gr = st.graph.as_ref().expect("built above");
+            set(l, gr.x, b.x.as_ptr(), n_tok * d);
+            set(l, gr.pos, pos.as_ptr(), n_tok);
+            set(l, gr.slot, slot_of.as_ptr(), n_tok);
+            set(l, gr.kv, kv_idx.as_ptr(), n_kv);
+            set(l, gr.mask, mask.as_ptr(), n_kv * n_tok);
+            if let (Some(t), Some(m)) = (gr.mask_swa, &mask_swa) {
                 set(l, t, m.as_ptr(), n_kv * n_tok);
             }
-            set(l, inp_rows, rows.as_ptr(), n_out);
+            set(l, gr.rows, rows.as_ptr(), n_out);
+            let (gf, res) = (gr.gf, gr.res);
             let status = l.ggml_backend_graph_compute(self.backend, gf);
             if status != sys::ggml_status_GGML_STATUS_SUCCESS {
-                l.ggml_free(ctx);
                 return Err(OffloadError::Backend(format!(
                     "{}: graph compute failed (status {status})",
                     self.device
@@ -569,9 +574,71 @@ impl DeviceLayers {
             let width = if self.output.is_some() { c.n_vocab } else { d };
             out.resize(n_out * width, 0.0);
             l.ggml_backend_tensor_get(res, out.as_mut_ptr().cast(), 0, n_out * width * 4);
-            l.ggml_free(ctx);
         }
         Ok(())
+    }
+
+    /// (graphs built, graphs reused) so far: decode steps of one shape reuse one graph.
+    pub fn graph_stats(&self) -> (usize, usize) {
+        self.state.lock().map_or((0, 0), |s| (s.builds, s.reuses))
+    }
+
+    /// Builds the graph of one shape (tokens, padded KV slots, output rows) in `meta`.
+    unsafe fn build(
+        &self,
+        meta: &mut [u8],
+        key: (usize, usize, usize),
+        has_swa: bool,
+    ) -> Result<Graph, OffloadError> {
+        let (n_tok, n_kv, n_out) = key;
+        let c = &self.cfg;
+        let l = self.g.raw();
+        let ctx = l.ggml_init(sys::ggml_init_params {
+            mem_size: meta.len(),
+            mem_buffer: meta.as_mut_ptr().cast(),
+            no_alloc: true,
+        });
+        if ctx.is_null() {
+            return Err(OffloadError::Backend("ggml_init failed".into()));
+        }
+        let gb = Gb { l, ctx };
+        let x = gb.input(sys::ggml_type_GGML_TYPE_F32, &[c.n_embd, n_tok]);
+        let pos = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_tok]);
+        let slot = gb.input(sys::ggml_type_GGML_TYPE_I64, &[n_tok]);
+        let kv = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_kv]);
+        let mask = gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]);
+        let mask_swa = has_swa.then(|| gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]));
+        let rows = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_out]);
+        let gf = l.ggml_new_graph_custom(ctx, GRAPH_SIZE, false);
+        let mut h = x;
+        for w in &self.layers {
+            let m = if w.swa {
+                mask_swa.unwrap_or(mask)
+            } else {
+                mask
+            };
+            h = self.layer(&gb, gf, w, h, pos, slot, kv, m, n_tok, n_kv);
+        }
+        let mut res = l.ggml_get_rows(ctx, h, rows);
+        if let Some((norm, w)) = self.output {
+            res = l.ggml_mul(ctx, l.ggml_rms_norm(ctx, res, c.rms_eps), norm);
+            res = l.ggml_mul_mat(ctx, w, res);
+        }
+        l.ggml_set_output(res);
+        l.ggml_build_forward_expand(gf, res);
+        Ok(Graph {
+            key,
+            ctx,
+            gf,
+            x,
+            pos,
+            slot,
+            kv,
+            mask,
+            mask_swa,
+            rows,
+            res,
+        })
     }
 
     /// One layer's nodes. Shapes follow ggml's order: `[n_embd, n_tok]` for hidden states.
@@ -695,6 +762,9 @@ impl Drop for DeviceLayers {
         // SAFETY: each object was created in `new` and is freed once, allocator first.
         unsafe {
             if let Ok(st) = self.state.get_mut() {
+                if let Some(g) = st.graph.take() {
+                    l.ggml_free(g.ctx);
+                }
                 l.ggml_gallocr_free(st.galloc);
             }
             l.ggml_backend_buffer_free(self.w_buf);

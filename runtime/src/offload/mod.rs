@@ -87,6 +87,9 @@ impl DeviceLayers {
     pub fn summary(&self) -> String {
         match *self {}
     }
+    pub fn graph_stats(&self) -> (usize, usize) {
+        match *self {}
+    }
     pub fn device(&self) -> &str {
         match *self {}
     }
