@@ -22,6 +22,12 @@ use runtime::ModelFile;
 const N_CTX: usize = 512;
 const THREADS: usize = 2;
 
+/// The device the tests offload to: ggml's CPU backend unless `RLLAMA_OFFLOAD_TEST_DEVICE`
+/// names another (`tools/vulkan_test.sh` runs them on Vulkan0, Mesa's software Vulkan).
+fn device() -> String {
+    std::env::var("RLLAMA_OFFLOAD_TEST_DEVICE").unwrap_or_else(|_| "CPU".into())
+}
+
 fn ggml_available() -> bool {
     match ggml_sys::Ggml::global() {
         Ok(_) => true,
@@ -42,7 +48,7 @@ fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokeni
     let mut m = f.model().unwrap();
     let spec = OffloadSpec {
         n_gpu_layers: ngl,
-        device: Some("CPU".into()),
+        device: Some(device()),
     };
     m.offload(
         &spec,
@@ -195,7 +201,7 @@ fn out_of_device_memory_names_how_many_layers_fit() {
     std::env::set_var("RLLAMA_OFFLOAD_MEM_LIMIT", "72M");
     let spec = OffloadSpec {
         n_gpu_layers: 99,
-        device: Some("CPU".into()),
+        device: Some(device()),
     };
     let err = m.offload(&spec, 512, THREADS, &mut |_, _| {}).unwrap_err();
     std::env::remove_var("RLLAMA_OFFLOAD_MEM_LIMIT");
@@ -245,15 +251,22 @@ fn decode_reuses_its_graph() {
     if !ggml_available() {
         return;
     }
-    let Some((m, tok)) = load(MODELS[0], 99) else { return };
+    let Some((m, tok)) = load(MODELS[0], 99) else {
+        return;
+    };
     let m = Arc::new(m);
     let mut r = Runner::new(m.clone(), THREADS, N_CTX);
     let ids = tok.encode("The capital of France is", true, false);
     let mut s = Sampler::new(SamplingParams::greedy());
-    let (out, _) = r.generate(&ids, 40, &mut s, &|_| false, &mut |_| true).unwrap();
+    let (out, _) = r
+        .generate(&ids, 40, &mut s, &|_| false, &mut |_| true)
+        .unwrap();
     assert_eq!(out.len(), 40);
     let (builds, reuses) = m.device_layers().unwrap().graph_stats();
     eprintln!("graphs built {builds}, reused {reuses}");
-    assert!(builds <= 2, "built {builds} graphs for one prompt and 39 decode steps");
+    assert!(
+        builds <= 2,
+        "built {builds} graphs for one prompt and 39 decode steps"
+    );
     assert!(reuses >= 38, "reused only {reuses}");
 }
