@@ -514,7 +514,10 @@ const FAST_CHUNK: usize = 32;
 
 /// Four activation bytes broadcast to every dword lane, as one load (the compiler would
 /// otherwise merge neighbouring loads into one vector load and shuffle it apart).
-#[inline(always)]
+/// Compiled with AVX2 even in a baseline build (the fuzz targets' own RUSTFLAGS), where a
+/// `ymm` register would otherwise be refused.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bcast4(p: *const u8) -> __m256i {
     let v: __m256i;
     core::arch::asm!(
