@@ -97,51 +97,39 @@ fn ngl_sweep_rows_and_columns() {
     );
 }
 
+/// Runs rbench on a tiny pp test with every layer offloaded to `device`, expecting it to
+/// fail; returns stderr.
+fn fails_offloading_to(device: &str, env: &[(&str, &str)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_rbench"))
+        .args([
+            "-m",
+            "smollm2-135m",
+            "-p",
+            "8",
+            "-n",
+            "0",
+            "-r",
+            "1",
+            "-ngl",
+            "99",
+            "-dev",
+            device,
+        ])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn offload_errors_are_clear() {
     if !ggml_built() {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_rbench"))
-        .args([
-            "-m",
-            "smollm2-135m",
-            "-p",
-            "8",
-            "-n",
-            "0",
-            "-r",
-            "1",
-            "-ngl",
-            "99",
-            "-dev",
-            "NoSuchGPU",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_offloading_to("NoSuchGPU", &[]);
     assert!(err.contains("no ggml device named \"NoSuchGPU\""), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_rbench"))
-        .args([
-            "-m",
-            "smollm2-135m",
-            "-p",
-            "8",
-            "-n",
-            "0",
-            "-r",
-            "1",
-            "-ngl",
-            "99",
-            "-dev",
-            "CPU",
-        ])
-        .env("RLLAMA_OFFLOAD_MEM_LIMIT", "80M")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = fails_offloading_to("CPU", &[("RLLAMA_OFFLOAD_MEM_LIMIT", "80M")]);
     assert!(
         err.contains("not enough device memory") && err.contains("layers would fit (-ngl "),
         "{err}"

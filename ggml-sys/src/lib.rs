@@ -268,11 +268,10 @@ impl Ggml {
     pub fn loaded_version(&self) -> String {
         #[cfg(ggml_built)]
         {
-            // SAFETY: ggml_version returns a static string.
-            let p = unsafe { self.lib.ggml_version() };
-            if !p.is_null() {
-                // SAFETY: non-null, NUL-terminated static string.
-                return unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+            // SAFETY: ggml_version returns NULL or a static string.
+            let v = unsafe { cstr(self.lib.ggml_version()) };
+            if !v.is_empty() {
+                return v;
             }
         }
         "unknown".to_string()
@@ -364,14 +363,31 @@ impl Ggml {
     }
 }
 
+/// A C string owned by ggml as a `String` (empty for NULL).
+///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string.
-#[cfg(ggml_built)]
-unsafe fn cstr(p: *const c_char) -> String {
+pub unsafe fn cstr(p: *const c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
         CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// For tests that need ggml: true when it loads; otherwise prints why and returns false
+/// (the test skips), unless `GGML_SYS_REQUIRED=1` (CI), where a missing ggml fails.
+pub fn available_or_skip() -> bool {
+    match Ggml::global() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("GGML_SYS_REQUIRED").as_deref() != Ok("1"),
+                "GGML_SYS_REQUIRED=1 but ggml is not available: {e}"
+            );
+            eprintln!("SKIPPED: no ggml: {e}");
+            false
+        }
     }
 }
 

@@ -29,17 +29,7 @@ fn device() -> String {
 }
 
 fn ggml_available() -> bool {
-    match ggml_sys::Ggml::global() {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("GGML_SYS_REQUIRED").as_deref() != Ok("1"),
-                "GGML_SYS_REQUIRED=1 but ggml is not available: {e}"
-            );
-            eprintln!("SKIPPED: no ggml: {e}");
-            false
-        }
-    }
+    ggml_sys::available_or_skip()
 }
 
 fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokenizer>)> {

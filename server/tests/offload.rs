@@ -14,17 +14,7 @@ use serde_json::json;
 use server::ServerConfig;
 
 fn ggml_available() -> bool {
-    match ggml_sys::Ggml::global() {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("GGML_SYS_REQUIRED").as_deref() != Ok("1"),
-                "{e}"
-            );
-            eprintln!("SKIPPED: no ggml: {e}");
-            false
-        }
-    }
+    ggml_sys::available_or_skip()
 }
 
 const PROMPTS: [&str; 6] = [

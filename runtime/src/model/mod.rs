@@ -621,13 +621,7 @@ impl Model {
             match kv.reserve(sb.seq, sb.tokens.len()) {
                 Ok(s) => starts.push((s, before, existed)),
                 Err(e) => {
-                    for (sb, &(_, before, existed)) in batch.iter().zip(&starts) {
-                        if existed {
-                            kv.truncate(sb.seq, before)?;
-                        } else {
-                            kv.remove_seq(sb.seq);
-                        }
-                    }
+                    undo_reservations(kv, batch, &starts)?;
                     return Err(e.into());
                 }
             }
@@ -703,21 +697,11 @@ impl Model {
             };
             if let Err(e) = res {
                 // Leave the cache as it was: the step did not happen.
-                for (sb, &(_, before, existed)) in batch.iter().zip(&starts) {
-                    if existed {
-                        kv.truncate(sb.seq, before)?;
-                    } else {
-                        kv.remove_seq(sb.seq);
-                    }
-                }
+                undo_reservations(kv, batch, &starts)?;
                 return Err(e.into());
             }
             if dev.has_output() {
-                if let Some(cap) = c.final_logit_softcap {
-                    ws.logits
-                        .iter_mut()
-                        .for_each(|v| *v = (*v / cap).tanh() * cap);
-                }
+                softcap(&mut ws.logits, c.final_logit_softcap);
                 trace!(ws, "result_output", usize::MAX, logits);
                 return Ok(n_out);
             }
@@ -739,11 +723,7 @@ impl Model {
             &mut ws.xq,
             &mut ws.logits,
         );
-        if let Some(cap) = c.final_logit_softcap {
-            ws.logits
-                .iter_mut()
-                .for_each(|v| *v = (*v / cap).tanh() * cap);
-        }
+        softcap(&mut ws.logits, c.final_logit_softcap);
         trace!(ws, "result_output", usize::MAX, logits);
         Ok(n_out)
     }
@@ -937,6 +917,30 @@ impl Model {
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
         trace!(ws, "l_out", il, x);
+    }
+}
+
+/// Undoes `forward`'s reservations (`starts`: each sequence's new start, its length
+/// before, whether it existed) for the sequences reserved so far.
+fn undo_reservations(
+    kv: &mut KvCache,
+    batch: &[SeqBatch<'_>],
+    starts: &[(usize, usize, bool)],
+) -> Result<(), KvError> {
+    for (sb, &(_, before, existed)) in batch.iter().zip(starts) {
+        if existed {
+            kv.truncate(sb.seq, before)?;
+        } else {
+            kv.remove_seq(sb.seq);
+        }
+    }
+    Ok(())
+}
+
+/// gemma3's final logit soft-capping, `tanh(v / cap) * cap`.
+fn softcap(logits: &mut [f32], cap: Option<f32>) {
+    if let Some(cap) = cap {
+        logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
     }
 }
 

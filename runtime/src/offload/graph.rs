@@ -20,7 +20,7 @@ use std::ptr::null_mut;
 use std::sync::Mutex;
 
 use ggml_sys::sys::{self, ggml_context, ggml_tensor, GgmlLib};
-use ggml_sys::Ggml;
+use ggml_sys::{cstr, Ggml};
 use quant::ops::rope::RopeStyle;
 
 use super::{DeviceBatch, OffloadError};
@@ -895,15 +895,5 @@ fn set_threads(
             let f: unsafe extern "C" fn(sys::ggml_backend_t, i32) = std::mem::transmute(f);
             f(backend, threads.max(1) as i32);
         }
-    }
-}
-
-/// # Safety
-/// `p` is NULL or a NUL-terminated string.
-unsafe fn cstr(p: *const std::ffi::c_char) -> String {
-    if p.is_null() {
-        String::new()
-    } else {
-        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
     }
 }
