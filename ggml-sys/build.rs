@@ -57,8 +57,23 @@ fn build() -> Result<(), String> {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
 
+    // One cmake build serves every cargo build of this checkout (the main target, the lab's
+    // portable target, the fuzz targets): the libraries are loaded with dlopen, so nothing
+    // in them depends on RUSTFLAGS or the cargo profile, and rebuilding ggml per target dir
+    // cost CI minutes on two cores.
+    let build_dir = cache_dir(&src, &target_arch)?;
+    fs::create_dir_all(&build_dir).map_err(|e| format!("{}: {e}", build_dir.display()))?;
+    let lock = fs::File::create(build_dir.join(".lock"))
+        .map_err(|e| format!("{}: {e}", build_dir.display()))?;
+    lock.lock()
+        .map_err(|e| format!("lock {}: {e}", build_dir.display()))?;
+
     let mut cfg = cmake::Config::new(&src);
-    cfg.profile("Release")
+    cfg.out_dir(&build_dir)
+        // The cc crate's flags follow the cargo profile (-g, -O0 in a debug build); cmake's
+        // Release flags alone keep the build the same for every profile.
+        .no_default_flags(true)
+        .profile("Release")
         .build_target("ggml")
         .define("BUILD_SHARED_LIBS", "ON")
         .define("GGML_BACKEND_DL", "ON")
@@ -99,6 +114,7 @@ fn build() -> Result<(), String> {
     let dst = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cfg.build()))
         .map_err(|_| "cmake failed to build ggml (see the build output above)".to_string())?;
     let bin = dst.join("build").join("bin");
+    drop(lock);
 
     let lib = out.join("lib");
     let _ = fs::remove_dir_all(&lib);
@@ -137,6 +153,29 @@ fn build() -> Result<(), String> {
         .write_to_file(out.join("bindings.rs"))
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Where ggml is built: `$GGML_SYS_CACHE`, else `target/ggml-cache/<key>` at the workspace
+/// root, keyed by what changes the build (source tree, backends, architecture).
+fn cache_dir(src: &Path, arch: &str) -> Result<PathBuf, String> {
+    use std::hash::{Hash, Hasher};
+    println!("cargo:rerun-if-env-changed=GGML_SYS_CACHE");
+    let root = match env::var_os("GGML_SYS_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env::var("CARGO_MANIFEST_DIR").map_err(|e| e.to_string())?)
+            .join("..")
+            .join("target")
+            .join("ggml-cache"),
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        "v1",
+        src,
+        arch,
+        env::var("RLLAMA_GGML_BACKENDS").unwrap_or_default(),
+    )
+        .hash(&mut h);
+    Ok(root.join(format!("{arch}-{:016x}", h.finish())))
 }
 
 /// The llama.cpp tree: `$GGML_SRC`, else the llama-cpp-sys-2 package in cargo's registry
