@@ -110,6 +110,14 @@ fn build() -> Result<(), String> {
             }
         };
     }
+    // Extra cmake definitions, `K=V` separated by `;` (a newer Vulkan_INCLUDE_DIR than the
+    // system's, CMAKE_CUDA_ARCHITECTURES on a GPU machine).
+    for kv in extra_defines() {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or(format!("GGML_SYS_CMAKE_DEFINES: {kv:?} is not K=V"))?;
+        cfg.define(k.trim(), v.trim());
+    }
     // A failed cmake panics inside the cmake crate; turn that into our own error.
     let dst = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cfg.build()))
         .map_err(|_| "cmake failed to build ggml (see the build output above)".to_string())?;
@@ -155,6 +163,17 @@ fn build() -> Result<(), String> {
     Ok(())
 }
 
+fn extra_defines() -> Vec<String> {
+    println!("cargo:rerun-if-env-changed=GGML_SYS_CMAKE_DEFINES");
+    env::var("GGML_SYS_CMAKE_DEFINES")
+        .unwrap_or_default()
+        .split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// Where ggml is built: `$GGML_SYS_CACHE`, else `target/ggml-cache/<key>` at the workspace
 /// root, keyed by what changes the build (source tree, backends, architecture).
 fn cache_dir(src: &Path, arch: &str) -> Result<PathBuf, String> {
@@ -173,6 +192,7 @@ fn cache_dir(src: &Path, arch: &str) -> Result<PathBuf, String> {
         src,
         arch,
         env::var("RLLAMA_GGML_BACKENDS").unwrap_or_default(),
+        extra_defines(),
     )
         .hash(&mut h);
     Ok(root.join(format!("{arch}-{:016x}", h.finish())))

@@ -66,7 +66,7 @@ numactl --membind=1 {rl} -t 2 --numa-weights interleave > membind1-il.json 2> me
 {rl} -t 2 --numa-weights interleave > interleave.json 2> interleave.err; echo "interleave-exit=$?"
 {rl} -t 2 --numa-mode distribute --numa-weights replicate > replicate.json 2> replicate.err; echo "replicate-exit=$?"
 taskset -c 1 {rl} -t 2 --numa-mode isolate > isolate.json 2> isolate.err; echo "isolate-exit=$?"
-{rb} -m {m} -p 8 -n 0 -r 1 -t 2 --no-warmup --numa distribute --numa-weights replicate -o jsonl > bench.jsonl 2> bench.err; echo "bench-exit=$?"
+{rb} -m {m} -p 2 -n 0 -r 1 -t 2 --no-warmup --numa distribute --numa-weights replicate -o jsonl > bench.jsonl 2> bench.err; echo "bench-exit=$?"
 "#,
         rb = bins.join("rbench").display(),
         m = model.display(),

@@ -140,6 +140,10 @@ fn compare_model_with(name: &str, numerics: Numerics) {
         if exact { 0.01 } else { 0.03 },
     );
     let (mut self_agree, mut self_max_diff) = (0usize, 0f32);
+    // llama.cpp's flash-attention on-vs-off figures per prompt are the yardstick of the fast
+    // order; the exact mode's bars do not use them, so CI (exact) skips their cost unless
+    // RLLAMA_TEST_NOISE_FLOOR=1 asks for them.
+    let noise_floor = !exact || std::env::var("RLLAMA_TEST_NOISE_FLOOR").is_ok_and(|v| v == "1");
 
     let limit: usize = std::env::var("RLLAMA_TEST_PROMPTS")
         .ok()
@@ -156,19 +160,21 @@ fn compare_model_with(name: &str, numerics: Numerics) {
         let mut seq = ptoks.clone();
         seq.extend(&cont);
         let ref_logits = theirs.logits_all(&seq).unwrap();
-        let fa_logits = theirs_fa.logits_all(&seq).unwrap();
         let our_logits = ours.logits_all(&seq).unwrap();
-        for p in 0..seq.len() {
-            let (a, b) = (
-                &fa_logits[p * nv..(p + 1) * nv],
-                &ref_logits[p * nv..(p + 1) * nv],
-            );
-            self_agree += (argmax(a) == argmax(b)) as usize;
-            self_max_diff = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(self_max_diff, f32::max);
+        if noise_floor {
+            let fa_logits = theirs_fa.logits_all(&seq).unwrap();
+            for p in 0..seq.len() {
+                let (a, b) = (
+                    &fa_logits[p * nv..(p + 1) * nv],
+                    &ref_logits[p * nv..(p + 1) * nv],
+                );
+                self_agree += (argmax(a) == argmax(b)) as usize;
+                self_max_diff = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(self_max_diff, f32::max);
+            }
         }
         assert_eq!(ref_logits.len(), our_logits.len());
         for p in 0..seq.len() {
@@ -197,7 +203,9 @@ fn compare_model_with(name: &str, numerics: Numerics) {
             .generate(&ptoks, GREEDY, &mut sampler, &eog, &mut |_| true)
             .unwrap();
         n_prompts += 1;
-        self_greedy_same += (theirs_fa.greedy(&ptoks, GREEDY).unwrap() == ref_gen) as usize;
+        if noise_floor {
+            self_greedy_same += (theirs_fa.greedy(&ptoks, GREEDY).unwrap() == ref_gen) as usize;
+        }
         if our_gen == ref_gen {
             greedy_same += 1;
         } else {
@@ -207,10 +215,19 @@ fn compare_model_with(name: &str, numerics: Numerics) {
     }
     let rate = agree as f64 / total as f64;
     let self_rate = self_agree as f64 / total as f64;
-    eprintln!(
+    let floor = |v: String| {
+        if noise_floor {
+            format!(" (llama.cpp vs itself {v})")
+        } else {
+            String::new()
+        }
+    };
+    if noise_floor {
+        eprintln!(
         "{name}: llama.cpp flash-attn on vs off (its own noise floor): top-1 agreement {self_agree}/{total} = {:.2}%, max |logit diff| {self_max_diff:.4}, greedy-{GREEDY} identical {self_greedy_same}/{n_prompts}",
         self_rate * 100.0
     );
+    }
     eprintln!(
         "{name}: teacher-forced top-1 agreement {agree}/{total} = {:.2}%, max |logit diff| {max_diff:.4}, greedy-{GREEDY} identical {greedy_same}/{n_prompts}",
         rate * 100.0
@@ -225,11 +242,13 @@ fn compare_model_with(name: &str, numerics: Numerics) {
     }
     assert!(
         rate >= 0.99,
-        "{name}: top-1 agreement {rate:.4} (llama.cpp vs itself {self_rate:.4})"
+        "{name}: top-1 agreement {rate:.4}{}",
+        floor(format!("{self_rate:.4}"))
     );
     assert!(
         greedy_same * 10 >= 9 * n_prompts,
-        "{name}: greedy identical {greedy_same}/{n_prompts} (llama.cpp vs itself {self_greedy_same})"
+        "{name}: greedy identical {greedy_same}/{n_prompts}{}",
+        floor(self_greedy_same.to_string())
     );
 }
 

@@ -333,6 +333,9 @@ pub struct Printer<W: Write> {
     cols: Vec<Col>,
     engines: Vec<Engine>,
     n_printed: usize,
+    /// The backend column fits `CPU,<device>` when layers are offloaded (rows stream as
+    /// they finish, so the width is fixed from the parameters).
+    backend_width: i32,
 }
 
 impl<W: Write> Printer<W> {
@@ -356,6 +359,13 @@ impl<W: Write> Printer<W> {
         if offload {
             cols.push(Col::DevMib);
         }
+        let backend_width = if offload {
+            // The device named, or a typical first GPU's name ("Vulkan0", "CUDA0").
+            let dev = params.device.as_deref().map_or(7, str::len);
+            -(("CPU,".len() + dev).max(10) as i32)
+        } else {
+            Col::Backend.width()
+        };
         let multi_node = runtime::numa::machine().is_some_and(|t| t.n_nodes() > 1);
         if params.numa.is_some()
             || params.numa_weights != runtime::numa::WeightPlacement::FirstTouch
@@ -370,6 +380,7 @@ impl<W: Write> Printer<W> {
             cols,
             engines: params.engines.clone(),
             n_printed: 0,
+            backend_width,
         }
     }
 
@@ -379,8 +390,8 @@ impl<W: Write> Printer<W> {
                 let mut h = String::from("|");
                 let mut r = String::from("|");
                 for c in &self.cols {
-                    h.push_str(&cell(c.header(), c.width()));
-                    r.push_str(&rule(c.width()));
+                    h.push_str(&cell(c.header(), self.width(*c)));
+                    r.push_str(&rule(self.width(*c)));
                 }
                 writeln!(self.out, "{h}\n{r}")?;
             }
@@ -395,6 +406,14 @@ impl<W: Write> Printer<W> {
         self.out.flush()
     }
 
+    fn width(&self, c: Col) -> i32 {
+        if c == Col::Backend {
+            self.backend_width
+        } else {
+            c.width()
+        }
+    }
+
     fn field_names(&self) -> Vec<&'static str> {
         // CSV, like llama-bench's, carries no per-sample arrays.
         CSV_FIELDS.to_vec()
@@ -406,7 +425,7 @@ impl<W: Write> Printer<W> {
             OutputFormat::Md => {
                 let mut line = String::from("|");
                 for c in &self.cols {
-                    line.push_str(&cell(&c.value(r), c.width()));
+                    line.push_str(&cell(&c.value(r), self.width(*c)));
                 }
                 writeln!(self.out, "{line}")?;
             }

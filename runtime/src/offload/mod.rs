@@ -242,6 +242,17 @@ fn cpu_only_reason(dir: &Path, backends: &[BackendEntry]) -> String {
             None => missing.push(format!("libggml-{name}.so")),
             Some(b) => match &b.error {
                 Some(e) => reasons.push(format!("{name}: {e}")),
+                // ggml-vulkan passes over CPU-type Vulkan devices (Mesa's lavapipe) unless
+                // they are named.
+                None if name == "vulkan"
+                    && std::env::var_os("GGML_VK_VISIBLE_DEVICES").is_none() =>
+                {
+                    reasons.push(format!(
+                        "{name}: backend loaded, no device found (no driver or no GPU; a software \
+                         Vulkan device such as lavapipe is used only when named: \
+                         GGML_VK_VISIBLE_DEVICES=0)"
+                    ))
+                }
                 None => reasons.push(format!(
                     "{name}: backend loaded, no device found (no driver or no GPU)"
                 )),
