@@ -45,7 +45,11 @@ if ! grep -q VK_EXT_layer_settings "$hdr"; then
     if ! grep -qs VK_EXT_layer_settings "$headers/usr/include/vulkan/vulkan_core.h"; then
         apt_dir=$(mktemp -d)
         mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
-        echo "deb http://deb.debian.org/debian trixie main" >"$apt_dir/sources.list"
+        # The mirror this machine already uses for Debian 12, with the next release's suite.
+        mirror=$(apt-cache policy | awk '$3 ~ /^bookworm\/main$/ {print $2; exit}')
+        [ -n "$mirror" ] || skip "the Vulkan headers here (1.3.$have) lack VK_EXT_layer_settings \
+and no Debian 12 mirror is configured to fetch newer ones from"
+        echo "deb $mirror trixie main" >"$apt_dir/sources.list"
         apt_opts=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=-
                   -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
         { apt-get "${apt_opts[@]}" update -q &&
