@@ -61,7 +61,9 @@ fn build() -> Result<(), String> {
     // portable target, the fuzz targets): the libraries are loaded with dlopen, so nothing
     // in them depends on RUSTFLAGS or the cargo profile, and rebuilding ggml per target dir
     // cost CI minutes on two cores.
-    let build_dir = cache_dir(&src, &target_arch)?;
+    let backends = env::var("RLLAMA_GGML_BACKENDS").unwrap_or_default();
+    let defines = extra_defines();
+    let build_dir = cache_dir(&src, &target_arch, &backends, &defines)?;
     fs::create_dir_all(&build_dir).map_err(|e| format!("{}: {e}", build_dir.display()))?;
     let lock = fs::File::create(build_dir.join(".lock"))
         .map_err(|e| format!("{}: {e}", build_dir.display()))?;
@@ -97,7 +99,6 @@ fn build() -> Result<(), String> {
             cfg.define(format!("GGML_{f}"), "ON");
         }
     }
-    let backends = env::var("RLLAMA_GGML_BACKENDS").unwrap_or_default();
     for b in backends.split(',').map(str::trim).filter(|b| !b.is_empty()) {
         match b {
             "vulkan" => cfg.define("GGML_VULKAN", "ON"),
@@ -112,7 +113,7 @@ fn build() -> Result<(), String> {
     }
     // Extra cmake definitions, `K=V` separated by `;` (a newer Vulkan_INCLUDE_DIR than the
     // system's, CMAKE_CUDA_ARCHITECTURES on a GPU machine).
-    for kv in extra_defines() {
+    for kv in &defines {
         let (k, v) = kv
             .split_once('=')
             .ok_or(format!("GGML_SYS_CMAKE_DEFINES: {kv:?} is not K=V"))?;
@@ -175,8 +176,14 @@ fn extra_defines() -> Vec<String> {
 }
 
 /// Where ggml is built: `$GGML_SYS_CACHE`, else `target/ggml-cache/<key>` at the workspace
-/// root, keyed by what changes the build (source tree, backends, architecture).
-fn cache_dir(src: &Path, arch: &str) -> Result<PathBuf, String> {
+/// root, keyed by what changes the build (source tree, architecture, backends, extra
+/// cmake definitions).
+fn cache_dir(
+    src: &Path,
+    arch: &str,
+    backends: &str,
+    defines: &[String],
+) -> Result<PathBuf, String> {
     use std::hash::{Hash, Hasher};
     println!("cargo:rerun-if-env-changed=GGML_SYS_CACHE");
     let root = match env::var_os("GGML_SYS_CACHE") {
@@ -187,14 +194,7 @@ fn cache_dir(src: &Path, arch: &str) -> Result<PathBuf, String> {
             .join("ggml-cache"),
     };
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        "v1",
-        src,
-        arch,
-        env::var("RLLAMA_GGML_BACKENDS").unwrap_or_default(),
-        extra_defines(),
-    )
-        .hash(&mut h);
+    ("v1", src, arch, backends, defines).hash(&mut h);
     Ok(root.join(format!("{arch}-{:016x}", h.finish())))
 }
 

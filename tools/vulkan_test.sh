@@ -23,6 +23,8 @@ prepare=0
 [ "${1:-}" = --prepare ] && prepare=1
 
 skip() { echo "SKIPPED: Vulkan offload test: $*"; exit 0; }
+# VK_HEADER_VERSION of a vulkan_core.h.
+header_version() { sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' "$1"; }
 
 pkgs=(mesa-vulkan-drivers libvulkan-dev glslc spirv-headers)
 missing=()
@@ -40,7 +42,7 @@ if ! grep -q VK_EXT_layer_settings "$hdr"; then
     # Debian 12's headers (1.3.239) predate VK_EXT_layer_settings. The headers alone come
     # from the next Debian release's libvulkan-dev, unpacked into target/ (the system's
     # loader, libvulkan1, stays: the extension is only asked for where a layer offers it).
-    have=$(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' "$hdr")
+    have=$(header_version "$hdr")
     headers="$PWD/target/vulkan-headers"
     if ! grep -qs VK_EXT_layer_settings "$headers/usr/include/vulkan/vulkan_core.h"; then
         apt_dir=$(mktemp -d)
@@ -62,8 +64,8 @@ ggml-vulkan of this ggml needs, and newer ones could not be fetched (see /tmp/vu
     fi
     grep -qs VK_EXT_layer_settings "$headers/usr/include/vulkan/vulkan_core.h" \
         || skip "the fetched Vulkan headers lack VK_EXT_layer_settings too"
-    echo "Vulkan headers: $(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' \
-        "$headers/usr/include/vulkan/vulkan_core.h") from $headers (system: 1.3.$have)"
+    echo "Vulkan headers: $(header_version "$headers/usr/include/vulkan/vulkan_core.h") from \
+$headers (system: 1.3.$have)"
     defines="Vulkan_INCLUDE_DIR=$headers/usr/include"
 fi
 
@@ -89,11 +91,9 @@ echo "$devices" | grep -Eq '^Vulkan +Vulkan0 ' \
 # +0.81% (f16) over one chunk, against +0.000% on ggml's CPU backend; not yet explained.
 filters=(decode_reuses_its_graph out_of_device_memory)
 for m in ${RLLAMA_VULKAN_TEST_MODELS:-}; do filters+=("${m}_offload_agrees"); done
-for f in "${filters[@]}"; do
-    RLLAMA_OFFLOAD_TEST_DEVICE=Vulkan0 RLLAMA_OFFLOAD_TEST_QUICK=${RLLAMA_OFFLOAD_TEST_QUICK:-1} \
-        cargo test --release --workspace --all-features --test offload -- \
-        --nocapture --test-threads 1 "$f"
-done
+RLLAMA_OFFLOAD_TEST_DEVICE=Vulkan0 RLLAMA_OFFLOAD_TEST_QUICK=${RLLAMA_OFFLOAD_TEST_QUICK:-1} \
+    cargo test --release --workspace --all-features --test offload -- \
+    --nocapture --test-threads 1 "${filters[@]}"
 # The table: ours on the CPU beside ours with every layer on lavapipe (speed there is not
 # the point: lavapipe is a CPU rasterizer behind a GPU API).
 target/release/rbench -m smollm2-135m -ngl 0,99 -dev Vulkan0 -p 16 -n 4 -r 2 -t "$(nproc)"

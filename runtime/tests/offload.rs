@@ -36,10 +36,6 @@ fn quick() -> bool {
     std::env::var("RLLAMA_OFFLOAD_TEST_QUICK").is_ok_and(|v| v == "1")
 }
 
-fn ggml_available() -> bool {
-    ggml_sys::available_or_skip()
-}
-
 fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokenizer>)> {
     let path = model(name)?;
     let f = ModelFile::open(path.to_str().unwrap()).unwrap();
@@ -129,7 +125,7 @@ fn ppl(m: Model, tok: &runtime::tokenizer::Tokenizer) -> f64 {
 }
 
 fn agreement(name: &str) {
-    if !ggml_available() {
+    if !ggml_sys::available_or_skip() {
         return;
     }
     let Some((cpu, tok)) = load(name, 0) else {
@@ -200,7 +196,7 @@ fn qwen2_offload_agrees() {
 
 #[test]
 fn out_of_device_memory_names_how_many_layers_fit() {
-    if !ggml_available() {
+    if !ggml_sys::available_or_skip() {
         return;
     }
     let Some(path) = model(MODELS[0]) else { return };
@@ -259,7 +255,7 @@ fn out_of_device_memory_names_how_many_layers_fit() {
 /// token.
 #[test]
 fn decode_reuses_its_graph() {
-    if !ggml_available() {
+    if !ggml_sys::available_or_skip() {
         return;
     }
     let Some((m, tok)) = load(MODELS[0], 99) else {

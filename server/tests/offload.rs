@@ -13,10 +13,6 @@ use common::*;
 use serde_json::json;
 use server::ServerConfig;
 
-fn ggml_available() -> bool {
-    ggml_sys::available_or_skip()
-}
-
 const PROMPTS: [&str; 6] = [
     "The capital of France is",
     "Once upon a time",
@@ -43,7 +39,7 @@ fn texts(addr: std::net::SocketAddr) -> Vec<String> {
 
 #[test]
 fn serves_with_layers_offloaded() {
-    if !model_available() || !ggml_available() {
+    if !model_available() || !ggml_sys::available_or_skip() {
         return;
     }
     let _g = serial();
@@ -84,7 +80,7 @@ fn serves_with_layers_offloaded() {
 
 #[test]
 fn kv_persist_with_offload_is_refused() {
-    if !model_available() || !ggml_available() {
+    if !model_available() || !ggml_sys::available_or_skip() {
         return;
     }
     let _g = serial();
@@ -124,7 +120,7 @@ fn kv_persist_with_offload_is_refused() {
 /// of the failing steps end with an error, none hangs, and the server stays up.
 #[test]
 fn a_lost_device_fails_requests_and_the_server_stays_up() {
-    if !model_available() || !ggml_available() {
+    if !model_available() || !ggml_sys::available_or_skip() {
         return;
     }
     let _g = serial();

@@ -194,7 +194,8 @@ fn report(g: &Ggml) -> DeviceReport {
         .iter()
         .flat_map(|b| &b.devices)
         .any(|d| d.kind != DeviceKind::Cpu.as_str());
-    let cpu_only_reason = (!has_device).then(|| cpu_only_reason(g.dir(), &backends));
+    let vk_named = std::env::var_os("GGML_VK_VISIBLE_DEVICES").is_some();
+    let cpu_only_reason = (!has_device).then(|| cpu_only_reason(g.dir(), &backends, vk_named));
     DeviceReport {
         ggml_version: Some(g.loaded_version()),
         backend_api: ggml_sys::backend_api(),
@@ -233,8 +234,9 @@ fn entry(l: &BackendLoad) -> BackendEntry {
 }
 
 /// Says, per GPU backend, why it gave no device: no library, a refused library, or a
-/// library that found no device (no driver, no GPU).
-fn cpu_only_reason(dir: &Path, backends: &[BackendEntry]) -> String {
+/// library that found no device (no driver, no GPU). `vk_named`: GGML_VK_VISIBLE_DEVICES
+/// is set (otherwise a Vulkan backend without devices gets the hint to set it).
+fn cpu_only_reason(dir: &Path, backends: &[BackendEntry], vk_named: bool) -> String {
     let mut reasons = Vec::new();
     let mut missing = Vec::new();
     for name in GPU_BACKENDS {
@@ -242,20 +244,20 @@ fn cpu_only_reason(dir: &Path, backends: &[BackendEntry]) -> String {
             None => missing.push(format!("libggml-{name}.so")),
             Some(b) => match &b.error {
                 Some(e) => reasons.push(format!("{name}: {e}")),
-                // ggml-vulkan passes over CPU-type Vulkan devices (Mesa's lavapipe) unless
-                // they are named.
-                None if name == "vulkan"
-                    && std::env::var_os("GGML_VK_VISIBLE_DEVICES").is_none() =>
-                {
-                    reasons.push(format!(
-                        "{name}: backend loaded, no device found (no driver or no GPU; a software \
-                         Vulkan device such as lavapipe is used only when named: \
-                         GGML_VK_VISIBLE_DEVICES=0)"
-                    ))
+                None => {
+                    let mut why =
+                        format!("{name}: backend loaded, no device found (no driver or no GPU");
+                    // ggml-vulkan passes over CPU-type Vulkan devices (Mesa's lavapipe)
+                    // unless they are named.
+                    if name == "vulkan" && !vk_named {
+                        why.push_str(
+                            "; a software Vulkan device such as lavapipe is used only when \
+                             named: GGML_VK_VISIBLE_DEVICES=0",
+                        );
+                    }
+                    why.push(')');
+                    reasons.push(why);
                 }
-                None => reasons.push(format!(
-                    "{name}: backend loaded, no device found (no driver or no GPU)"
-                )),
             },
         }
     }
@@ -402,27 +404,33 @@ mod tests {
     #[test]
     fn cpu_only_reasons_name_each_gpu_backend() {
         let dir = Path::new("/x");
-        let r = cpu_only_reason(dir, &[entry("cpu", None, &["cpu"])]);
+        let r = cpu_only_reason(dir, &[entry("cpu", None, &["cpu"])], false);
         assert_eq!(
             r,
             "no libggml-cuda.so, libggml-vulkan.so, libggml-sycl.so in /x"
         );
-        let r = cpu_only_reason(
-            dir,
-            &[
-                entry("cpu", None, &["cpu"]),
-                entry("vulkan", None, &[]),
-                entry(
-                    "cuda",
-                    Some("does not load: libcuda.so.1: cannot open"),
-                    &[],
-                ),
-            ],
-        );
+        let with_vulkan = [
+            entry("cpu", None, &["cpu"]),
+            entry("vulkan", None, &[]),
+            entry(
+                "cuda",
+                Some("does not load: libcuda.so.1: cannot open"),
+                &[],
+            ),
+        ];
+        let r = cpu_only_reason(dir, &with_vulkan, true);
         assert_eq!(
             r,
             "cuda: does not load: libcuda.so.1: cannot open; vulkan: backend loaded, no \
              device found (no driver or no GPU); no libggml-sycl.so in /x"
+        );
+        // Without GGML_VK_VISIBLE_DEVICES, the hint that lavapipe must be named.
+        let r = cpu_only_reason(dir, &with_vulkan, false);
+        assert_eq!(
+            r,
+            "cuda: does not load: libcuda.so.1: cannot open; vulkan: backend loaded, no \
+             device found (no driver or no GPU; a software Vulkan device such as lavapipe is \
+             used only when named: GGML_VK_VISIBLE_DEVICES=0); no libggml-sycl.so in /x"
         );
     }
 
