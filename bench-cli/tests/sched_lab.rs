@@ -1,9 +1,10 @@
 //! `rbench sched` on a kernel where schedulers really switch: the lab guest (a Linux 6.12
 //! kernel with sched_ext, `../shared/lab`). One guest boot runs
 //!
-//! 1. a plan with `eevdf`, `scx:scx_simple` and `scx:scx_qmap` on the smallest model and a
-//!    tiny workload, and checks the recorded proof of every window (ops names, every
-//!    workload thread's `ext.enabled`, the kernel back on `disabled` after each window);
+//! 1. a plan with `eevdf`, `scx:scx_simple` and `scx:scx_qmap` on the lab model (a
+//!    two-layer synthetic llama-3, `common::lab_model`) and a tiny workload, and checks
+//!    the recorded proof of every window (ops names, every workload thread's
+//!    `ext.enabled`, the kernel back on `disabled` after each window);
 //! 2. a run interrupted with SIGINT in the middle of an scx window: the scheduler must be
 //!    gone and the state `disabled`, and `--resume` must run only the missing windows.
 //!
@@ -34,7 +35,7 @@ fn schedulers_switch_for_real_and_the_proof_says_so() {
     let Some(run) = common::lab_run("scheduler experiments") else {
         return;
     };
-    let Some(model) = runtime::registry::test_model("smollm2-135m") else {
+    let Some(model) = common::lab_model() else {
         return;
     };
     let rbench = common::lab_bins().join("rbench");

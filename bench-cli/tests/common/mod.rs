@@ -76,3 +76,37 @@ pub fn run_guest(run: &Path, args: &[&str], dir: &Path) -> Output {
     }
     out
 }
+
+/// The model the lab tests run: a synthetic llama-3 layout cut to two layers of width 256
+/// (`runtime::synth`, Q4_K_M, smollm2-135m's tokenizer), written once into
+/// `target/lab-models/`. It is a real GGUF that our whole load and forward path runs, but
+/// about a tenth of smollm2's work per token: what these tests check is which scheduler or
+/// NUMA node the work ran under, not the model's text, and the emulated guest runs our
+/// code several hundred times slower than the host. `None` (after saying why) where the
+/// tokenizer's source model is not to be had.
+pub fn lab_model() -> Option<PathBuf> {
+    use runtime::synth;
+    let tok_name = "smollm2-135m";
+    let tok_path = runtime::registry::test_model(tok_name)?;
+    let dir = repo().join("target/lab-models");
+    let path = dir.join("llama3-lab-2l-w256.gguf");
+    if path.is_file() {
+        return Some(path);
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let tok = runtime::GgufFile::open(&tok_path).expect("tokenizer source");
+    let shape = synth::Shape::llama3_8b().scaled_down(32).with_layers(2);
+    shape.validate().expect("lab model shape");
+    let spec = synth::SynthSpec {
+        shape,
+        quant: synth::SynthQuant::Q4KM,
+        seed: 0,
+        tokenizer: &tok,
+        tokenizer_name: tok_name.to_string(),
+        pad_vocab: false,
+    };
+    let tmp = dir.join(format!("lab-model.{}.tmp", std::process::id()));
+    synth::synthesize(&spec, &tmp, |_, _| {}).expect("writing the lab model");
+    std::fs::rename(&tmp, &path).unwrap();
+    Some(path)
+}
