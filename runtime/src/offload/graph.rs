@@ -729,9 +729,9 @@ impl DeviceLayers {
         let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
         let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
         let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
-        // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
-        // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
-        // sums in f32, so this changes nothing there.
+                                              // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
+                                              // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
+                                              // sums in f32, so this changes nothing there.
         l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
         let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
         let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
