@@ -156,7 +156,15 @@ fn agreement(name: &str) {
         let (m, _) = load(name, ngl).unwrap();
         let dev = m.device_layers().expect("offloaded");
         assert_eq!(dev.n_layers(), ngl.min(n_layer));
-        assert_eq!(dev.has_output(), ngl > n_layer);
+        // The output layer is asked for above n_layer; a device that cannot multiply by
+        // the output matrix keeps it on the CPU and says why (gemma3 on lavapipe).
+        assert_eq!(
+            dev.has_output() || dev.output_on_cpu().is_some(),
+            ngl > n_layer
+        );
+        if let Some(why) = dev.output_on_cpu() {
+            eprintln!("{name} -ngl {ngl}: {why}");
+        }
         let (agree, total) = top1_agreement(m, &tok, &prompts, &base);
         let same = if quick() {
             "not run (quick)".to_string()

@@ -118,12 +118,15 @@ struct Graph {
     mask: *mut ggml_tensor,
     mask_swa: Option<*mut ggml_tensor>,
     rows: *mut ggml_tensor,
-    res: *mut ggml_tensor,
+    /// The result in pieces of consecutive output rows: (tensor, rows). One piece unless
+    /// the logits of all rows would exceed what the device can bind as one tensor.
+    res: Vec<(*mut ggml_tensor, usize)>,
 }
 
 /// The offloaded layers on one device.
 pub struct DeviceLayers {
     g: &'static Ggml,
+    dev: sys::ggml_backend_dev_t,
     backend: sys::ggml_backend_t,
     /// ggml's device name (`CPU`, `Vulkan0`).
     pub device: String,
@@ -132,6 +135,8 @@ pub struct DeviceLayers {
     layers: Vec<LayerW>,
     /// Output norm and matrix when the output layer is offloaded too.
     output: Option<(*mut ggml_tensor, *mut ggml_tensor)>,
+    /// Why the output layer was asked for but kept on the CPU.
+    output_on_cpu: Option<String>,
     freq_factors: Option<*mut ggml_tensor>,
     cfg: Config,
     n_slots: usize,
@@ -178,6 +183,25 @@ impl DeviceLayers {
         let dev = pick_device(g, device)?;
         // SAFETY: dev is a registered device; the name is owned by ggml.
         let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
+        // The output matrix stays on the CPU where the device cannot multiply by it, as
+        // llama.cpp keeps such a weight in host memory: Vulkan binds at most
+        // maxStorageBufferRange bytes per tensor without 64-bit indexing (128 MiB on
+        // lavapipe; gemma3's 262144 x 640 Q8_0 output matrix is 170 MiB).
+        let mut output_on_cpu = None;
+        let output = match output {
+            Some((_, Weight::Mat { ty, n_in, n_out, bytes }))
+                // SAFETY: dev is a registered device.
+                if !unsafe { device_runs_product(l, dev, gtype(ty), n_in, n_out) } =>
+            {
+                output_on_cpu = Some(format!(
+                    "the output matrix ({ty}, {n_out} x {n_in}, {} MiB) stays on the CPU: \
+                     {dev_name} cannot multiply by a tensor that large",
+                    bytes.len() >> 20
+                ));
+                None
+            }
+            o => o,
+        };
 
         // Memory check before any allocation: what the layers need against what the
         // device has free, naming how many layers would fit.
@@ -367,6 +391,8 @@ impl DeviceLayers {
         };
         Ok(DeviceLayers {
             g,
+            dev,
+            output_on_cpu,
             backend,
             device: dev_name,
             first_layer,
@@ -404,6 +430,12 @@ impl DeviceLayers {
     /// Whether the output layer runs here too (then `forward` returns logits).
     pub fn has_output(&self) -> bool {
         self.output.is_some()
+    }
+
+    /// Why the output layer, asked for, runs on the CPU instead (the device cannot
+    /// multiply by a matrix that large).
+    pub fn output_on_cpu(&self) -> Option<&str> {
+        self.output_on_cpu.as_deref()
     }
 
     /// KV slots the device cache holds.
@@ -445,7 +477,10 @@ impl DeviceLayers {
             self.weight_bytes >> 20,
             self.kv_bytes >> 20,
             self.n_slots
-        )
+        ) + &self
+            .output_on_cpu
+            .as_ref()
+            .map_or(String::new(), |why| format!("; {why}"))
     }
 
     fn backend_name(&self) -> String {
@@ -563,7 +598,7 @@ impl DeviceLayers {
                 set(l, t, m.as_ptr(), n_kv * n_tok);
             }
             set(l, gr.rows, rows.as_ptr(), n_out);
-            let (gf, res) = (gr.gf, gr.res);
+            let gf = gr.gf;
             let status = l.ggml_backend_graph_compute(self.backend, gf);
             if status != sys::ggml_status_GGML_STATUS_SUCCESS {
                 return Err(OffloadError::Backend(format!(
@@ -573,7 +608,12 @@ impl DeviceLayers {
             }
             let width = if self.output.is_some() { c.n_vocab } else { d };
             out.resize(n_out * width, 0.0);
-            l.ggml_backend_tensor_get(res, out.as_mut_ptr().cast(), 0, n_out * width * 4);
+            let mut r0 = 0;
+            for &(t, n) in &gr.res {
+                let dst = out[r0 * width..(r0 + n) * width].as_mut_ptr();
+                l.ggml_backend_tensor_get(t, dst.cast(), 0, n * width * 4);
+                r0 += n;
+            }
         }
         Ok(())
     }
@@ -619,13 +659,38 @@ impl DeviceLayers {
             };
             h = self.layer(&gb, gf, w, h, pos, slot, kv, m, n_tok, n_kv);
         }
-        let mut res = l.ggml_get_rows(ctx, h, rows);
+        let mut res = vec![(l.ggml_get_rows(ctx, h, rows), n_out)];
         if let Some((norm, w)) = self.output {
-            res = l.ggml_mul(ctx, l.ggml_rms_norm(ctx, res, c.rms_eps), norm);
-            res = l.ggml_mul_mat(ctx, w, res);
+            let normed = l.ggml_mul(ctx, l.ggml_rms_norm(ctx, res[0].0, c.rms_eps), norm);
+            res = self.output_products(&gb, w, normed, n_out);
         }
-        l.ggml_set_output(res);
-        l.ggml_build_forward_expand(gf, res);
+        for &(t, _) in &res {
+            l.ggml_set_output(t);
+            l.ggml_build_forward_expand(gf, t);
+        }
+        // A node the device cannot run would be computed anyway by a direct graph compute,
+        // into garbage (ggml's scheduler would move it to the CPU; we have no scheduler
+        // here): refuse the graph with the node named instead.
+        for i in 0..l.ggml_graph_n_nodes(gf) {
+            let node = l.ggml_graph_node(gf, i);
+            if !l.ggml_backend_dev_supports_op(self.dev, node) {
+                let t = &*node;
+                let msg = format!(
+                    "{}: the device cannot run {} on {} ({}x{}x{}x{}, {} bytes) for a batch of \
+                     {n_tok} tokens and {n_kv} KV slots",
+                    self.device,
+                    cstr(l.ggml_op_desc(node)),
+                    std::ffi::CStr::from_ptr(t.name.as_ptr()).to_string_lossy(),
+                    t.ne[0],
+                    t.ne[1],
+                    t.ne[2],
+                    t.ne[3],
+                    l.ggml_nbytes(node),
+                );
+                l.ggml_free(ctx);
+                return Err(OffloadError::Backend(msg));
+            }
+        }
         Ok(Graph {
             key,
             ctx,
@@ -639,6 +704,44 @@ impl DeviceLayers {
             rows,
             res,
         })
+    }
+
+    /// The output matrix times the normed rows, as few products as the device can run:
+    /// all rows in one unless the device refuses a result that large (Vulkan binds at most
+    /// `maxStorageBufferRange` bytes, 128 MiB on lavapipe, where 256 rows of gemma3's
+    /// 262144 logits take 256 MiB), then halved until it accepts each piece.
+    unsafe fn output_products(
+        &self,
+        gb: &Gb<'_>,
+        w: *mut ggml_tensor,
+        normed: *mut ggml_tensor,
+        n_out: usize,
+    ) -> Vec<(*mut ggml_tensor, usize)> {
+        let (l, ctx) = (gb.l, gb.ctx);
+        let d = self.cfg.n_embd;
+        let stride = (*normed).nb[1];
+        let piece = |r0: usize, n: usize| {
+            let v = if n == n_out {
+                normed
+            } else {
+                l.ggml_view_2d(ctx, normed, d as i64, n as i64, stride, r0 * stride)
+            };
+            l.ggml_mul_mat(ctx, w, v)
+        };
+        let mut n = n_out;
+        let mut first = piece(0, n);
+        while n > 1 && !l.ggml_backend_dev_supports_op(self.dev, first) {
+            n = n.div_ceil(2);
+            first = piece(0, n);
+        }
+        let mut out = vec![(first, n)];
+        let mut r0 = n;
+        while r0 < n_out {
+            let m = n.min(n_out - r0);
+            out.push((piece(r0, m), m));
+            r0 += m;
+        }
+        out
     }
 
     /// One layer's nodes. Shapes follow ggml's order: `[n_embd, n_tok]` for hidden states.
@@ -728,10 +831,10 @@ impl DeviceLayers {
         let f16 = sys::ggml_type_GGML_TYPE_F16;
         let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
         let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
+        // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
+        // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
+        // sums in f32, so this changes nothing there.
         let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
-                                              // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
-                                              // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
-                                              // sums in f32, so this changes nothing there.
         l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
         let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
         let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
@@ -819,6 +922,31 @@ fn new_ctx(l: &GgmlLib, n_tensors: usize) -> Result<*mut ggml_context, OffloadEr
     } else {
         Ok(ctx)
     }
+}
+
+/// Whether `dev` can multiply by a `ty` matrix of `n_out` rows of `n_in` (asked of the
+/// device with metadata-only tensors; nothing is allocated).
+unsafe fn device_runs_product(
+    l: &GgmlLib,
+    dev: sys::ggml_backend_dev_t,
+    ty: sys::ggml_type,
+    n_in: usize,
+    n_out: usize,
+) -> bool {
+    let mut meta = vec![0u8; 4 * l.ggml_tensor_overhead()];
+    let ctx = l.ggml_init(sys::ggml_init_params {
+        mem_size: meta.len(),
+        mem_buffer: meta.as_mut_ptr().cast(),
+        no_alloc: true,
+    });
+    if ctx.is_null() {
+        return false;
+    }
+    let w = l.ggml_new_tensor_2d(ctx, ty, n_in as i64, n_out as i64);
+    let x = l.ggml_new_tensor_2d(ctx, sys::ggml_type_GGML_TYPE_F32, n_in as i64, 1);
+    let ok = l.ggml_backend_dev_supports_op(dev, l.ggml_mul_mat(ctx, w, x));
+    l.ggml_free(ctx);
+    ok
 }
 
 fn weight_bytes(w: &Weight<'_>) -> usize {

@@ -78,6 +78,9 @@ impl DeviceLayers {
     pub fn has_output(&self) -> bool {
         match *self {}
     }
+    pub fn output_on_cpu(&self) -> Option<&str> {
+        match *self {}
+    }
     pub fn n_slots(&self) -> usize {
         match *self {}
     }
