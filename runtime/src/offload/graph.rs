@@ -829,11 +829,11 @@ impl DeviceLayers {
         // the products round the query and the probabilities to f16 as llama.cpp's (and
         // our CPU path's) f16 attention does.
         let f16 = sys::ggml_type_GGML_TYPE_F16;
-        let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
-        let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
         // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
         // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
         // sums in f32, so this changes nothing there.
+        let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
+        let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
         let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
         l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
         let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
