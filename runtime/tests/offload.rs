@@ -150,9 +150,13 @@ fn agreement(name: &str) {
     let n_prompts = prompts.len();
     let base = greedy(cpu, &tok, &prompts);
     let base_ppl = ppl(load(name, 0).unwrap().0, &tok);
-    // Computed only when a device misses the CPU path's perplexity (below).
+    // The f32 evaluation of the same weights, made and run only when a device misses a
+    // bar against the CPU path (below).
+    let f32_model = std::cell::OnceCell::new();
+    let f32_path = || f32_model.get_or_init(|| common::dequantized_f32(&model(name).unwrap()));
     let mut f32_ppl: Option<f64> = None;
-    let mut f32_greedy: Option<Vec<Vec<u32>>> = None;
+    // Its greedy tokens, and its own top-1 on the CPU path's.
+    let mut f32_greedy = None;
     for ngl in ngls {
         let (m, _) = load(name, ngl).unwrap();
         let dev = m.device_layers().expect("offloaded");
@@ -172,12 +176,11 @@ fn agreement(name: &str) {
             // from the CPU path's 8-bit activations at near-ties where the f32 evaluation
             // of the same weights parts from it too. Then it must pick the f32
             // evaluation's greedy tokens instead, as often.
-            let exact = f32_greedy.get_or_insert_with(|| {
-                let path = common::dequantized_f32(&model(name).unwrap());
-                greedy(load_file(&path, 0).0, &tok, &prompts)
+            let (exact, (cpu_a, cpu_t)) = f32_greedy.get_or_insert_with(|| {
+                let tokens = greedy(load_file(f32_path(), 0).0, &tok, &prompts);
+                let own = top1_agreement(load_file(f32_path(), 0).0, &tok, &prompts, &base);
+                (tokens, own)
             });
-            let path = common::dequantized_f32(&model(name).unwrap());
-            let (cpu_a, cpu_t) = top1_agreement(load_file(&path, 0).0, &tok, &prompts, &base);
             let (a, t) = top1_agreement(load(name, ngl).unwrap().0, &tok, &prompts, exact);
             eprintln!(
                 "{name} -ngl {ngl}: top-1 {agree}/{total} on the CPU path's greedy tokens, \
@@ -219,10 +222,7 @@ fn agreement(name: &str) {
         // the f32 evaluation; llama.cpp's own Vulkan run gives the device's numbers). So a
         // miss here must be within 0.5% of that f32 evaluation instead: a graph bug is far
         // from both (the scores summed in f16 were +0.81% and +1.48%).
-        let exact = *f32_ppl.get_or_insert_with(|| {
-            let path = common::dequantized_f32(&model(name).unwrap());
-            ppl(load_file(&path, 0).0, &tok)
-        });
+        let exact = *f32_ppl.get_or_insert_with(|| ppl(load_file(f32_path(), 0).0, &tok));
         let rel_exact = (p - exact).abs() / exact;
         eprintln!(
             "{name} -ngl {ngl}: ppl {p:.4} vs the f32 evaluation of the same weights \

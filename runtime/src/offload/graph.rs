@@ -933,15 +933,9 @@ unsafe fn device_runs_product(
     n_in: usize,
     n_out: usize,
 ) -> bool {
-    let mut meta = vec![0u8; 4 * l.ggml_tensor_overhead()];
-    let ctx = l.ggml_init(sys::ggml_init_params {
-        mem_size: meta.len(),
-        mem_buffer: meta.as_mut_ptr().cast(),
-        no_alloc: true,
-    });
-    if ctx.is_null() {
+    let Ok(ctx) = new_ctx(l, 3) else {
         return false;
-    }
+    };
     let w = l.ggml_new_tensor_2d(ctx, ty, n_in as i64, n_out as i64);
     let x = l.ggml_new_tensor_2d(ctx, sys::ggml_type_GGML_TYPE_F32, n_in as i64, 1);
     let ok = l.ggml_backend_dev_supports_op(dev, l.ggml_mul_mat(ctx, w, x));
