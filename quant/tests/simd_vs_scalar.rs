@@ -622,12 +622,49 @@ fn ggml_dot_f16_matches_scalar() {
     }
 }
 
+/// Scores of one query against many cache rows (several keys per pass in the GEMM
+/// order) carry the bits of one scalar dot per key, times the scale.
+#[test]
+fn scores_match_one_dot_per_key() {
+    use quant::ops::f16::{dot_f16_scalar, scores_f16};
+    use quant::{F16Order, Flavor};
+    let mut rng = StdRng::seed_from_u64(17);
+    for n in [8usize, 16, 24, 64, 100, 128, 256] {
+        let stride = 2 * n + 3;
+        let n_rows = 23;
+        let cache = random_f16s(&mut rng, stride * n_rows);
+        let a: Vec<f32> = (0..n)
+            .map(|_| f16::from_f32(rng.gen_range(-3.0f32..3.0)).to_f32())
+            .collect();
+        for n_slots in [0usize, 1, 3, 4, 5, 9, 23] {
+            let slots: Vec<usize> = (0..n_slots).map(|_| rng.gen_range(0..n_rows)).collect();
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for ord in [F16Order::Gemm, F16Order::VecDot] {
+                    let mut got = vec![f32::NAN; 2];
+                    scores_f16(fl, ord, &a, &cache, &slots, stride, n + 1, 0.125, &mut got);
+                    assert_eq!(got.len(), n_slots);
+                    for (k, &s) in slots.iter().enumerate() {
+                        let at = s * stride + n + 1;
+                        let want = dot_f16_scalar(fl, ord, &a, &cache[at..at + n]) * 0.125;
+                        assert_eq!(
+                            got[k].to_bits(),
+                            want.to_bits(),
+                            "n={n} slots={n_slots} key {k} {fl:?} {ord:?} ({})",
+                            isa::active()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The register-blocked sum over cache rows equals the plain definition (zero, then
 /// `out += p * row` per slot in slot order), bit for bit, SIMD and scalar alike.
 #[test]
 fn sum_rows_match_their_definition() {
     let mut rng = StdRng::seed_from_u64(13);
-    for n in [1usize, 7, 8, 31, 32, 64, 72, 256] {
+    for n in [1usize, 7, 8, 31, 32, 64, 72, 96, 136, 256] {
         let stride = n + 5;
         let n_rows = 40;
         let cache = random_f16s(&mut rng, stride * n_rows);

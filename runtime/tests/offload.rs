@@ -171,6 +171,7 @@ fn agreement(name: &str) {
             eprintln!("{name} -ngl {ngl}: {why}");
         }
         let (mut agree, mut total) = top1_agreement(m, &tok, &prompts, &base);
+        let mut on = "the CPU path's";
         if agree * 100 < 95 * total {
             // As for perplexity below: a device that multiplies in floating point may part
             // from the CPU path's 8-bit activations at near-ties where the f32 evaluation
@@ -188,6 +189,7 @@ fn agreement(name: &str) {
                  the CPU path's)"
             );
             (agree, total) = (a, t);
+            on = "the f32 evaluation's";
         }
         let same = if quick() {
             "not run (quick)".to_string()
@@ -203,7 +205,7 @@ fn agreement(name: &str) {
         let rel = (p - base_ppl).abs() / base_ppl;
         let pct = 100.0 * agree as f64 / total as f64;
         eprintln!(
-            "{name} -ngl {ngl}: top-1 on the CPU path's greedy tokens {agree}/{total} ({pct:.2}%), \
+            "{name} -ngl {ngl}: top-1 on {on} greedy tokens {agree}/{total} ({pct:.2}%), \
              greedy-32 identical {same}, ppl {p:.4} vs {base_ppl:.4} ({:+.3}%)",
             100.0 * (p - base_ppl) / base_ppl
         );

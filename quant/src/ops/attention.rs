@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::f16::{dot_f16, weighted_rows_f16};
+use super::f16::{scores_f16, weighted_rows_f16};
 use super::softmax::softmax;
 use crate::order::{F16Order, Flavor};
 
@@ -60,17 +60,22 @@ pub fn attend_head(
     first_cell: usize,
     out: &mut [f32],
 ) {
-    let hk = q.len();
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let (scores, q16) = &mut *s;
         q16.clear();
         q16.extend(q.iter().map(|&v| f16::from_f32(v).to_f32()));
-        scores.clear();
-        for &slot in slots {
-            let at = slot * kv.k_stride + kv.k_off;
-            scores.push(dot_f16(p.flavor, p.order, q16, &kv.k[at..at + hk]) * p.kq_scale);
-        }
+        scores_f16(
+            p.flavor,
+            p.order,
+            q16,
+            kv.k,
+            slots,
+            kv.k_stride,
+            kv.k_off,
+            p.kq_scale,
+            scores,
+        );
         softmax(p.flavor, scores, first_cell);
         scores
             .iter_mut()

@@ -56,6 +56,45 @@ pub fn dot_f16_scalar(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
     }
 }
 
+/// `out[s] = dot_f16(fl, ord, a, row(s)) * scale` for each cache row `row(s) =
+/// cache[slots[s] * stride + offset..][..a.len()]` (attention scores of one query; `out`
+/// is cleared first). The SIMD kernel scores several keys at once in llama.cpp's GEMM
+/// order, with the bits of one [`dot_f16`] per key.
+#[allow(clippy::too_many_arguments)] // the query, the rows' four, the flavor, order, scale
+pub fn scores_f16(
+    fl: Flavor,
+    ord: F16Order,
+    a: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    out: &mut Vec<f32>,
+) {
+    let n = a.len();
+    for &s in slots {
+        assert!(
+            s * stride + offset + n <= cache.len(),
+            "scores_f16: slot {s} out of range"
+        );
+    }
+    out.clear();
+    out.resize(slots.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if ord == F16Order::Gemm && n.is_multiple_of(fl.lanes()) && crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2, FMA and F16C; whole registers; every row
+        // read was bounds-checked above; one output per slot.
+        return unsafe {
+            crate::arch::x86::f16::scores_f16_gemm(fl, a, cache, slots, stride, offset, scale, out)
+        };
+    }
+    for (o, &s) in out.iter_mut().zip(slots) {
+        let at = s * stride + offset;
+        *o = dot_f16(fl, ord, a, &cache[at..at + n]) * scale;
+    }
+}
+
 /// Panics unless there is one weight per slot and every row read lies inside `cache`
 /// (what the SIMD [`sum_rows_f16`] relies on).
 fn check_rows(n: usize, ps: &[f32], cache: &[f16], slots: &[usize], stride: usize, offset: usize) {

@@ -27,6 +27,23 @@ pub(crate) unsafe fn sum_rows_f16(
     let op = out.as_mut_ptr();
     let row = |s: usize| cp.add(2 * (slots[s] * stride + offset));
     let mut i = 0;
+    // 64 elements (eight add chains) at a time, then 32, 8 and single ones: each element
+    // is the same multiply-then-add sequence over the slots whatever block holds it.
+    while i + 64 <= n {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (s, &p) in ps.iter().enumerate() {
+            let r = row(s).add(2 * i);
+            let pv = _mm256_set1_ps(p);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
+            }
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(i + 8 * k), *acc);
+        }
+        i += 64;
+    }
     while i + 32 <= n {
         let mut acc = [_mm256_setzero_ps(); 4];
         for (s, &p) in ps.iter().enumerate() {
@@ -144,5 +161,86 @@ pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) ->
             }
             s as f32
         }
+    }
+}
+
+/// Keys scored together by [`scores_f16_gemm`]: four independent FMA chains instead of
+/// one latency-bound chain per key.
+const SCORE_KEYS: usize = 4;
+
+/// `dot_f16(fl, F16Order::Gemm, a, row)` for `SCORE_KEYS` rows at once (`REGS` = the
+/// flavor's lanes / 8): each key's accumulators see exactly the FMAs of the one-key
+/// kernel, in the same order, and the same final reduction, so every score has its bits.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `a.len()` is a multiple of `8 * REGS` and every row holds `a.len()`
+/// values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_dots<const REGS: usize>(
+    a: &[f32],
+    rows: [*const u16; SCORE_KEYS],
+) -> [f32; SCORE_KEYS] {
+    let n = a.len();
+    let pa = a.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); REGS]; SCORE_KEYS];
+    let mut i = 0;
+    while i < n {
+        for h in 0..REGS {
+            let x = _mm256_loadu_ps(pa.add(i + 8 * h));
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let y = _mm256_cvtph_ps(_mm_loadu_si128(rows[k].add(i + 8 * h).cast()));
+                acc[h] = _mm256_fmadd_ps(x, y, acc[h]);
+            }
+        }
+        i += 8 * REGS;
+    }
+    std::array::from_fn(|k| {
+        hsum_ps(if REGS == 2 {
+            _mm256_add_ps(acc[k][0], acc[k][REGS - 1])
+        } else {
+            acc[k][0]
+        })
+    })
+}
+
+/// `out[s] = dot_f16(fl, Gemm, a, row(s)) * scale` for the rows `cache[slots[s] * stride +
+/// offset..][..a.len()]`, `SCORE_KEYS` rows at a time; the same bits as one call per row.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `a.len()` is a multiple of `fl.lanes()`; every row read lies in
+/// `cache`; `out.len() == slots.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as `ops::f16::scores_f16`, less the order
+pub(crate) unsafe fn scores_f16_gemm(
+    fl: Flavor,
+    a: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let n = a.len();
+    let cp = cache.as_ptr().cast::<u16>();
+    let row = |s: usize| cp.add(slots[s] * stride + offset);
+    let full = slots.len() - slots.len() % SCORE_KEYS;
+    let mut s = 0;
+    while s < full {
+        let rows = std::array::from_fn(|k| row(s + k));
+        let d = if fl.lanes() == 16 {
+            gemm_dots::<2>(a, rows)
+        } else {
+            gemm_dots::<1>(a, rows)
+        };
+        for k in 0..SCORE_KEYS {
+            out[s + k] = d[k] * scale;
+        }
+        s += SCORE_KEYS;
+    }
+    for s in full..slots.len() {
+        let r = std::slice::from_raw_parts(row(s).cast::<f16>(), n);
+        out[s] = dot_f16(fl, F16Order::Gemm, a, r) * scale;
     }
 }
