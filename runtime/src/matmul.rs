@@ -112,20 +112,21 @@ impl UbPos {
     }
 }
 
-/// Quantizes the rows of `x` (each `n_in` long) into activation blocks in `out`, row `r`
-/// for the kernels `sets[orders[r]]` (empty `orders`: all [`DotOrder::Single`]).
+/// Quantizes the rows of `x` (each `n_in` long) into activation blocks in `out` (exactly
+/// their size), row `r` for the kernels `sets[orders[r]]` (empty `orders`: all
+/// [`DotOrder::Single`]).
 fn quantize_rows(
     pool: &ThreadPool,
     sets: &[KernelSet; 4],
     x: &[f32],
     n_in: usize,
     orders: &[DotOrder],
-    out: &mut Vec<u8>,
+    out: &mut [u8],
 ) {
     let act = sets[0].act;
     let n_rows = x.len() / n_in;
     let rb = act.row_bytes(n_in as u64).expect("whole blocks") as usize;
-    out.resize(n_rows * rb, 0);
+    debug_assert_eq!(out.len(), n_rows * rb);
     if act == GgmlType::F32 {
         for (d, s) in out.chunks_exact_mut(4).zip(x) {
             d.copy_from_slice(&s.to_le_bytes());
@@ -146,6 +147,33 @@ fn quantize_rows(
 /// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
 
+/// Most matrices one [`matmul_many`] call takes.
+pub const MAX_MANY: usize = 4;
+
+/// One product of a [`matmul_many`] call, prepared: its kernels, each token's order, where
+/// its quantized activations lie in the shared buffer, and its share of the tasks.
+#[derive(Default)]
+struct Prep {
+    sets: Option<[KernelSet; 4]>,
+    fast: bool,
+    orders: Vec<DotOrder>,
+    /// Byte range of its quantized activations in the call's buffer.
+    xq: (usize, usize),
+    xrb: usize,
+    has_tile: bool,
+    with_side: bool,
+    side: SideBuf,
+    rows_per_task: usize,
+    n_tasks: usize,
+}
+
+impl Prep {
+    fn set_of(&self, t: usize) -> &KernelSet {
+        let sets = self.sets.as_ref().expect("prepared");
+        &sets[self.orders.get(t).copied().unwrap_or_default().index()]
+    }
+}
+
 /// `y = x · Wᵀ` for the activation rows of `x`, one per token, token `t` at place `ub[t]`
 /// of llama.cpp's micro-batch (which picks the K-quant kernel order, see [`UbPos`]).
 /// `xq` is scratch for the quantized activations.
@@ -157,149 +185,223 @@ pub fn matmul(
     xq: &mut Vec<u8>,
     y: &mut [f32],
 ) {
+    matmul_many(pool, &[*w], x, ub, xq, &mut [y]);
+}
+
+/// `ys[i] = x · ws[i]ᵀ` for matrices that share their input (Q, K and V; gate and up):
+/// the activations are quantized once per distinct kernel choice and all rows of all the
+/// matrices are one dispatch of the pool. Every output is the one [`matmul`] gives alone
+/// (same kernels, same orders, same activation bits).
+pub fn matmul_many(
+    pool: &ThreadPool,
+    ws: &[MatRef<'_>],
+    x: &[f32],
+    ub: &[UbPos],
+    xq: &mut Vec<u8>,
+    ys: &mut [&mut [f32]],
+) {
+    assert!(
+        ws.len() == ys.len() && ws.len() <= MAX_MANY,
+        "matmul_many: {} matrices",
+        ws.len()
+    );
     let n_tok = ub.len();
-    debug_assert_eq!(x.len(), n_tok * w.n_in);
-    debug_assert_eq!(y.len(), n_tok * w.n_out);
-    if n_tok == 0 {
+    if n_tok == 0 || ws.is_empty() {
         return;
     }
-    // The fast order, where asked for and the format has a SIMD kernel for it, serves
-    // every token (one order for all, so a token's result never depends on its batch).
-    let fast = (w.numerics == Numerics::Fast)
-        .then(|| kernels(w.ty, DotOrder::Fast))
-        .flatten()
-        .filter(|k| k.order == DotOrder::Fast);
-    let sets = match fast {
-        Some(k) => [k; 4],
-        None => DotOrder::ALL.map(|o| kernels(w.ty, o).expect("checked at load")),
-    };
-    let (mut side, mut orders) = SIDE.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    orders.clear();
-    if fast.is_none() {
-        orders.extend(ub.iter().map(|u| {
-            effective_order(
-                w.ty,
-                dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize),
-            )
-        }));
+    let n_in = ws[0].n_in;
+    debug_assert_eq!(x.len(), n_tok * n_in);
+    let mut preps = PREPS.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    preps.resize_with(ws.len(), Prep::default);
+    let mut xq_len = 0;
+    for (i, w) in ws.iter().enumerate() {
+        assert_eq!(w.n_in, n_in, "matmul_many: matrices of different widths");
+        debug_assert_eq!(ys[i].len(), n_tok * w.n_out);
+        let p = &mut preps[i];
+        // The fast order, where asked for and the format has a SIMD kernel for it, serves
+        // every token (one order for all, so a token's result never depends on its batch).
+        let fast = (w.numerics == Numerics::Fast)
+            .then(|| kernels(w.ty, DotOrder::Fast))
+            .flatten()
+            .filter(|k| k.order == DotOrder::Fast);
+        let sets = match fast {
+            Some(k) => [k; 4],
+            None => DotOrder::ALL.map(|o| kernels(w.ty, o).expect("checked at load")),
+        };
+        p.sets = Some(sets);
+        p.fast = fast.is_some();
+        p.orders.clear();
+        if fast.is_none() {
+            p.orders.extend(ub.iter().map(|u| {
+                effective_order(
+                    w.ty,
+                    dot_order_for(w.ty, w.n_out, u.n as usize, u.i as usize),
+                )
+            }));
+        }
+        if p.orders.iter().all(|&o| o == DotOrder::Single) {
+            p.orders.clear();
+        }
+        p.xrb = sets[0].act.row_bytes(n_in as u64).expect("whole blocks") as usize;
+        // The same weight type and token orders quantize the activations identically:
+        // share an earlier product's rows.
+        let (before, rest) = preps.split_at_mut(i);
+        let p = &mut rest[0];
+        let same = before
+            .iter()
+            .zip(ws)
+            .find(|(q, qw)| qw.ty == w.ty && q.fast == p.fast && q.orders == p.orders);
+        p.xq = match same {
+            Some((q, _)) => q.xq,
+            None => {
+                let r = (xq_len, xq_len + n_tok * p.xrb);
+                xq_len = r.1;
+                r
+            }
+        };
     }
-    if orders.iter().all(|&o| o == DotOrder::Single) {
-        orders.clear();
+    xq.resize(xq_len, 0);
+    for (i, w) in ws.iter().enumerate() {
+        let p = &preps[i];
+        let shared = preps[..i].iter().any(|q| q.xq == p.xq);
+        if !shared {
+            let sets = p.sets.as_ref().expect("prepared");
+            quantize_rows(pool, sets, x, w.n_in, &p.orders, &mut xq[p.xq.0..p.xq.1]);
+        }
     }
-    quantize_rows(pool, &sets, x, w.n_in, &orders, xq);
-    let ords: &[DotOrder] = &orders;
-    let set_of = |t: usize| &sets[ords.get(t).copied().unwrap_or_default().index()];
-    let xrb = sets[0].act.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
     let xq: &[u8] = xq;
-    let n_out = w.n_out;
-    let out = SharedMut::new(y);
-    // Few tokens: the weights stream from memory, and longer contiguous runs per task keep
-    // the hardware prefetchers on one stream (as long as every thread still gets several
-    // tasks to balance). Many tokens: small tasks, the tile is compute-bound.
-    let mut rows_per_task = if n_tok <= 2 {
-        4 * ROWS_PER_TASK
-    } else {
-        ROWS_PER_TASK
-    };
-    while rows_per_task > ROWS_PER_TASK && n_out < 4 * pool.n_threads() * rows_per_task {
-        rows_per_task /= 2;
-    }
-    let n_tasks = n_out.div_ceil(rows_per_task);
-    let has_tile = sets.iter().all(|k| k.tile.is_some());
-    let wrb = w.row_bytes();
-    // For token tiles, the per-block activation data (scales widened to f32, offset sums)
-    // is computed once here instead of in every weight row's kernel call (same bits).
-    side.clear();
-    let with_side = has_tile && (n_tok > 1 || fast.is_some());
-    if with_side {
-        for t in 0..n_tok {
-            side.push(set_of(t), &xq[t * xrb..(t + 1) * xrb]);
+    for (p, w) in preps.iter_mut().zip(ws) {
+        let n_out = w.n_out;
+        // Few tokens: the weights stream from memory, and longer contiguous runs per task
+        // keep the hardware prefetchers on one stream (as long as every thread still gets
+        // several tasks to balance). Many tokens: small tasks, the tile is compute-bound.
+        let mut rows_per_task = if n_tok <= 2 {
+            4 * ROWS_PER_TASK
+        } else {
+            ROWS_PER_TASK
+        };
+        while rows_per_task > ROWS_PER_TASK && n_out < 4 * pool.n_threads() * rows_per_task {
+            rows_per_task /= 2;
         }
-    }
-    let side_ref = &side;
-    pool.run(n_tasks, &|task| {
-        let wdata = w.local();
-        let o0 = task * rows_per_task;
-        let o1 = (o0 + rows_per_task).min(n_out);
-        if !has_tile {
+        p.rows_per_task = rows_per_task;
+        p.n_tasks = n_out.div_ceil(rows_per_task);
+        let sets = p.sets.expect("prepared");
+        p.has_tile = sets.iter().all(|k| k.tile.is_some());
+        // For token tiles, the per-block activation data (scales widened to f32, offset
+        // sums) is computed once here instead of in every weight row's kernel call (same
+        // bits).
+        p.side.clear();
+        p.with_side = p.has_tile && (n_tok > 1 || p.fast);
+        if p.with_side {
+            let a = &xq[p.xq.0..p.xq.1];
             for t in 0..n_tok {
-                let dot = set_of(t).dot;
-                let a = &xq[t * xrb..(t + 1) * xrb];
-                // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
-                let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
-                for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
-                    *yv = dot(&wdata[o * wrb..(o + 1) * wrb], a);
-                }
+                let set = &sets[p.orders.get(t).copied().unwrap_or_default().index()];
+                p.side.push(set, &a[t * p.xrb..(t + 1) * p.xrb]);
             }
-            return;
         }
-        // Tiles of up to `tile_tokens` token rows in one kernel order: each weight row is unpacked
-        // once per tile instead of once per token. Each result is bit-identical to the
-        // one-row dot in its order.
-        let mut t = 0;
-        while t < n_tok {
-            let set = set_of(t);
-            let mut k = 1;
-            while k < set.tile_tokens && t + k < n_tok && set_of(t + k).order == set.order {
-                k += 1;
+    }
+    let mut outs = [SharedMut(std::ptr::null_mut::<f32>()); MAX_MANY];
+    for (o, y) in outs.iter_mut().zip(ys.iter_mut()) {
+        *o = SharedMut::new(y);
+    }
+    let n_tasks: usize = preps.iter().map(|p| p.n_tasks).sum();
+    let preps_ref: &[Prep] = &preps;
+    pool.run(n_tasks, &|task| {
+        let (mut k, mut task) = (0, task);
+        while task >= preps_ref[k].n_tasks {
+            task -= preps_ref[k].n_tasks;
+            k += 1;
+        }
+        let p = &preps_ref[k];
+        product_task(p, &ws[k], &xq[p.xq.0..p.xq.1], n_tok, outs[k], task);
+    });
+    PREPS.with(|s| *s.borrow_mut() = preps);
+}
+
+/// Task `task` of one prepared product: its rows `[o0, o1)` for every token.
+fn product_task(
+    p: &Prep,
+    w: &MatRef<'_>,
+    xq: &[u8],
+    n_tok: usize,
+    out: SharedMut<f32>,
+    task: usize,
+) {
+    let n_out = w.n_out;
+    let xrb = p.xrb;
+    let wdata = w.local();
+    let wrb = w.row_bytes();
+    let o0 = task * p.rows_per_task;
+    let o1 = (o0 + p.rows_per_task).min(n_out);
+    if !p.has_tile {
+        for t in 0..n_tok {
+            let dot = p.set_of(t).dot;
+            let a = &xq[t * xrb..(t + 1) * xrb];
+            // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
+            let yrow = unsafe { out.slice(t * n_out + o0, o1 - o0) };
+            for (o, yv) in (o0..o1).zip(yrow.iter_mut()) {
+                *yv = dot(&wdata[o * wrb..(o + 1) * wrb], a);
             }
-            if let Some(into) = set.tile_into {
-                // Results straight into y: eight rows of a token are one store.
-                let a = &xq[t * xrb..(t + k) * xrb];
-                let side = if with_side {
-                    side_ref.rows(set, t, t + k)
-                } else {
-                    ActSide::default()
-                };
-                let mut o = o0;
-                while o < o1 {
-                    let rows = (o1 - o).min(set.tile_rows);
-                    let wr = &wdata[o * wrb..(o + rows) * wrb];
-                    // SAFETY: the slots (t + c) * n_out + o + r (c < k, r < rows) are in y
-                    // and in this task's columns [o0, o1), which no other task writes.
-                    unsafe { into(wr, rows, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
-                    o += rows;
-                }
-                t += k;
-                continue;
-            }
-            let tile = set.tile.expect("every order has a tile kernel");
-            let a = &xq[t * xrb..(t + k) * xrb];
-            let side = if with_side {
-                side_ref.rows(set, t, t + k)
-            } else {
-                ActSide::default()
-            };
-            let mut ys: [&mut [f32]; FAST_TILE_TOKENS] =
-                std::array::from_fn(|_| Default::default());
-            for (c, ys) in ys.iter_mut().enumerate().take(k) {
-                // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
-                *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
-            }
-            let mut r = [0.0f32; TILE_MAX_ROWS * FAST_TILE_TOKENS];
+        }
+        return;
+    }
+    // Tiles of up to `tile_tokens` token rows in one kernel order: each weight row is
+    // unpacked once per tile instead of once per token. Each result is bit-identical to
+    // the one-row dot in its order.
+    let mut t = 0;
+    while t < n_tok {
+        let set = p.set_of(t);
+        let mut k = 1;
+        while k < set.tile_tokens && t + k < n_tok && p.set_of(t + k).order == set.order {
+            k += 1;
+        }
+        let a = &xq[t * xrb..(t + k) * xrb];
+        let side = if p.with_side {
+            p.side.rows(set, t, t + k)
+        } else {
+            ActSide::default()
+        };
+        if let Some(into) = set.tile_into {
+            // Results straight into y: eight rows of a token are one store.
             let mut o = o0;
             while o < o1 {
                 let rows = (o1 - o).min(set.tile_rows);
                 let wr = &wdata[o * wrb..(o + rows) * wrb];
-                tile(wr, rows, a, xrb, side, &mut r[..rows * k]);
-                for q in 0..rows {
-                    for c in 0..k {
-                        ys[c][o + q - o0] = r[q * k + c];
-                    }
-                }
+                // SAFETY: the slots (t + c) * n_out + o + r (c < k, r < rows) are in y
+                // and in this task's columns [o0, o1), which no other task writes.
+                unsafe { into(wr, rows, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
                 o += rows;
             }
             t += k;
+            continue;
         }
-    });
-    SIDE.with(|s| *s.borrow_mut() = (side, orders));
+        let tile = set.tile.expect("every order has a tile kernel");
+        let mut ys: [&mut [f32]; FAST_TILE_TOKENS] = std::array::from_fn(|_| Default::default());
+        for (c, ys) in ys.iter_mut().enumerate().take(k) {
+            // SAFETY: tasks own disjoint column ranges [o0, o1) of every row.
+            *ys = unsafe { out.slice((t + c) * n_out + o0, o1 - o0) };
+        }
+        let mut r = [0.0f32; TILE_MAX_ROWS * FAST_TILE_TOKENS];
+        let mut o = o0;
+        while o < o1 {
+            let rows = (o1 - o).min(set.tile_rows);
+            let wr = &wdata[o * wrb..(o + rows) * wrb];
+            tile(wr, rows, a, xrb, side, &mut r[..rows * k]);
+            for q in 0..rows {
+                for c in 0..k {
+                    ys[c][o + q - o0] = r[q * k + c];
+                }
+            }
+            o += rows;
+        }
+        t += k;
+    }
 }
 
 thread_local! {
-    /// Scratch for the tile kernels' per-block activation data and the tokens' kernel
-    /// orders, kept between calls on this thread.
-    static SIDE: std::cell::RefCell<(SideBuf, Vec<DotOrder>)> =
-        std::cell::RefCell::new((SideBuf::default(), Vec::new()));
+    /// The products' preparations (their side data and token orders keep their memory
+    /// between calls on this thread).
+    static PREPS: std::cell::RefCell<Vec<Prep>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

@@ -222,26 +222,48 @@ pub fn weighted_rows_f16(
                 );
             }
         }
-        for (d, o) in out.iter_mut().enumerate() {
-            *o = match ord {
-                F16Order::Gemm => {
-                    let mut l = [0.0f32; 16];
-                    for (k, l) in l.iter_mut().enumerate().take(n) {
-                        *l = parts[k * hv + d];
-                    }
-                    hsum(fl, &mut l)
+        // The partials' reduction, done on whole rows: element d of each row op below is
+        // exactly the scalar operation of `hsum` / `reduce4` on element d's partials.
+        let add = |parts: &mut [f32], dst: usize, src: usize| {
+            let (lo, hi) = parts.split_at_mut(src * hv);
+            for (a, &b) in lo[dst * hv..(dst + 1) * hv].iter_mut().zip(&hi[..hv]) {
+                *a += b;
+            }
+        };
+        let halve = |parts: &mut [f32], base: usize| {
+            // `hsum` over rows base..base + n.
+            let mut w = n / 2;
+            while w > 0 {
+                for i in 0..w {
+                    add(parts, base + i, base + i + w);
                 }
-                F16Order::VecDot => {
-                    let mut acc = [[0.0f32; 16]; 4];
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        for (l, a) in a.iter_mut().enumerate().take(n) {
-                            *a = parts[(j * n + l) * hv + d];
+                w /= 2;
+            }
+        };
+        match ord {
+            F16Order::Gemm => halve(parts, 0),
+            F16Order::VecDot => {
+                // reduce4: registers 0+2, 1+3, 0+1 lane by lane, then register 0 reduced.
+                for l in 0..n {
+                    add(parts, l, 2 * n + l);
+                    add(parts, n + l, 3 * n + l);
+                    add(parts, l, n + l);
+                }
+                match fl {
+                    Flavor::Avx512 => halve(parts, 0),
+                    Flavor::Avx2 => {
+                        // t_i = l_i + l_{i+4}; (t0 + t1) + (t2 + t3).
+                        for i in 0..4 {
+                            add(parts, i, i + 4);
                         }
+                        add(parts, 0, 1);
+                        add(parts, 2, 3);
+                        add(parts, 0, 2);
                     }
-                    reduce4(fl, &mut acc)
                 }
-            };
+            }
         }
+        out.copy_from_slice(&parts[..hv]);
     });
 }
 

@@ -17,7 +17,7 @@ use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::matmul::{dequant_row, matmul, MatRef, Numerics, UbPos};
+use crate::matmul::{dequant_row, matmul, matmul_many, MatRef, Numerics, UbPos};
 use crate::numa::{
     page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
 };
@@ -750,29 +750,14 @@ impl Model {
         ws.q.resize(n_tok * q_dim, 0.0);
         ws.k.resize(n_tok * k_dim, 0.0);
         ws.v.resize(n_tok * v_dim, 0.0);
-        matmul(
+        // Q, K and V share their input: one quantization per kernel choice, one dispatch.
+        matmul_many(
             pool,
-            &self.m(&l.wq),
+            &[self.m(&l.wq), self.m(&l.wk), self.m(&l.wv)],
             &ws.xn,
             &ws.tok_ub,
             &mut ws.xq,
-            &mut ws.q,
-        );
-        matmul(
-            pool,
-            &self.m(&l.wk),
-            &ws.xn,
-            &ws.tok_ub,
-            &mut ws.xq,
-            &mut ws.k,
-        );
-        matmul(
-            pool,
-            &self.m(&l.wv),
-            &ws.xn,
-            &ws.tok_ub,
-            &mut ws.xq,
-            &mut ws.v,
+            &mut [&mut ws.q, &mut ws.k, &mut ws.v],
         );
         add_bias(&mut ws.q, l.bq.as_deref());
         add_bias(&mut ws.k, l.bk.as_deref());
@@ -879,15 +864,14 @@ impl Model {
         trace!(ws, "ffn_norm", il, xn);
         ws.gate.resize(n_tok * c.n_ff, 0.0);
         ws.up.resize(n_tok * c.n_ff, 0.0);
-        matmul(
+        matmul_many(
             pool,
-            &self.m(&l.gate),
-            &ws.xn,
+            &[self.m(&l.gate), self.m(&l.up)],
+            &ws.xn[..n_tok * d],
             ffn_ub,
             &mut ws.xq,
-            &mut ws.gate,
+            &mut [&mut ws.gate, &mut ws.up],
         );
-        matmul(pool, &self.m(&l.up), &ws.xn, ffn_ub, &mut ws.xq, &mut ws.up);
         trace!(ws, "ffn_gate", il, gate);
         trace!(ws, "ffn_up", il, up);
         if c.arch == Arch::Gemma3 {
