@@ -805,7 +805,9 @@ pub fn run(a: &SchedArgs) -> Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        Err(plan::PlanError::Harness(sched_experiments::HarnessError::Interrupted)) => {
+        // An interrupt that lands while a scheduler is starting arrives as the scheduler
+        // step's own `Interrupted`: the same clean stop (the lab test once saw exit 1).
+        Err(plan::PlanError::Harness(e)) if e.is_interrupted() => {
             eprintln!(
                 "rbench sched: interrupted; the scheduler was stopped and the machine restored. \
                  Finished windows are in {f}; `rbench sched --resume {f}` (same flags) runs the rest.",

@@ -111,6 +111,17 @@ pub enum HarnessError {
     Interrupted,
 }
 
+impl HarnessError {
+    /// A SIGINT/SIGTERM ended the run, whichever step it arrived in (between windows, in a
+    /// window, or while a scheduler was starting or stopping).
+    pub fn is_interrupted(&self) -> bool {
+        matches!(
+            self,
+            HarnessError::Interrupted | HarnessError::Scx(ScxError::Interrupted)
+        )
+    }
+}
+
 /// The result of one window.
 #[derive(Clone, Debug)]
 pub struct WindowOutcome {
@@ -965,6 +976,31 @@ mod tests {
             "only the thread proof may fail here: {:?}",
             o.reasons
         );
+        assert_eq!(
+            crate::sched_ext::read_state(&h.roots.sched_ext()).unwrap(),
+            SchedExtState::Disabled
+        );
+    }
+
+    /// A SIGINT that lands while the scheduler is still starting comes back as the
+    /// scheduler step's own interruption: it must count as one (rbench sched exits 130 for
+    /// it, as the lab test checks), and no scheduler may stay behind.
+    #[test]
+    fn an_interrupt_while_the_scheduler_starts_is_an_interruption() {
+        let d = tempfile::tempdir().unwrap();
+        let mut h = harness(d.path());
+        let (v, bin) = scx_variant(&h, d.path(), "qmap", "idle");
+        h.opts.abort = || true;
+        let t0 = Instant::now();
+        let e = h
+            .run_window(&v, Some(&bin), &sh("w", "sleep 30"))
+            .unwrap_err();
+        assert!(e.is_interrupted(), "{e:?}");
+        assert!(
+            matches!(e, HarnessError::Scx(ScxError::Interrupted)),
+            "{e:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(8), "bounded");
         assert_eq!(
             crate::sched_ext::read_state(&h.roots.sched_ext()).unwrap(),
             SchedExtState::Disabled
