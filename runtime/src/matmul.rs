@@ -217,7 +217,8 @@ pub fn matmul_many(
     for (i, w) in ws.iter().enumerate() {
         assert_eq!(w.n_in, n_in, "matmul_many: matrices of different widths");
         debug_assert_eq!(ys[i].len(), n_tok * w.n_out);
-        let p = &mut preps[i];
+        let (before, rest) = preps.split_at_mut(i);
+        let p = &mut rest[0];
         // The fast order, where asked for and the format has a SIMD kernel for it, serves
         // every token (one order for all, so a token's result never depends on its batch).
         let fast = (w.numerics == Numerics::Fast)
@@ -245,8 +246,6 @@ pub fn matmul_many(
         p.xrb = sets[0].act.row_bytes(n_in as u64).expect("whole blocks") as usize;
         // The same weight type and token orders quantize the activations identically:
         // share an earlier product's rows.
-        let (before, rest) = preps.split_at_mut(i);
-        let p = &mut rest[0];
         let same = before
             .iter()
             .zip(ws)
@@ -262,15 +261,12 @@ pub fn matmul_many(
     }
     xq.resize(xq_len, 0);
     for (i, w) in ws.iter().enumerate() {
-        let p = &preps[i];
-        let shared = preps[..i].iter().any(|q| q.xq == p.xq);
-        if !shared {
-            let sets = p.sets.as_ref().expect("prepared");
-            quantize_rows(pool, sets, x, w.n_in, &p.orders, &mut xq[p.xq.0..p.xq.1]);
+        let (before, rest) = preps.split_at_mut(i);
+        let p = &mut rest[0];
+        let sets = p.sets.expect("prepared");
+        if !before.iter().any(|q| q.xq == p.xq) {
+            quantize_rows(pool, &sets, x, n_in, &p.orders, &mut xq[p.xq.0..p.xq.1]);
         }
-    }
-    let xq: &[u8] = xq;
-    for (p, w) in preps.iter_mut().zip(ws) {
         let n_out = w.n_out;
         // Few tokens: the weights stream from memory, and longer contiguous runs per task
         // keep the hardware prefetchers on one stream (as long as every thread still gets
@@ -285,7 +281,6 @@ pub fn matmul_many(
         }
         p.rows_per_task = rows_per_task;
         p.n_tasks = n_out.div_ceil(rows_per_task);
-        let sets = p.sets.expect("prepared");
         p.has_tile = sets.iter().all(|k| k.tile.is_some());
         // For token tiles, the per-block activation data (scales widened to f32, offset
         // sums) is computed once here instead of in every weight row's kernel call (same
@@ -300,6 +295,7 @@ pub fn matmul_many(
             }
         }
     }
+    let xq: &[u8] = xq;
     let mut outs = [SharedMut(std::ptr::null_mut::<f32>()); MAX_MANY];
     for (o, y) in outs.iter_mut().zip(ys.iter_mut()) {
         *o = SharedMut::new(y);

@@ -73,12 +73,7 @@ pub fn scores_f16(
     out: &mut Vec<f32>,
 ) {
     let n = a.len();
-    for &s in slots {
-        assert!(
-            s * stride + offset + n <= cache.len(),
-            "scores_f16: slot {s} out of range"
-        );
-    }
+    check_slots("scores_f16", n, cache, slots, stride, offset);
     out.clear();
     out.resize(slots.len(), 0.0);
     #[cfg(target_arch = "x86_64")]
@@ -99,10 +94,16 @@ pub fn scores_f16(
 /// (what the SIMD [`sum_rows_f16`] relies on).
 fn check_rows(n: usize, ps: &[f32], cache: &[f16], slots: &[usize], stride: usize, offset: usize) {
     assert_eq!(ps.len(), slots.len(), "sum_rows_f16: one weight per slot");
+    check_slots("sum_rows_f16", n, cache, slots, stride, offset);
+}
+
+/// Panics (naming `who`) unless every row `cache[slots[s] * stride + offset..][..n]` lies
+/// inside `cache`, what the SIMD kernels over cache rows rely on.
+fn check_slots(who: &str, n: usize, cache: &[f16], slots: &[usize], stride: usize, offset: usize) {
     for &s in slots {
         assert!(
             s * stride + offset + n <= cache.len(),
-            "sum_rows_f16: slot {s} out of range"
+            "{who}: slot {s} out of range"
         );
     }
 }

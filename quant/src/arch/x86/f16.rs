@@ -8,8 +8,8 @@ use half::f16;
 use super::simd::hsum_ps;
 use crate::order::{hsum, F16Order, Flavor};
 
-/// `ops::f16::sum_rows_f16_scalar`, vectorised: 32 output elements stay in registers while
-/// every slot's row adds into them (multiply, then add, slot order), then the next 32.
+/// `ops::f16::sum_rows_f16_scalar`, vectorised: 64 output elements stay in registers while
+/// every slot's row adds into them (multiply, then add, slot order), then the next 64.
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; every `slots[s] * stride + offset + out.len() <= cache.len()`.
@@ -30,42 +30,15 @@ pub(crate) unsafe fn sum_rows_f16(
     // 64 elements (eight add chains) at a time, then 32, 8 and single ones: each element
     // is the same multiply-then-add sequence over the slots whatever block holds it.
     while i + 64 <= n {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (s, &p) in ps.iter().enumerate() {
-            let r = row(s).add(2 * i);
-            let pv = _mm256_set1_ps(p);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
-            }
-        }
-        for (k, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(op.add(i + 8 * k), *acc);
-        }
+        sum_rows_block::<8>(ps, &row, op, i);
         i += 64;
     }
     while i + 32 <= n {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (s, &p) in ps.iter().enumerate() {
-            let r = row(s).add(2 * i);
-            let pv = _mm256_set1_ps(p);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
-            }
-        }
-        for (k, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(op.add(i + 8 * k), *acc);
-        }
+        sum_rows_block::<4>(ps, &row, op, i);
         i += 32;
     }
     while i + 8 <= n {
-        let mut acc = _mm256_setzero_ps();
-        for (s, &p) in ps.iter().enumerate() {
-            let v = _mm256_cvtph_ps(_mm_loadu_si128(row(s).add(2 * i).cast()));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(p), v));
-        }
-        _mm256_storeu_ps(op.add(i), acc);
+        sum_rows_block::<1>(ps, &row, op, i);
         i += 8;
     }
     for j in i..n {
@@ -74,6 +47,33 @@ pub(crate) unsafe fn sum_rows_f16(
             acc += p * (*row(s).add(2 * j).cast::<f16>()).to_f32();
         }
         *op.add(j) = acc;
+    }
+}
+
+/// Outputs `i..i + 8 * R` of [`sum_rows_f16`]: `R` registers (independent add chains)
+/// stay in registers while every slot's row (`row(s)`, bytes) adds into them.
+///
+/// # Safety
+/// As [`sum_rows_f16`], with `i + 8 * R` at most the output's length.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sum_rows_block<const R: usize>(
+    ps: &[f32],
+    row: &impl Fn(usize) -> *const u8,
+    op: *mut f32,
+    i: usize,
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (s, &p) in ps.iter().enumerate() {
+        let r = row(s).add(2 * i);
+        let pv = _mm256_set1_ps(p);
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(r.add(16 * k).cast()));
+            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(pv, v));
+        }
+    }
+    for (k, acc) in acc.iter().enumerate() {
+        _mm256_storeu_ps(op.add(i + 8 * k), *acc);
     }
 }
 
