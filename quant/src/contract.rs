@@ -276,4 +276,6 @@ pub(crate) struct KernelRow {
     pub tile_tokens: usize,
     /// The tile writing into a strided matrix, where the row has one.
     pub tile_into: Option<TileIntoFn>,
+    /// `tile_into` for weights repacked by [`crate::pack8`] (eight rows per call).
+    pub packed_into: Option<TileIntoFn>,
 }

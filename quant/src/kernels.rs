@@ -44,6 +44,9 @@ pub struct KernelSet {
     pub tile_tokens: usize,
     /// `tile` writing straight into a strided output matrix (the fast order's kernels).
     pub tile_into: Option<crate::contract::TileIntoFn>,
+    /// `tile_into` for weights repacked by [`crate::pack8`]: the same results from the
+    /// packed bytes of the same rows, whole groups of eight rows per call.
+    pub packed_into: Option<crate::contract::TileIntoFn>,
     offset_sums: bool,
 }
 
@@ -72,6 +75,7 @@ impl KernelSet {
             tile_rows: r.tile_rows,
             tile_tokens: r.tile_tokens,
             tile_into: r.tile_into,
+            packed_into: r.packed_into,
             offset_sums: r.offset_sums,
         }
     }
@@ -163,6 +167,7 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
+        packed_into: None,
     }
 }
 

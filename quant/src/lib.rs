@@ -35,6 +35,7 @@ pub use contract::{
     ActSide, DotFn, TileFn, TileIntoFn, FAST_TILE_TOKENS, TILE_MAX_ROWS, TILE_MAX_TOKENS,
 };
 pub use formats::common::{Block, QK_K};
+pub use formats::packed::{pack8, packs, PACK_ROWS};
 pub use formats::search::get_scale_min_k4;
 pub use isa::Isa;
 pub use kernels::{KernelSet, SideBuf};

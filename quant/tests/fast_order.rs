@@ -168,6 +168,86 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
     }
 }
 
+/// Rows repacked by `pack8` give, through each fast set's `packed_into`, the twin's bits:
+/// several groups of eight rows, one to 64 tokens, with and without side data.
+#[test]
+fn packed_kernels_match_the_twin() {
+    let mut rng = StdRng::seed_from_u64(0x9ac8);
+    let mut checked = 0;
+    for ty in FAST_TYPES {
+        assert!(quant::packs(ty));
+        let twin = kernels::scalar(ty, DotOrder::Fast).expect("every fast type has a twin");
+        let sets: Vec<_> = kernels::available()
+            .into_iter()
+            .filter(|k| k.ty == ty && k.order == DotOrder::Fast && k.packed_into.is_some())
+            .collect();
+        for (blocks, groups) in [(1usize, 1usize), (3, 2), (28, 3), (77, 1)] {
+            let n = blocks * 32;
+            let rows = groups * quant::PACK_ROWS;
+            let raw = rng.gen_bool(0.5);
+            let w: Vec<Vec<u8>> = (0..rows)
+                .map(|_| weight_row(&mut rng, ty, n, raw))
+                .collect();
+            let wbuf = w.concat();
+            let mut packed = vec![0u8; wbuf.len()];
+            quant::pack8(ty, &wbuf, n, &mut packed).unwrap();
+            assert!(quant::pack8(ty, &wbuf[..wbuf.len() - 1], n, &mut packed[1..]).is_err());
+            let a: Vec<Vec<u8>> = (0..FAST_TILE_TOKENS)
+                .map(|_| act_row(&mut rng, ty, n))
+                .collect();
+            let stride = a[0].len();
+            let abuf = a.concat();
+            let want: Vec<Vec<f32>> = w
+                .iter()
+                .map(|wr| a.iter().map(|ar| (twin.dot)(wr, ar)).collect())
+                .collect();
+            let rb = wbuf.len() / rows;
+            for k in &sets {
+                let into = k.packed_into.unwrap();
+                for cols in [1usize, 2, 3, 9, FAST_TILE_TOKENS] {
+                    let mut side = SideBuf::default();
+                    for ar in &a[..cols] {
+                        side.push(k, ar);
+                    }
+                    for sd in [ActSide::default(), side.rows(k, 0, cols)] {
+                        let mut m = vec![f32::NAN; cols * rows];
+                        for g in 0..groups {
+                            let wg = &packed[g * 8 * rb..(g + 1) * 8 * rb];
+                            // SAFETY: slots c * rows + 8g + r (r < 8, c < cols) are in `m`.
+                            unsafe {
+                                into(
+                                    wg,
+                                    8,
+                                    &abuf,
+                                    stride,
+                                    sd,
+                                    cols,
+                                    m.as_mut_ptr().add(8 * g),
+                                    rows,
+                                )
+                            };
+                        }
+                        for c in 0..cols {
+                            for r in 0..rows {
+                                assert_eq!(
+                                    m[c * rows + r].to_bits(),
+                                    want[r][c].to_bits(),
+                                    "{ty} {} packed n={n} ({r},{c}) of {rows}x{cols}",
+                                    k.isa
+                                );
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    if Isa::Avx2.available() {
+        assert!(checked > 0, "no packed kernel was checked");
+    }
+}
+
 /// The fast twin is a dot product of the dequantized weights and activations: within a
 /// few float roundings per block of the exact f64 value, like llama.cpp's own order.
 #[test]

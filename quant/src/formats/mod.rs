@@ -15,6 +15,7 @@
 pub mod common;
 pub mod float;
 pub(crate) mod legacy;
+pub mod packed;
 pub mod q2_k;
 pub mod q3_k;
 pub mod q4_0;

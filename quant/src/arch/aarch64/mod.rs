@@ -54,6 +54,7 @@ const fn row(
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
+        packed_into: None,
     }
 }
 

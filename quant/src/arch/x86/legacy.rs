@@ -33,6 +33,10 @@ trait Legacy {
     const SIGNED: bool;
     /// What `unpack_unsigned` adds to a signed format's quants (0 for the others).
     const OFFSET: i32;
+    /// Quants are whole bytes (Q8_0), else nibbles.
+    const EIGHT_BIT: bool = false;
+    /// Quants have a fifth bit (Q5_0, Q5_1).
+    const FIFTH_BIT: bool = false;
     /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
     /// when `SIGNED`, else unsigned.
     ///
@@ -96,6 +100,7 @@ impl Legacy for Q5_0 {
     const A_QS: usize = 2;
     const SIGNED: bool = true;
     const OFFSET: i32 = 16;
+    const FIFTH_BIT: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -119,6 +124,7 @@ impl Legacy for Q5_1 {
     const A_QS: usize = 4;
     const SIGNED: bool = false;
     const OFFSET: i32 = 0;
+    const FIFTH_BIT: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -139,6 +145,7 @@ impl Legacy for Q8_0 {
     const A_QS: usize = 2;
     const SIGNED: bool = true;
     const OFFSET: i32 = 128;
+    const EIGHT_BIT: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -508,6 +515,48 @@ unsafe fn neg_offset_sum(yq: *const u8, off: i32) -> i32 {
     -off * hsum_i32(s)
 }
 
+/// The eight transposed quant registers of one block of a packed group
+/// (`crate::formats::packed`), `q` at its quants: Q8_0's signed bytes, the other formats'
+/// unsigned stored values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
+    let mut t = [_mm256_setzero_si256(); 8];
+    if T::EIGHT_BIT {
+        for (k, t) in t.iter_mut().enumerate() {
+            *t = ld256(q.add(32 * k));
+        }
+        return t;
+    }
+    let m4 = _mm256_set1_epi8(0x0f);
+    for v in 0..4 {
+        let x = ld256(q.add(32 * v));
+        t[2 * v] = _mm256_and_si256(x, m4);
+        t[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+    }
+    if T::FIFTH_BIT {
+        // Bit k of each byte is register k's fifth bit: moved to bit 4 with a 16-bit
+        // shift, whose spill into the neighbouring byte stays below (left shifts) or above
+        // (right shifts) bit 4.
+        let h = ld256(q.add(128));
+        let b = _mm256_set1_epi8(0x10);
+        let hs = [
+            _mm256_slli_epi16::<4>(h),
+            _mm256_slli_epi16::<3>(h),
+            _mm256_slli_epi16::<2>(h),
+            _mm256_slli_epi16::<1>(h),
+            h,
+            _mm256_srli_epi16::<1>(h),
+            _mm256_srli_epi16::<2>(h),
+            _mm256_srli_epi16::<3>(h),
+        ];
+        for (t, hs) in t.iter_mut().zip(hs) {
+            *t = _mm256_or_si256(*t, _mm256_and_si256(hs, b));
+        }
+    }
+    t
+}
+
 /// Blocks of eight rows unpacked and transposed at a time into the kernel's stack scratch
 /// (8 KiB of quants): every token of the call then reads them from L1.
 const FAST_CHUNK: usize = 32;
@@ -565,7 +614,7 @@ macro_rules! legacy_fast {
         /// holds the activation block scales as f32, `sums` (when `use_sums`) one offset
         /// sum per activation block (`fast_offset_sums`), rows `nb` apart.
         #[target_feature(enable = $feat)]
-        unsafe fn $name<T: Legacy>(f: FastCall) {
+        unsafe fn $name<T: Legacy, const PACKED: bool>(f: FastCall) {
             let FastCall {
                 w,
                 wstride,
@@ -586,23 +635,37 @@ macro_rules! legacy_fast {
             let sign_trick = INT == FastInt::Avx2Sign;
             let per = if T::SIGNED { 1 } else { 2 };
             let mut acc = [_mm256_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
-            // Transposed quants (|q| with the sign trick), their signs, scales and mins of
-            // one chunk of blocks.
-            // Uninitialized: zeroing 16 KiB per call would cost more than a few tokens'
-            // products. Entries 0..nc are written (through raw pointers) before any is read.
-            let mut tq_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
-            let mut ts_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
-            let mut dxs_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
-            let mut ms_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
-            let tq = tq_m.as_mut_ptr().cast::<[__m256i; 8]>();
-            let ts = ts_m.as_mut_ptr().cast::<[__m256i; 8]>();
-            let dxs = dxs_m.as_mut_ptr().cast::<__m256>();
-            let ms = ms_m.as_mut_ptr().cast::<__m256>();
-            let mut i0 = 0;
-            while i0 < nb {
-                let nc = (nb - i0).min(FAST_CHUNK);
-                for j in 0..nc {
-                    let i = i0 + j;
+            // One block of the eight rows, as the products want it: the transposed quants
+            // (|q| with the sign trick), their signs, the rows' scales and mins.
+            let block = |i: usize| -> ([__m256i; 8], [__m256i; 8], __m256, __m256) {
+                let (t, dh, mh) = if PACKED {
+                    // SAFETY (this closure): block i of the group is inside `w`.
+                    let p = w.add(i * 8 * T::WB);
+                    if n <= 2 {
+                        prefetch_block(p, 8 * T::WB);
+                    }
+                    let heads = if T::SIGNED { 1 } else { 2 };
+                    let mut t = packed_regs::<T>(p.add(16 * heads));
+                    if T::EIGHT_BIT != sign_trick {
+                        // Stored signed (Q8_0) but wanted unsigned, or the reverse.
+                        for x in &mut t {
+                            *x = if T::EIGHT_BIT {
+                                _mm256_xor_si256(*x, _mm256_set1_epi8(0x80u8 as i8))
+                            } else {
+                                _mm256_sub_epi8(*x, _mm256_set1_epi8(T::OFFSET as i8))
+                            };
+                        }
+                    }
+                    (
+                        t,
+                        ld128(p),
+                        if T::SIGNED {
+                            _mm_setzero_si128()
+                        } else {
+                            ld128(p.add(16))
+                        },
+                    )
+                } else {
                     let mut v = [_mm256_setzero_si256(); 8];
                     let mut dh = [0u16; 8];
                     let mut mh = [0u16; 8];
@@ -623,94 +686,201 @@ macro_rules! legacy_fast {
                             mh[r] = wb.add(2).cast::<u16>().read_unaligned().to_le();
                         }
                     }
-                    let t = transpose8x8(&v);
-                    if sign_trick {
-                        ts.add(j).write(t);
-                        tq.add(j).write(t.map(|x| _mm256_sign_epi8(x, x)));
-                    } else {
-                        tq.add(j).write(t);
-                    }
-                    dxs.add(j)
-                        .write(_mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr().cast())));
-                    ms.add(j).write(if T::SIGNED {
-                        _mm256_setzero_ps()
-                    } else {
-                        _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr().cast()))
-                    });
+                    (
+                        transpose8x8(&v),
+                        _mm_loadu_si128(dh.as_ptr().cast()),
+                        _mm_loadu_si128(mh.as_ptr().cast()),
+                    )
+                };
+                let dx = _mm256_cvtph_ps(dh);
+                let mx = if T::SIGNED {
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_cvtph_ps(mh)
+                };
+                if sign_trick {
+                    (t.map(|x| _mm256_sign_epi8(x, x)), t, dx, mx)
+                } else {
+                    (t, t, dx, mx)
                 }
-                for (c, acc) in acc.iter_mut().enumerate().take(n) {
-                    let mut acc_c = *acc;
+            };
+            // Token c's product with block i of the eight rows, added into `acc_c`.
+            // Where token c's block i starts, and the integer sum's starting value there
+            // (minus the offset times the activation sum where the signed formats' quants
+            // enter unsigned without the sign trick).
+            let act = |c: usize, i: usize| -> (*const u8, i32) {
+                // SAFETY (this closure): token c < n, block i < nb of the checked call.
+                let ab = a.add(c * stride + i * T::AB);
+                let init = if !T::SIGNED || sign_trick {
+                    0
+                } else if use_sums {
+                    *sums.add(c * nb + i)
+                } else {
+                    neg_offset_sum(ab.add(T::A_QS), T::OFFSET)
+                };
+                (ab, init)
+            };
+            // Token c's block i folded into `acc_c`: its exact integer sum `isum` times
+            // the scales, plus the mins term for the unsigned formats.
+            let fold = |c: usize, i: usize, ab: *const u8, isum: __m256i, dx, mx, acc_c| {
+                // SAFETY (this closure): as `act`.
+                let (dy, sy) = if ad_stride > 0 {
+                    let q = ad.add(c * ad_stride + i * per);
+                    (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+                } else {
+                    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                        ab.cast::<u32>().read_unaligned().to_le() as i32,
+                    ));
+                    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+                };
+                let d = _mm256_mul_ps(dx, _mm256_set1_ps(dy));
+                let mut acc_c = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc_c);
+                if !T::SIGNED {
+                    acc_c = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), acc_c);
+                }
+                acc_c
+            };
+            // Token c's product with block i of the eight rows, added into `acc_c`.
+            let product = |c: usize,
+                           i: usize,
+                           t: &[__m256i; 8],
+                           ts: &[__m256i; 8],
+                           dx: __m256,
+                           mx: __m256,
+                           acc_c: __m256|
+             -> __m256 {
+                let (ab, init) = act(c, i);
+                let yq = ab.add(T::A_QS);
+                let isum = match INT {
+                    FastInt::Vnni => {
+                        let mut s0 = _mm256_set1_epi32(init);
+                        let mut s1 = _mm256_setzero_si256();
+                        for k in (0..8).step_by(2) {
+                            s0 = fast_dpbusd_vnni(s0, t[k], bcast4(yq.add(4 * k)));
+                            s1 = fast_dpbusd_vnni(s1, t[k + 1], bcast4(yq.add(4 * k + 4)));
+                        }
+                        _mm256_add_epi32(s0, s1)
+                    }
+                    FastInt::Avx2Small => {
+                        let ones = _mm256_set1_epi16(1);
+                        let mut s = _mm256_set1_epi32(init);
+                        for g in 0..2 {
+                            let k = 4 * g;
+                            let m = |k: usize| _mm256_maddubs_epi16(t[k], bcast4(yq.add(4 * k)));
+                            let p = _mm256_add_epi16(
+                                _mm256_add_epi16(m(k), m(k + 1)),
+                                _mm256_add_epi16(m(k + 2), m(k + 3)),
+                            );
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                        }
+                        s
+                    }
+                    FastInt::Avx2Sign => {
+                        let ones = _mm256_set1_epi16(1);
+                        let mut s = _mm256_setzero_si256();
+                        for k in 0..8 {
+                            let y = _mm256_sign_epi8(bcast4(yq.add(4 * k)), ts[k]);
+                            s = _mm256_add_epi32(
+                                s,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones),
+                            );
+                        }
+                        s
+                    }
+                };
+                fold(c, i, ab, isum, dx, mx, acc_c)
+            };
+            if PACKED && n <= 2 {
+                // Decode from packed rows: one stream, nothing to stage.
+                for i in 0..nb {
+                    let (t, ts, dx, mx) = block(i);
+                    for (c, acc) in acc.iter_mut().enumerate().take(n) {
+                        *acc = product(c, i, &t, &ts, dx, mx, *acc);
+                    }
+                }
+            } else {
+                // Transposed quants (|q| with the sign trick), their signs, scales and mins
+                // of one chunk of blocks. Uninitialized: zeroing 16 KiB per call would cost
+                // more than a few tokens' products. Entries 0..nc are written (through raw
+                // pointers) before any is read.
+                let mut tq_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
+                let mut ts_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
+                let mut dxs_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
+                let mut ms_m = core::mem::MaybeUninit::<[__m256; FAST_CHUNK]>::uninit();
+                let tq = tq_m.as_mut_ptr().cast::<[__m256i; 8]>();
+                let ts = ts_m.as_mut_ptr().cast::<[__m256i; 8]>();
+                let dxs = dxs_m.as_mut_ptr().cast::<__m256>();
+                let ms = ms_m.as_mut_ptr().cast::<__m256>();
+                let mut i0 = 0;
+                while i0 < nb {
+                    let nc = (nb - i0).min(FAST_CHUNK);
                     for j in 0..nc {
-                        let i = i0 + j;
-                        let ab = a.add(c * stride + i * T::AB);
-                        let yq = ab.add(T::A_QS);
-                        // SAFETY (reads below): entry j < nc was written above.
-                        let t = &*tq.add(j);
-                        let init = if !T::SIGNED || sign_trick {
-                            0
-                        } else if use_sums {
-                            *sums.add(c * nb + i)
-                        } else {
-                            neg_offset_sum(yq, T::OFFSET)
-                        };
-                        let isum = match INT {
-                            FastInt::Vnni => {
-                                let mut s0 = _mm256_set1_epi32(init);
-                                let mut s1 = _mm256_setzero_si256();
+                        let (t, s, dx, mx) = block(i0 + j);
+                        tq.add(j).write(t);
+                        if sign_trick {
+                            ts.add(j).write(s);
+                        }
+                        dxs.add(j).write(dx);
+                        ms.add(j).write(mx);
+                    }
+                    // With VNNI, four tokens per pass over the chunk: each staged weight
+                    // register is loaded once for four `vpdpbusd` instead of one (the
+                    // pass was bound by loads). Every token's integer sums are exact and
+                    // its float operations are the one-token sequence: the same bits.
+                    let mut c0 = 0;
+                    if INT == FastInt::Vnni {
+                        while c0 + 4 <= n {
+                            let mut acc4: [__m256; 4] = core::array::from_fn(|q| acc[c0 + q]);
+                            for j in 0..nc {
+                                let i = i0 + j;
+                                // SAFETY: entry j < nc was written above.
+                                let t = &*tq.add(j);
+                                let ai: [(*const u8, i32); 4] =
+                                    core::array::from_fn(|q| act(c0 + q, i));
+                                let mut s0 = ai.map(|(_, init)| _mm256_set1_epi32(init));
+                                let mut s1 = [_mm256_setzero_si256(); 4];
                                 for k in (0..8).step_by(2) {
-                                    s0 = fast_dpbusd_vnni(s0, t[k], bcast4(yq.add(4 * k)));
-                                    s1 = fast_dpbusd_vnni(s1, t[k + 1], bcast4(yq.add(4 * k + 4)));
+                                    for q in 0..4 {
+                                        let yq = ai[q].0.add(T::A_QS);
+                                        s0[q] =
+                                            fast_dpbusd_vnni(s0[q], t[k], bcast4(yq.add(4 * k)));
+                                        s1[q] = fast_dpbusd_vnni(
+                                            s1[q],
+                                            t[k + 1],
+                                            bcast4(yq.add(4 * k + 4)),
+                                        );
+                                    }
                                 }
-                                _mm256_add_epi32(s0, s1)
-                            }
-                            FastInt::Avx2Small => {
-                                let ones = _mm256_set1_epi16(1);
-                                let mut s = _mm256_set1_epi32(init);
-                                for g in 0..2 {
-                                    let k = 4 * g;
-                                    let m = |k: usize| {
-                                        _mm256_maddubs_epi16(t[k], bcast4(yq.add(4 * k)))
-                                    };
-                                    let p = _mm256_add_epi16(
-                                        _mm256_add_epi16(m(k), m(k + 1)),
-                                        _mm256_add_epi16(m(k + 2), m(k + 3)),
-                                    );
-                                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-                                }
-                                s
-                            }
-                            FastInt::Avx2Sign => {
-                                let ones = _mm256_set1_epi16(1);
-                                let mut s = _mm256_setzero_si256();
-                                for k in 0..8 {
-                                    let y =
-                                        _mm256_sign_epi8(bcast4(yq.add(4 * k)), (*ts.add(j))[k]);
-                                    s = _mm256_add_epi32(
-                                        s,
-                                        _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones),
+                                for q in 0..4 {
+                                    let isum = _mm256_add_epi32(s0[q], s1[q]);
+                                    acc4[q] = fold(
+                                        c0 + q,
+                                        i,
+                                        ai[q].0,
+                                        isum,
+                                        *dxs.add(j),
+                                        *ms.add(j),
+                                        acc4[q],
                                     );
                                 }
-                                s
                             }
-                        };
-                        let (dy, sy) = if ad_stride > 0 {
-                            let q = ad.add(c * ad_stride + i * per);
-                            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
-                        } else {
-                            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                ab.cast::<u32>().read_unaligned().to_le() as i32,
-                            ));
-                            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-                        };
-                        let d = _mm256_mul_ps(*dxs.add(j), _mm256_set1_ps(dy));
-                        acc_c = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc_c);
-                        if !T::SIGNED {
-                            acc_c = _mm256_fmadd_ps(*ms.add(j), _mm256_set1_ps(sy), acc_c);
+                            acc[c0..c0 + 4].copy_from_slice(&acc4);
+                            c0 += 4;
                         }
                     }
-                    *acc = acc_c;
+                    for (c, acc) in acc.iter_mut().enumerate().take(n).skip(c0) {
+                        let mut acc_c = *acc;
+                        for j in 0..nc {
+                            // SAFETY: entry j < nc was written above (`ts` only read with
+                            // the sign trick, which wrote it).
+                            let t = &*tq.add(j);
+                            let s = if sign_trick { &*ts.add(j) } else { t };
+                            acc_c = product(c, i0 + j, t, s, *dxs.add(j), *ms.add(j), acc_c);
+                        }
+                        *acc = acc_c;
+                    }
+                    i0 += nc;
                 }
-                i0 += nc;
             }
             for (c, acc) in acc.iter().enumerate().take(n) {
                 if rows == 8 && out_row == 1 {
@@ -884,7 +1054,7 @@ unsafe fn fast_call<W: Block, A: Block>(
     (out, out_row, out_col): (*mut f32, usize, usize),
     sums: bool,
     imp: unsafe fn(FastCall),
-    dec: unsafe fn(FastCall),
+    dec: Option<unsafe fn(FastCall)>,
 ) {
     let k = crate::contract::check_tile_rows::<W, A>(
         w,
@@ -912,15 +1082,14 @@ unsafe fn fast_call<W: Block, A: Block>(
         out_row,
         out_col,
     };
-    if k.cols <= 2 {
-        dec(call)
-    } else {
-        imp(call)
+    match dec {
+        Some(dec) if k.cols <= 2 => dec(call),
+        _ => imp(call),
     }
 }
 
 macro_rules! fast_entry {
-    ($name:ident, $into:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $dec:ident, $sums:literal) => {
+    ($name:ident, $into:ident, $packed:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $dec:ident, $sums:literal) => {
         pub(super) fn $name(
             w: &[u8],
             rows: usize,
@@ -944,8 +1113,8 @@ macro_rules! fast_entry {
                     n,
                     (out.as_mut_ptr(), n, 1),
                     $sums,
-                    $imp::<$ty>,
-                    $dec::<$ty>,
+                    $imp::<$ty, false>,
+                    Some($dec::<$ty>),
                 )
             }
         }
@@ -969,8 +1138,35 @@ macro_rules! fast_entry {
                 n,
                 (out, 1, out_stride),
                 $sums,
-                $imp::<$ty>,
-                $dec::<$ty>,
+                $imp::<$ty, false>,
+                Some($dec::<$ty>),
+            )
+        }
+
+        /// `$into` for rows repacked by `crate::pack8`: one whole group of eight rows.
+        ///
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`].
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $packed(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            assert_eq!(rows, 8, "packed tile: {rows} rows, not one group of eight");
+            fast_call::<$w, $a>(
+                (w, rows, a, stride),
+                side,
+                n,
+                (out, 1, out_stride),
+                $sums,
+                $imp::<$ty, true>,
+                None,
             )
         }
     };
@@ -979,6 +1175,7 @@ macro_rules! fast_entry {
 fast_entry!(
     q4_0_fast_many,
     q4_0_fast_many_into,
+    q4_0_fast_packed_into,
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
@@ -989,6 +1186,7 @@ fast_entry!(
 fast_entry!(
     q4_1_fast_many,
     q4_1_fast_many_into,
+    q4_1_fast_packed_into,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
@@ -999,6 +1197,7 @@ fast_entry!(
 fast_entry!(
     q5_0_fast_many,
     q5_0_fast_many_into,
+    q5_0_fast_packed_into,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
@@ -1009,6 +1208,7 @@ fast_entry!(
 fast_entry!(
     q5_1_fast_many,
     q5_1_fast_many_into,
+    q5_1_fast_packed_into,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
@@ -1019,6 +1219,7 @@ fast_entry!(
 fast_entry!(
     q8_0_fast_many,
     q8_0_fast_many_into,
+    q8_0_fast_packed_into,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
@@ -1029,6 +1230,7 @@ fast_entry!(
 fast_entry!(
     q4_0_fast_many_vnni,
     q4_0_fast_many_vnni_into,
+    q4_0_fast_packed_vnni_into,
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
@@ -1039,6 +1241,7 @@ fast_entry!(
 fast_entry!(
     q4_1_fast_many_vnni,
     q4_1_fast_many_vnni_into,
+    q4_1_fast_packed_vnni_into,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
@@ -1049,6 +1252,7 @@ fast_entry!(
 fast_entry!(
     q5_0_fast_many_vnni,
     q5_0_fast_many_vnni_into,
+    q5_0_fast_packed_vnni_into,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
@@ -1059,6 +1263,7 @@ fast_entry!(
 fast_entry!(
     q5_1_fast_many_vnni,
     q5_1_fast_many_vnni_into,
+    q5_1_fast_packed_vnni_into,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
@@ -1069,6 +1274,7 @@ fast_entry!(
 fast_entry!(
     q8_0_fast_many_vnni,
     q8_0_fast_many_vnni_into,
+    q8_0_fast_packed_vnni_into,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,

@@ -61,6 +61,7 @@ const fn row(
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
+        packed_into: None,
     }
 }
 
@@ -69,7 +70,7 @@ const fn fast_row(
     ty: GgmlType,
     isa: Isa,
     dot: DotFn,
-    (tile, into): (TileFn, TileIntoFn),
+    (tile, into, packed): (TileFn, TileIntoFn, TileIntoFn),
     offset_sums: bool,
 ) -> KernelRow {
     KernelRow {
@@ -82,6 +83,7 @@ const fn fast_row(
         tile_rows: 8,
         tile_tokens: crate::contract::FAST_TILE_TOKENS,
         tile_into: Some(into),
+        packed_into: Some(packed),
     }
 }
 
@@ -116,15 +118,15 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
         row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
         // The fast order: eight weight rows in the lanes of a register.
-        fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into), true),
-        fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into), false),
-        fast_row(T::Q5_0, Avx2, l::q5_0_fast, (l::q5_0_fast_many, l::q5_0_fast_many_into), true),
-        fast_row(T::Q5_1, Avx2, l::q5_1_fast, (l::q5_1_fast_many, l::q5_1_fast_many_into), false),
-        fast_row(T::Q8_0, Avx2, l::q8_0_fast, (l::q8_0_fast_many, l::q8_0_fast_many_into), false),
-        fast_row(T::Q4_0, Avx2Vnni, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into), true),
-        fast_row(T::Q4_1, Avx2Vnni, l::q4_1_fast_vnni, (l::q4_1_fast_many_vnni, l::q4_1_fast_many_vnni_into), false),
-        fast_row(T::Q5_0, Avx2Vnni, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into), true),
-        fast_row(T::Q5_1, Avx2Vnni, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into), false),
-        fast_row(T::Q8_0, Avx2Vnni, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into), true),
+        fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true),
+        fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into, l::q4_1_fast_packed_into), false),
+        fast_row(T::Q5_0, Avx2, l::q5_0_fast, (l::q5_0_fast_many, l::q5_0_fast_many_into, l::q5_0_fast_packed_into), true),
+        fast_row(T::Q5_1, Avx2, l::q5_1_fast, (l::q5_1_fast_many, l::q5_1_fast_many_into, l::q5_1_fast_packed_into), false),
+        fast_row(T::Q8_0, Avx2, l::q8_0_fast, (l::q8_0_fast_many, l::q8_0_fast_many_into, l::q8_0_fast_packed_into), false),
+        fast_row(T::Q4_0, Avx2Vnni, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into, l::q4_0_fast_packed_vnni_into), true),
+        fast_row(T::Q4_1, Avx2Vnni, l::q4_1_fast_vnni, (l::q4_1_fast_many_vnni, l::q4_1_fast_many_vnni_into, l::q4_1_fast_packed_vnni_into), false),
+        fast_row(T::Q5_0, Avx2Vnni, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed_vnni_into), true),
+        fast_row(T::Q5_1, Avx2Vnni, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed_vnni_into), false),
+        fast_row(T::Q8_0, Avx2Vnni, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed_vnni_into), true),
     ]
 };
