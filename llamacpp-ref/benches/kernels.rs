@@ -162,6 +162,7 @@ fn matmuls(c: &mut Criterion) {
             data: &wq,
             copies: None,
             numerics: Default::default(),
+            packed: None,
         };
         let ggml = ggml_kernel(ty);
         let xrb = row_bytes(vec_dot_type(ty), MAT_K);

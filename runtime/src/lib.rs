@@ -10,6 +10,7 @@ pub mod matmul;
 pub mod model;
 pub mod numa;
 pub mod offload;
+pub mod packed;
 pub mod pool;
 pub mod registry;
 pub mod runner;

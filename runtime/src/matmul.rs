@@ -61,6 +61,8 @@ pub struct MatRef<'a> {
     pub copies: Option<(&'a WeightCopies, usize)>,
     /// Which kernel orders the product may use.
     pub numerics: Numerics,
+    /// The rows repacked for the fast order's kernels (`crate::packed`), where they were.
+    pub packed: Option<&'a [u8]>,
 }
 
 impl std::fmt::Debug for MatRef<'_> {
@@ -329,6 +331,10 @@ fn product_task(
     let wrb = w.row_bytes();
     let o0 = task * p.rows_per_task;
     let o1 = (o0 + p.rows_per_task).min(n_out);
+    // The packed rows serve the fast order, where the weights are read from one place.
+    let packed = w
+        .packed
+        .filter(|_| p.fast && w.copies.is_none_or(|(c, _)| c.len() <= 1));
     if !p.has_tile {
         for t in 0..n_tok {
             let dot = p.set_of(t).dot;
@@ -357,6 +363,21 @@ fn product_task(
         } else {
             ActSide::default()
         };
+        if let (Some(into), Some(packed)) = (set.packed_into, packed) {
+            // Rows repacked at load: each group of eight is one sequential stream, already
+            // in the kernel's transposed order (`o0`, `o1` are multiples of eight).
+            let g = quant::PACK_ROWS;
+            debug_assert!(o0.is_multiple_of(g) && o1.is_multiple_of(g));
+            let mut o = o0;
+            while o < o1 {
+                let wr = &packed[o * wrb..(o + g) * wrb];
+                // SAFETY: as below, for the eight rows of one group.
+                unsafe { into(wr, g, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
+                o += g;
+            }
+            t += k;
+            continue;
+        }
         if let Some(into) = set.tile_into {
             // Results straight into y: eight rows of a token are one store.
             let mut o = o0;

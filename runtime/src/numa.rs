@@ -713,20 +713,103 @@ const MPOL_BIND: i32 = 2;
 #[cfg(target_os = "linux")]
 const MPOL_INTERLEAVE: i32 = 3;
 
+/// Private anonymous memory of `len` bytes (at least one), zero until written, unmapped on
+/// drop; a heap buffer off Linux.
+pub struct AnonMap {
+    ptr: *mut u8,
+    len: usize,
+    #[cfg(not(target_os = "linux"))]
+    _heap: Vec<u8>,
+}
+
+// SAFETY: the memory is owned; shared access is read-only (writes need `&mut`).
+unsafe impl Send for AnonMap {}
+unsafe impl Sync for AnonMap {}
+
+impl AnonMap {
+    pub fn new(len: usize) -> std::io::Result<AnonMap> {
+        let len = len.max(1);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(AnonMap {
+                ptr: ptr.cast(),
+                len,
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut heap = vec![0u8; len];
+            Ok(AnonMap {
+                ptr: heap.as_mut_ptr(),
+                len,
+                _heap: heap,
+            })
+        }
+    }
+
+    /// Asks for transparent huge pages (one TLB entry per 2 MiB while the bytes stream);
+    /// advice only, without THP the pages stay small.
+    pub fn advise_huge_pages(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: advice on our own mapping.
+        unsafe {
+            libc::madvise(self.ptr.cast(), self.len, libc::MADV_HUGEPAGE);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for as long as self lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AnonMap {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: our own mapping, unmapped once.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
 /// Anonymous memory whose pages follow a [`Policy`], filled once from a byte slice. The
 /// policy is set before any page is touched, so every page is allocated where it belongs.
 pub struct NodeMemory {
-    ptr: *mut u8,
-    len: usize,
+    mem: AnonMap,
     pub policy: Policy,
-    /// Heap fallback off Linux (no policy).
-    #[cfg(not(target_os = "linux"))]
-    heap: Vec<u8>,
 }
-
-// SAFETY: the memory is owned, written once in `copy_of` and read-only afterwards.
-unsafe impl Send for NodeMemory {}
-unsafe impl Sync for NodeMemory {}
 
 impl NodeMemory {
     /// `len` zero bytes placed by `policy` (pages are allocated, under the policy, when
@@ -750,33 +833,14 @@ impl NodeMemory {
         policy: Policy,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<NodeMemory, NumaError> {
+        let mem = AnonMap::new(len).map_err(|e| {
+            NumaError::Memory(format!("cannot map {} MiB: {e}", len.max(1) >> 20))
+        })?;
+        let mut mem = NodeMemory { mem, policy };
         #[cfg(target_os = "linux")]
         {
-            let len = len.max(1);
-            // SAFETY: a fresh private anonymous mapping; checked for MAP_FAILED.
-            let ptr = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if ptr == libc::MAP_FAILED {
-                return Err(NumaError::Memory(format!(
-                    "cannot map {} MiB: {}",
-                    len >> 20,
-                    std::io::Error::last_os_error()
-                )));
-            }
-            let mut mem = NodeMemory {
-                ptr: ptr.cast(),
-                len,
-                policy: policy.clone(),
-            };
-            let (mode, nodes) = match &policy {
+            let policy = &mem.policy;
+            let (mode, nodes) = match policy {
                 Policy::Interleave(n) => (MPOL_INTERLEAVE, n.clone()),
                 Policy::Bind(n) => (MPOL_BIND, vec![*n]),
             };
@@ -791,8 +855,8 @@ impl NodeMemory {
             let rc = unsafe {
                 libc::syscall(
                     libc::SYS_mbind,
-                    ptr,
-                    len as libc::c_ulong,
+                    mem.mem.as_ptr(),
+                    mem.mem.len() as libc::c_ulong,
                     mode as libc::c_ulong,
                     mask.as_ptr(),
                     (mask.len() * bits + 1) as libc::c_ulong,
@@ -806,44 +870,21 @@ impl NodeMemory {
                     std::io::Error::last_os_error()
                 )));
             }
-            fill(mem.bytes_mut());
-            Ok(mem)
         }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let mut heap = vec![0u8; len];
-            fill(&mut heap);
-            Ok(NodeMemory {
-                ptr: heap.as_mut_ptr(),
-                len: heap.len(),
-                policy,
-                heap,
-            })
-        }
+        fill(mem.bytes_mut());
+        Ok(mem)
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        self.mem.bytes_mut()
     }
 
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len bytes for as long as self lives.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        self.mem.bytes()
     }
 
     pub fn placement(&self) -> PagePlacement {
-        page_placement(self.ptr, self.len)
-    }
-}
-
-impl Drop for NodeMemory {
-    fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        // SAFETY: our own mapping, unmapped once.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
+        page_placement(self.mem.as_ptr(), self.mem.len())
     }
 }
 
@@ -953,7 +994,7 @@ impl WeightCopies {
 
     /// Total bytes held.
     pub fn bytes(&self) -> usize {
-        self.copies.iter().map(|c| c.1.len).sum()
+        self.copies.iter().map(|c| c.1.mem.len()).sum()
     }
 }
 

@@ -191,8 +191,9 @@ pub struct Cli {
     pub no_pin: bool,
     /// rllama's kernel orders: exact (llama.cpp's own, bit-identical to it) or fast (the
     /// 32-element formats sum each block once and put eight rows in a register; other
-    /// formats stay exact). Experimental: faster prompt processing, slower generation so
-    /// far. The `isa` column marks fast kernels `/fast`
+    /// formats stay exact; their weights are repacked at load into groups of eight
+    /// interleaved rows). Experimental. The `isa` column marks fast kernels `/fast`
+    /// (`/fast+packed` when they read repacked rows)
     #[arg(long = "numerics", value_name = "exact|fast", default_value = "exact")]
     pub numerics: NumericsArg,
     /// Layers to offload to a ggml device, `-ngl` (the last N layers; above the layer count

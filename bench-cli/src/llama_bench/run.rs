@@ -424,11 +424,13 @@ pub fn check_supported(params: &Params) -> Result<()> {
     Ok(())
 }
 
-/// Our kernels' instruction set per matrix type of `m`: `Q4_K=avx2,Q8_0=avx2-vnni`.
+/// Our kernels' instruction set per matrix type of `m`: `Q4_K=avx2,Q8_0=avx2-vnni`, the
+/// fast order's marked `/fast`, `/fast+packed` where its weights were repacked at load.
 pub fn kernel_isas(m: &Model) -> String {
     m.kernel_isas()
         .iter()
         .map(|(t, i, o)| match o {
+            runtime::DotOrder::Fast if m.packed_type(*t) => format!("{t}={i}/fast+packed"),
             runtime::DotOrder::Fast => format!("{t}={i}/fast"),
             _ => format!("{t}={i}"),
         })

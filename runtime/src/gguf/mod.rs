@@ -499,6 +499,27 @@ impl GgufFile {
         &self.map
     }
 
+    /// Lets go of this process's resident pages of `bytes()[start..start + len]` (the
+    /// whole pages inside it), for ranges it will not read for a while: a mapped file's
+    /// pages come back from the page cache when read again, unchanged. Bytes held in
+    /// memory are kept (there is nothing to read them back from).
+    pub fn release_range(&self, start: usize, len: usize) {
+        let Image::Map(m) = &self.map else {
+            return;
+        };
+        let page = 4096;
+        let (a, b) = (
+            start.next_multiple_of(page),
+            (start + len).min(m.len()) / page * page,
+        );
+        if b > a {
+            // SAFETY: a read-only shared file mapping: dropped pages are read again from
+            // the file, so no byte anyone borrowed changes.
+            let _ =
+                unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+        }
+    }
+
     pub fn file_size(&self) -> u64 {
         self.map.len() as u64
     }

@@ -22,6 +22,7 @@ use crate::numa::{
     page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
 };
 use crate::offload::{DeviceBatch, DeviceLayers, OffloadError, OffloadSpec};
+use crate::packed::{PackSource, PackedWeights};
 use crate::pool::ThreadPool;
 use attention::{attention, AttnShape, AttnTokens};
 
@@ -111,6 +112,9 @@ pub struct Model {
     copies: Option<WeightCopies>,
     placement: WeightPlacement,
     numerics: Numerics,
+    /// The fast order's matrices repacked into interleaved row groups (`crate::packed`),
+    /// made when the fast order is chosen and the weights stay in the mapped file.
+    packed: Option<PackedWeights>,
     /// The last layers (and maybe the output layer) on a ggml device (`-ngl`).
     device: Option<DeviceLayers>,
 }
@@ -351,6 +355,7 @@ impl Model {
             copies: None,
             placement: WeightPlacement::FirstTouch,
             numerics: Numerics::Exact,
+            packed: None,
             device: None,
         })
     }
@@ -371,6 +376,10 @@ impl Model {
             data,
             copies,
             numerics: self.numerics,
+            packed: match (&self.packed, &self.copies) {
+                (Some(p), None) if self.numerics == Numerics::Fast => p.get(m.start),
+                _ => None,
+            },
         }
     }
 
@@ -380,8 +389,69 @@ impl Model {
     }
 
     /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
+    ///
+    /// The fast order repacks its matrices once here (eight rows interleaved block by
+    /// block, `crate::packed`), unless `RLLAMA_NO_PACK` is set or the weights were placed
+    /// in node memory: the same bits, read as one stream. Packing is only a speed-up:
+    /// where its memory cannot be had the model says so and multiplies the file's rows.
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
+        if numerics != Numerics::Fast
+            || self.copies.is_some()
+            || std::env::var_os("RLLAMA_NO_PACK").is_some_and(|v| !v.is_empty() && v != "0")
+        {
+            self.packed = None;
+            return;
+        }
+        if self.packed.is_some() {
+            return;
+        }
+        let mats: Vec<PackSource> = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .chain([&self.output])
+            .map(|m| PackSource {
+                ty: m.ty,
+                n_in: m.n_in,
+                n_out: m.n_out,
+                start: m.start,
+                len: m.len,
+            })
+            .collect();
+        match PackedWeights::new(self.file.bytes(), &mats) {
+            Ok(p) => {
+                // The packed rows are what the products read now: the file's pages of
+                // those matrices need not stay resident beside them.
+                if let Some(p) = &p {
+                    for m in &mats {
+                        if p.get(m.start).is_some() {
+                            self.file.release_range(m.start, m.len);
+                        }
+                    }
+                }
+                self.packed = p
+            }
+            Err(e) => eprintln!(
+                "warning: the fast order's weights were not repacked ({e}); \
+                 multiplying the file's rows (same results, slower decode)"
+            ),
+        }
+    }
+
+    /// Drops the repacked rows (the fast order then multiplies the file's rows, with the
+    /// same results), or packs them again: to compare the two layouts side by side.
+    pub fn set_packing(&mut self, pack: bool) {
+        if pack {
+            self.set_numerics(self.numerics);
+        } else {
+            self.packed = None;
+        }
+    }
+
+    /// Bytes of anonymous memory the repacked weights take (0 when none were packed).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.as_ref().map_or(0, PackedWeights::bytes)
     }
 
     /// Moves the last `spec.n_gpu_layers` layers (all of them and the output layer when it
@@ -487,6 +557,13 @@ impl Model {
         let src = &self.file.bytes()[base..];
         self.copies = WeightCopies::new(src, base, placement, nodes, topo)?;
         self.placement = placement;
+        // Placed copies are read as placed: the packed rows (one copy, wherever the
+        // packing threads touched it) would bypass them.
+        if self.copies.is_some() {
+            self.packed = None;
+        } else if self.packed.is_none() {
+            self.set_numerics(self.numerics);
+        }
         Ok(())
     }
 
@@ -565,6 +642,22 @@ impl Model {
                 quant::kernels::kernels(t, order).map(|k| (t, k.isa, k.order))
             })
             .collect()
+    }
+
+    /// Whether the products of `ty` read repacked rows (`crate::packed`): the fast order
+    /// with at least one matrix of that type packed.
+    pub fn packed_type(&self, ty: GgmlType) -> bool {
+        let Some(p) = (self.numerics == Numerics::Fast && self.copies.is_none())
+            .then_some(self.packed.as_ref())
+            .flatten()
+        else {
+            return false;
+        };
+        self.layers
+            .iter()
+            .flat_map(|l| [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])
+            .chain([self.output])
+            .any(|m| m.ty == ty && p.get(m.start).is_some())
     }
 
     /// Bytes of all weight tensors (what a forward pass streams).
