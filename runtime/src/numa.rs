@@ -833,9 +833,8 @@ impl NodeMemory {
         policy: Policy,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<NodeMemory, NumaError> {
-        let mem = AnonMap::new(len).map_err(|e| {
-            NumaError::Memory(format!("cannot map {} MiB: {e}", len.max(1) >> 20))
-        })?;
+        let mem = AnonMap::new(len)
+            .map_err(|e| NumaError::Memory(format!("cannot map {} MiB: {e}", len.max(1) >> 20)))?;
         let mut mem = NodeMemory { mem, policy };
         #[cfg(target_os = "linux")]
         {

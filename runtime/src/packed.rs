@@ -40,8 +40,13 @@ pub struct PackedWeights {
 
 impl PackedWeights {
     /// Packs every matrix of `mats` that [`packable`] allows (each distinct offset once),
-    /// reading from `image`; `None` when none is.
-    pub fn new(image: &[u8], mats: &[PackSource]) -> std::io::Result<Option<PackedWeights>> {
+    /// reading from `image`; `None` when none is. `packed(start, len)` is called for each
+    /// matrix as soon as it is packed (to let go of its source pages).
+    pub fn new(
+        image: &[u8],
+        mats: &[PackSource],
+        packed: &(dyn Fn(usize, usize) + Sync),
+    ) -> std::io::Result<Option<PackedWeights>> {
         let mut at = HashMap::new();
         let mut jobs = Vec::new();
         let mut total = 0;
@@ -89,6 +94,7 @@ impl PackedWeights {
                     s.spawn(move || {
                         for (m, dst) in b {
                             quant::pack8(m.ty, &image[m.start..m.start + m.len], m.n_in, dst)?;
+                            packed(m.start, m.len);
                         }
                         Ok(())
                     })

@@ -60,24 +60,27 @@ fn layout(ty: GgmlType) -> Option<Layout> {
     })
 }
 
-/// The stored value of element `j` of a source block: the signed byte for Q8_0, the
-/// unsigned 4- or 5-bit value for the others.
-fn element(l: &Layout, b: &[u8], j: usize) -> u8 {
+/// The 32 stored values of a source block: the signed bytes for Q8_0, the unsigned 4- or
+/// 5-bit values for the others.
+#[inline]
+fn elements(l: &Layout, b: &[u8]) -> [u8; 32] {
+    let mut v = [0u8; 32];
     if l.eight_bit {
-        return b[l.qs + j];
+        v.copy_from_slice(&b[l.qs..l.qs + 32]);
+        return v;
     }
-    let nib = if j < 16 {
-        b[l.qs + j] & 0x0f
-    } else {
-        b[l.qs + j - 16] >> 4
-    };
-    match l.qh {
-        Some(h) => {
-            let qh = u32::from_le_bytes([b[h], b[h + 1], b[h + 2], b[h + 3]]);
-            nib | (((qh >> j) & 1) as u8) << 4
+    let qs = &b[l.qs..l.qs + 16];
+    for (j, &q) in qs.iter().enumerate() {
+        v[j] = q & 0x0f;
+        v[j + 16] = q >> 4;
+    }
+    if let Some(h) = l.qh {
+        let qh = u32::from_le_bytes([b[h], b[h + 1], b[h + 2], b[h + 3]]);
+        for (j, v) in v.iter_mut().enumerate() {
+            *v |= (((qh >> j) & 1) as u8) << 4;
         }
-        None => nib,
     }
+    v
 }
 
 /// Repacks `src`, whole rows of `n_in` elements of `ty` whose count is a multiple of
@@ -117,18 +120,23 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
                 }
             }
             let q0 = 2 * l.heads * PACK_ROWS;
+            let (quants, fifth) = out[q0..].split_at_mut(if l.eight_bit { 256 } else { 128 });
             for r in 0..PACK_ROWS {
-                let b = block(r);
-                for j in 0..32 {
-                    // Register k = j / 4, byte 4r + j % 4.
-                    let (k, byte) = (j / 4, 4 * r + j % 4);
-                    let v = element(&l, b, j);
+                let v = elements(&l, block(r));
+                // Element j goes to register k = j / 4, byte 4r + j % 4.
+                for k in 0..8 {
+                    let src = &v[4 * k..4 * k + 4];
                     if l.eight_bit {
-                        out[q0 + 32 * k + byte] = v;
-                    } else {
-                        out[q0 + 32 * (k / 2) + byte] |= (v & 0x0f) << (4 * (k % 2));
-                        if l.qh.is_some() {
-                            out[q0 + 128 + byte] |= ((v >> 4) & 1) << k;
+                        quants[32 * k + 4 * r..32 * k + 4 * r + 4].copy_from_slice(src);
+                        continue;
+                    }
+                    let dst = &mut quants[32 * (k / 2) + 4 * r..32 * (k / 2) + 4 * r + 4];
+                    for (d, &e) in dst.iter_mut().zip(src) {
+                        *d |= (e & 0x0f) << (4 * (k % 2));
+                    }
+                    if l.qh.is_some() {
+                        for (d, &e) in fifth[4 * r..4 * r + 4].iter_mut().zip(src) {
+                            *d |= ((e >> 4) & 1) << k;
                         }
                     }
                 }

@@ -419,19 +419,13 @@ impl Model {
                 len: m.len,
             })
             .collect();
-        match PackedWeights::new(self.file.bytes(), &mats) {
-            Ok(p) => {
-                // The packed rows are what the products read now: the file's pages of
-                // those matrices need not stay resident beside them.
-                if let Some(p) = &p {
-                    for m in &mats {
-                        if p.get(m.start).is_some() {
-                            self.file.release_range(m.start, m.len);
-                        }
-                    }
-                }
-                self.packed = p
-            }
+        // The packed rows are what the products read from now on: each matrix's pages in
+        // the file need not stay resident beside them once it is packed.
+        let file = self.file.clone();
+        match PackedWeights::new(self.file.bytes(), &mats, &|start, len| {
+            file.release_range(start, len)
+        }) {
+            Ok(p) => self.packed = p,
             Err(e) => eprintln!(
                 "warning: the fast order's weights were not repacked ({e}); \
                  multiplying the file's rows (same results, slower decode)"
