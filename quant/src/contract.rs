@@ -276,6 +276,9 @@ pub(crate) struct KernelRow {
     pub tile_tokens: usize,
     /// The tile writing into a strided matrix, where the row has one.
     pub tile_into: Option<TileIntoFn>,
-    /// `tile_into` for weights repacked by [`crate::pack8`] (eight rows per call).
+    /// `tile_into` for weights repacked by [`crate::pack8`] (`packed_rows` rows per call,
+    /// or one group of eight).
     pub packed_into: Option<TileIntoFn>,
+    /// Rows `packed_into` takes per call at most: 8 (one group) or 16 (two).
+    pub packed_rows: usize,
 }

@@ -29,7 +29,8 @@ pub enum Isa {
     /// AVX2 kernels that form their integer lanes with `vpdpbusd` on 256-bit registers
     /// (AVX-512 VNNI + VL).
     Avx2Vnni,
-    /// AVX-512 F, BW, DQ and VL on 512-bit registers.
+    /// AVX-512 F, BW, DQ and VL on 512-bit registers, with VNNI (so above `Avx2Vnni`:
+    /// Ice Lake, Sapphire Rapids, Zen 4 and later; a Skylake-X without VNNI runs `Avx2`).
     Avx512,
     /// aarch64 Advanced SIMD (every aarch64 CPU has it).
     Neon,
@@ -126,7 +127,7 @@ impl Features {
             Isa::Scalar => true,
             Isa::Avx2 => self.avx2,
             Isa::Avx2Vnni => self.avx2 && self.vnni,
-            Isa::Avx512 => self.avx2 && self.avx512,
+            Isa::Avx512 => self.avx2 && self.vnni && self.avx512,
             Isa::Neon => self.neon,
             Isa::NeonDotprod => self.neon && self.dotprod,
         }

@@ -47,6 +47,9 @@ pub struct KernelSet {
     /// `tile_into` for weights repacked by [`crate::pack8`]: the same results from the
     /// packed bytes of the same rows, whole groups of eight rows per call.
     pub packed_into: Option<crate::contract::TileIntoFn>,
+    /// Rows `packed_into` takes per call at most (whole groups of eight: 8 or 16); a call
+    /// may always take one group of eight.
+    pub packed_rows: usize,
     offset_sums: bool,
 }
 
@@ -76,6 +79,7 @@ impl KernelSet {
             tile_tokens: r.tile_tokens,
             tile_into: r.tile_into,
             packed_into: r.packed_into,
+            packed_rows: r.packed_rows,
             offset_sums: r.offset_sums,
         }
     }
@@ -168,6 +172,7 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
         packed_into: None,
+        packed_rows: crate::PACK_ROWS,
     }
 }
 

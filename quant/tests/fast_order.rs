@@ -174,6 +174,7 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
 fn packed_kernels_match_the_twin() {
     let mut rng = StdRng::seed_from_u64(0x9ac8);
     let mut checked = 0;
+    let mut wide_calls = 0;
     for ty in FAST_TYPES {
         assert!(quant::packs(ty));
         let twin = kernels::scalar(ty, DotOrder::Fast).expect("every fast type has a twin");
@@ -209,15 +210,25 @@ fn packed_kernels_match_the_twin() {
                     for ar in &a[..cols] {
                         side.push(k, ar);
                     }
-                    for sd in [ActSide::default(), side.rows(k, 0, cols)] {
+                    for (sd, wide) in [
+                        (ActSide::default(), false),
+                        (side.rows(k, 0, cols), false),
+                        (side.rows(k, 0, cols), true),
+                    ] {
+                        // Calls of `packed_rows` rows (two groups on AVX-512) where that many
+                        // are left, else of one group.
+                        let per = if wide { k.packed_rows / 8 } else { 1 };
                         let mut m = vec![f32::NAN; cols * rows];
-                        for g in 0..groups {
-                            let wg = &packed[g * 8 * rb..(g + 1) * 8 * rb];
-                            // SAFETY: slots c * rows + 8g + r (r < 8, c < cols) are in `m`.
+                        let mut g = 0;
+                        while g < groups {
+                            let take = if g + per <= groups { per } else { 1 };
+                            let wg = &packed[g * 8 * rb..(g + take) * 8 * rb];
+                            // SAFETY: slots c * rows + 8g + r (r < 8 take, c < cols) are in
+                            // `m`.
                             unsafe {
                                 into(
                                     wg,
-                                    8,
+                                    8 * take,
                                     &abuf,
                                     stride,
                                     sd,
@@ -226,6 +237,8 @@ fn packed_kernels_match_the_twin() {
                                     rows,
                                 )
                             };
+                            wide_calls += usize::from(take > 1);
+                            g += take;
                         }
                         for c in 0..cols {
                             for r in 0..rows {
@@ -245,6 +258,9 @@ fn packed_kernels_match_the_twin() {
     }
     if Isa::Avx2.available() {
         assert!(checked > 0, "no packed kernel was checked");
+    }
+    if Isa::Avx512.available() {
+        assert!(wide_calls > 0, "no sixteen-row packed call was checked");
     }
 }
 

@@ -365,13 +365,20 @@ fn product_task(
         };
         if let (Some(into), Some(packed)) = (set.packed_into, packed) {
             // Rows repacked at load: each group of eight is one sequential stream, already
-            // in the kernel's transposed order (`o0`, `o1` are multiples of eight).
-            let g = quant::PACK_ROWS;
-            debug_assert!(o0.is_multiple_of(g) && o1.is_multiple_of(g));
+            // in the kernel's transposed order (`o0`, `o1` are multiples of eight); a call
+            // takes `packed_rows` rows (one or two groups) where that many are left.
+            debug_assert!(
+                o0.is_multiple_of(quant::PACK_ROWS) && o1.is_multiple_of(quant::PACK_ROWS)
+            );
             let mut o = o0;
             while o < o1 {
+                let g = if o + set.packed_rows <= o1 {
+                    set.packed_rows
+                } else {
+                    quant::PACK_ROWS
+                };
                 let wr = &packed[o * wrb..(o + g) * wrb];
-                // SAFETY: as below, for the eight rows of one group.
+                // SAFETY: as below, for the `g` rows of one or two groups.
                 unsafe { into(wr, g, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
                 o += g;
             }

@@ -55,6 +55,7 @@ const fn row(
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
         packed_into: None,
+        packed_rows: crate::PACK_ROWS,
     }
 }
 

@@ -62,6 +62,7 @@ const fn row(
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
         packed_into: None,
+        packed_rows: crate::PACK_ROWS,
     }
 }
 
@@ -84,6 +85,21 @@ const fn fast_row(
         tile_tokens: crate::contract::FAST_TILE_TOKENS,
         tile_into: Some(into),
         packed_into: Some(packed),
+        packed_rows: crate::PACK_ROWS,
+    }
+}
+
+/// An AVX-512 fast-order row: the AVX2+VNNI kernels, with a packed tile of sixteen rows
+/// (two groups in the lanes of one 512-bit register).
+const fn fast_row512(
+    ty: GgmlType,
+    dot: DotFn,
+    (tile, into, packed): (TileFn, TileIntoFn, TileIntoFn),
+    offset_sums: bool,
+) -> KernelRow {
+    KernelRow {
+        packed_rows: legacy::PACKED512_ROWS,
+        ..fast_row(ty, Isa::Avx512, dot, (tile, into, packed), offset_sums)
     }
 }
 
@@ -128,5 +144,11 @@ pub(crate) const ROWS: &[KernelRow] = {
         fast_row(T::Q5_0, Avx2Vnni, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed_vnni_into), true),
         fast_row(T::Q5_1, Avx2Vnni, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed_vnni_into), false),
         fast_row(T::Q8_0, Avx2Vnni, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed_vnni_into), true),
+        // AVX-512: the VNNI kernels, and sixteen packed rows per register.
+        fast_row512(T::Q4_0, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into, l::q4_0_fast_packed512_into), true),
+        fast_row512(T::Q4_1, l::q4_1_fast_vnni, (l::q4_1_fast_many_vnni, l::q4_1_fast_many_vnni_into, l::q4_1_fast_packed512_into), false),
+        fast_row512(T::Q5_0, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed512_into), true),
+        fast_row512(T::Q5_1, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed512_into), false),
+        fast_row512(T::Q8_0, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed512_into), true),
     ]
 };
