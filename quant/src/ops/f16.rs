@@ -58,8 +58,8 @@ pub fn dot_f16_scalar(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
 
 /// `out[s] = dot_f16(fl, ord, a, row(s)) * scale` for each cache row `row(s) =
 /// cache[slots[s] * stride + offset..][..a.len()]` (attention scores of one query; `out`
-/// is cleared first). The SIMD kernel scores several keys at once in llama.cpp's GEMM
-/// order, with the bits of one [`dot_f16`] per key.
+/// is cleared first). The SIMD kernels score several keys at once in llama.cpp's GEMM and
+/// VecDot orders, with the bits of one [`dot_f16`] per key.
 #[allow(clippy::too_many_arguments)] // the query, the rows' four, the flavor, order, scale
 pub fn scores_f16(
     fl: Flavor,
@@ -82,6 +82,15 @@ pub fn scores_f16(
         // read was bounds-checked above; one output per slot.
         return unsafe {
             crate::arch::x86::f16::scores_f16_gemm(fl, a, cache, slots, stride, offset, scale, out)
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if ord == F16Order::VecDot && n.is_multiple_of(4 * fl.lanes()) && crate::isa::avx2() {
+        // SAFETY: as above; whole VecDot steps (no remainder).
+        return unsafe {
+            crate::arch::x86::f16::scores_f16_vecdot(
+                fl, a, cache, slots, stride, offset, scale, out,
+            )
         };
     }
     for (o, &s) in out.iter_mut().zip(slots) {
@@ -206,11 +215,9 @@ pub fn weighted_rows_f16(
             sub_slots.clear();
             // The first slot whose cell is ≡ k (mod np).
             let start = (k + np - first_cell % np) % np;
-            let mut s = start;
-            while s < slots.len() {
-                sub_ps.push(ps[s]);
-                sub_slots.push(slots[s]);
-                s += np;
+            if start < slots.len() {
+                sub_ps.extend(ps[start..].iter().step_by(np));
+                sub_slots.extend(slots[start..].iter().step_by(np));
             }
             if !sub_slots.is_empty() {
                 sum_rows_f16(

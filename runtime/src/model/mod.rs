@@ -407,10 +407,7 @@ impl Model {
             return;
         }
         let mats: Vec<PackSource> = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
-            .chain([&self.output])
+            .matrices()
             .map(|m| PackSource {
                 ty: m.ty,
                 n_in: m.n_in,
@@ -618,13 +615,7 @@ impl Model {
     /// type come from the same table at the same level), or the fast set where the model
     /// runs `Numerics::Fast` and the type has one; sorted by type id.
     pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa, quant::DotOrder)> {
-        let mut tys: Vec<GgmlType> = self
-            .layers
-            .iter()
-            .flat_map(|l| [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])
-            .chain([self.output])
-            .map(|m| m.ty)
-            .collect();
+        let mut tys: Vec<GgmlType> = self.matrices().map(|m| m.ty).collect();
         tys.sort_by_key(|&t| t as u32);
         tys.dedup();
         tys.into_iter()
@@ -647,11 +638,16 @@ impl Model {
         else {
             return false;
         };
+        self.matrices()
+            .any(|m| m.ty == ty && p.get(m.start).is_some())
+    }
+
+    /// The matrices the forward pass multiplies by: every layer's, then the output's.
+    fn matrices(&self) -> impl Iterator<Item = Mat> + '_ {
         self.layers
             .iter()
             .flat_map(|l| [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])
             .chain([self.output])
-            .any(|m| m.ty == ty && p.get(m.start).is_some())
     }
 
     /// Bytes of all weight tensors (what a forward pass streams).

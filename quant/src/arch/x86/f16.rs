@@ -138,22 +138,10 @@ pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) ->
                 }
                 i += step;
             }
-            // Fold the four accumulators (0+2, 1+3, 0+1), then reduce as ggml does.
-            let mut f = [_mm256_setzero_ps(); 2];
-            for (h, f) in f.iter_mut().enumerate().take(regs) {
-                let a02 = _mm256_add_ps(acc[0][h], acc[2][h]);
-                let a13 = _mm256_add_ps(acc[1][h], acc[3][h]);
-                *f = _mm256_add_ps(a02, a13);
-            }
             let r = if regs == 2 {
-                hsum_ps(_mm256_add_ps(f[0], f[1]))
+                vecdot_reduce::<2>(&acc)
             } else {
-                let t0 = _mm_add_ps(
-                    _mm256_castps256_ps128(f[0]),
-                    _mm256_extractf128_ps::<1>(f[0]),
-                );
-                let t1 = _mm_hadd_ps(t0, t0);
-                _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+                vecdot_reduce::<1>(&acc)
             };
             let mut s = r as f64;
             for k in np..n {
@@ -161,6 +149,107 @@ pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) ->
             }
             s as f32
         }
+    }
+}
+
+/// The VecDot order's final reduction of its four accumulators (`REGS` registers each):
+/// 0+2, 1+3, then 0+1, reduced as ggml does for the flavor (`order::reduce4`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vecdot_reduce<const REGS: usize>(acc: &[[__m256; 2]; 4]) -> f32 {
+    let mut f = [_mm256_setzero_ps(); 2];
+    for (h, f) in f.iter_mut().enumerate().take(REGS) {
+        let a02 = _mm256_add_ps(acc[0][h], acc[2][h]);
+        let a13 = _mm256_add_ps(acc[1][h], acc[3][h]);
+        *f = _mm256_add_ps(a02, a13);
+    }
+    if REGS == 2 {
+        hsum_ps(_mm256_add_ps(f[0], f[1]))
+    } else {
+        let t0 = _mm_add_ps(
+            _mm256_castps256_ps128(f[0]),
+            _mm256_extractf128_ps::<1>(f[0]),
+        );
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+}
+
+/// `dot_f16(fl, F16Order::VecDot, a, row)` for `KEYS` rows at once (`REGS` = the
+/// flavor's lanes / 8; `a.len()` a multiple of `4 * 8 * REGS`, so no f64 remainder):
+/// each key's four accumulators see exactly the one-key kernel's FMAs in its order and
+/// the same reduction, so every score has its bits; the keys' chains run side by side.
+///
+/// # Safety
+/// AVX2/FMA/F16C; every row holds `a.len()` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vecdot_dots<const REGS: usize, const KEYS: usize>(
+    a: &[f32],
+    rows: [*const u16; KEYS],
+) -> [f32; KEYS] {
+    let n = a.len();
+    let lanes = 8 * REGS;
+    let pa = a.as_ptr();
+    let mut acc = [[[_mm256_setzero_ps(); 2]; 4]; KEYS];
+    let mut i = 0;
+    while i < n {
+        for j in 0..4 {
+            for h in 0..REGS {
+                let at = i + j * lanes + 8 * h;
+                let x = _mm256_loadu_ps(pa.add(at));
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    let y = _mm256_cvtph_ps(_mm_loadu_si128(rows[k].add(at).cast()));
+                    acc[j][h] = _mm256_fmadd_ps(x, y, acc[j][h]);
+                }
+            }
+        }
+        i += 4 * lanes;
+    }
+    std::array::from_fn(|k| vecdot_reduce::<REGS>(&acc[k]))
+}
+
+/// `out[s] = dot_f16(fl, VecDot, a, row(s)) * scale` for the rows `cache[slots[s] *
+/// stride + offset..][..a.len()]`, several rows at a time (four with 8-lane registers,
+/// two with 16: sixteen accumulators either way); the same bits as one call per row.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `a.len()` is a multiple of `4 * fl.lanes()`; every row read lies in
+/// `cache`; `out.len() == slots.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as `ops::f16::scores_f16`, less the order
+pub(crate) unsafe fn scores_f16_vecdot(
+    fl: Flavor,
+    a: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let n = a.len();
+    let cp = cache.as_ptr().cast::<u16>();
+    let row = |s: usize| cp.add(slots[s] * stride + offset);
+    let keys = if fl.lanes() == 16 { 2 } else { 4 };
+    let full = slots.len() - slots.len() % keys;
+    let mut s = 0;
+    while s < full {
+        if keys == 2 {
+            let d = vecdot_dots::<2, 2>(a, [row(s), row(s + 1)]);
+            out[s] = d[0] * scale;
+            out[s + 1] = d[1] * scale;
+        } else {
+            let d = vecdot_dots::<1, 4>(a, std::array::from_fn(|k| row(s + k)));
+            for (k, d) in d.iter().enumerate() {
+                out[s + k] = d * scale;
+            }
+        }
+        s += keys;
+    }
+    for s in full..slots.len() {
+        let r = std::slice::from_raw_parts(row(s).cast::<f16>(), n);
+        out[s] = dot_f16(fl, F16Order::VecDot, a, r) * scale;
     }
 }
 
