@@ -43,7 +43,20 @@ fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokeni
     Some(load_file(&model(name)?, ngl))
 }
 
+/// Our CPU path follows the llama.cpp a native build would run on this CPU: ggml's
+/// AVX-512 flavor (its exp/GELU polynomials and reduction orders) on an AVX-512 machine.
+/// ggml-sys builds ggml's CPU backend as one AVX2 variant (GGML_NATIVE cannot be combined
+/// with GGML_BACKEND_DL), so the CPU path is compared in that flavor: on an AVX-512 EPYC
+/// the two flavors alone put smollm2's perplexity 0.64% apart (AVX-512 18.3761, AVX2
+/// 18.4936), more than the graph-bug bar, while the device in the AVX2 flavor matches the
+/// CPU path exactly. Set before any model runs (the flavor is read once per process).
+fn compare_in_ggml_sys_flavor() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("RLLAMA_GGML_FLAVOR", "avx2"));
+}
+
 fn load_file(path: &std::path::Path, ngl: usize) -> (Model, Arc<runtime::tokenizer::Tokenizer>) {
+    compare_in_ggml_sys_flavor();
     let f = ModelFile::open(path.to_str().unwrap()).unwrap();
     let mut m = f.model().unwrap();
     let spec = OffloadSpec {
@@ -257,6 +270,7 @@ fn qwen2_offload_agrees() {
 
 #[test]
 fn out_of_device_memory_names_how_many_layers_fit() {
+    compare_in_ggml_sys_flavor();
     if !ggml_sys::available_or_skip() {
         return;
     }
