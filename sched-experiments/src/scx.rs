@@ -507,7 +507,7 @@ pub(crate) mod testutil {
         let enable = |name: &str| {
             format!(
                 "echo enabling > {e}/state; sleep 0.1; echo {name} > {e}/root/ops; \
-                 echo enabled > {e}/state; echo $(( $(cat {e}/enable_seq) + 1 )) > {e}/enable_seq\n"
+                 echo $(( $(cat {e}/enable_seq) + 1 )) > {e}/enable_seq; echo enabled > {e}/state\n"
             )
         };
         let trap = format!("trap 'echo disabled > {e}/state; rm -f {e}/root/ops; exit 0' INT\n");
