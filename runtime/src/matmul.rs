@@ -363,34 +363,19 @@ fn product_task(
         } else {
             ActSide::default()
         };
-        if let (Some(into), Some(packed)) = (set.packed_into, packed) {
-            // Rows repacked at load: each group of eight is one sequential stream, already
-            // in the kernel's transposed order (`o0`, `o1` are multiples of eight); a call
-            // takes `packed_rows` rows (one or two groups) where that many are left.
-            debug_assert!(
-                o0.is_multiple_of(quant::PACK_ROWS) && o1.is_multiple_of(quant::PACK_ROWS)
-            );
+        // Kernels that write straight into y (eight rows of a token are one store): over
+        // the rows repacked at load where there are some (one sequential stream per group
+        // of eight, already in the kernel's order; `o0`, `o1` are multiples of eight, so
+        // a call takes one or two whole groups), else over the file's rows.
+        let into = match (set.packed_into, packed) {
+            (Some(into), Some(packed)) => Some((into, packed, set.packed_rows)),
+            _ => set.tile_into.map(|into| (into, wdata, set.tile_rows)),
+        };
+        if let Some((into, rows_of, max_rows)) = into {
             let mut o = o0;
             while o < o1 {
-                let g = if o + set.packed_rows <= o1 {
-                    set.packed_rows
-                } else {
-                    quant::PACK_ROWS
-                };
-                let wr = &packed[o * wrb..(o + g) * wrb];
-                // SAFETY: as below, for the `g` rows of one or two groups.
-                unsafe { into(wr, g, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
-                o += g;
-            }
-            t += k;
-            continue;
-        }
-        if let Some(into) = set.tile_into {
-            // Results straight into y: eight rows of a token are one store.
-            let mut o = o0;
-            while o < o1 {
-                let rows = (o1 - o).min(set.tile_rows);
-                let wr = &wdata[o * wrb..(o + rows) * wrb];
+                let rows = (o1 - o).min(max_rows);
+                let wr = &rows_of[o * wrb..(o + rows) * wrb];
                 // SAFETY: the slots (t + c) * n_out + o + r (c < k, r < rows) are in y
                 // and in this task's columns [o0, o1), which no other task writes.
                 unsafe { into(wr, rows, a, xrb, side, k, out.0.add(t * n_out + o), n_out) };
