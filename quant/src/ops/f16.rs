@@ -76,20 +76,19 @@ pub fn scores_f16(
     check_slots("scores_f16", n, cache, slots, stride, offset);
     out.clear();
     out.resize(slots.len(), 0.0);
+    // Whole registers (Gemm) or whole VecDot steps (no f64 remainder).
     #[cfg(target_arch = "x86_64")]
-    if ord == F16Order::Gemm && n.is_multiple_of(fl.lanes()) && crate::isa::avx2() {
-        // SAFETY: the active ISA includes AVX2, FMA and F16C; whole registers; every row
-        // read was bounds-checked above; one output per slot.
-        return unsafe {
-            crate::arch::x86::f16::scores_f16_gemm(fl, a, cache, slots, stride, offset, scale, out)
-        };
-    }
+    let whole = match ord {
+        F16Order::Gemm => fl.lanes(),
+        F16Order::VecDot => 4 * fl.lanes(),
+    };
     #[cfg(target_arch = "x86_64")]
-    if ord == F16Order::VecDot && n.is_multiple_of(4 * fl.lanes()) && crate::isa::avx2() {
-        // SAFETY: as above; whole VecDot steps (no remainder).
+    if n.is_multiple_of(whole) && crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2, FMA and F16C; whole registers or steps;
+        // every row read was bounds-checked above; one output per slot.
         return unsafe {
-            crate::arch::x86::f16::scores_f16_vecdot(
-                fl, a, cache, slots, stride, offset, scale, out,
+            crate::arch::x86::f16::scores_f16_keys(
+                fl, ord, a, cache, slots, stride, offset, scale, out,
             )
         };
     }

@@ -209,52 +209,9 @@ unsafe fn vecdot_dots<const REGS: usize, const KEYS: usize>(
     std::array::from_fn(|k| vecdot_reduce::<REGS>(&acc[k]))
 }
 
-/// `out[s] = dot_f16(fl, VecDot, a, row(s)) * scale` for the rows `cache[slots[s] *
-/// stride + offset..][..a.len()]`, several rows at a time (four with 8-lane registers,
-/// two with 16: sixteen accumulators either way); the same bits as one call per row.
-///
-/// # Safety
-/// AVX2/FMA/F16C; `a.len()` is a multiple of `4 * fl.lanes()`; every row read lies in
-/// `cache`; `out.len() == slots.len()`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)] // as `ops::f16::scores_f16`, less the order
-pub(crate) unsafe fn scores_f16_vecdot(
-    fl: Flavor,
-    a: &[f32],
-    cache: &[f16],
-    slots: &[usize],
-    stride: usize,
-    offset: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let n = a.len();
-    let cp = cache.as_ptr().cast::<u16>();
-    let row = |s: usize| cp.add(slots[s] * stride + offset);
-    let keys = if fl.lanes() == 16 { 2 } else { 4 };
-    let full = slots.len() - slots.len() % keys;
-    let mut s = 0;
-    while s < full {
-        if keys == 2 {
-            let d = vecdot_dots::<2, 2>(a, [row(s), row(s + 1)]);
-            out[s] = d[0] * scale;
-            out[s + 1] = d[1] * scale;
-        } else {
-            let d = vecdot_dots::<1, 4>(a, std::array::from_fn(|k| row(s + k)));
-            for (k, d) in d.iter().enumerate() {
-                out[s + k] = d * scale;
-            }
-        }
-        s += keys;
-    }
-    for s in full..slots.len() {
-        let r = std::slice::from_raw_parts(row(s).cast::<f16>(), n);
-        out[s] = dot_f16(fl, F16Order::VecDot, a, r) * scale;
-    }
-}
-
-/// Keys scored together by [`scores_f16_gemm`]: four independent FMA chains instead of
-/// one latency-bound chain per key.
+/// Keys scored together by [`scores_f16_keys`]: four independent FMA chains instead of
+/// one latency-bound chain per key (two in the VecDot order with 16 lanes, which keeps
+/// four accumulators per key).
 const SCORE_KEYS: usize = 4;
 
 /// `dot_f16(fl, F16Order::Gemm, a, row)` for `SCORE_KEYS` rows at once (`REGS` = the
@@ -293,16 +250,19 @@ unsafe fn gemm_dots<const REGS: usize>(
     })
 }
 
-/// `out[s] = dot_f16(fl, Gemm, a, row(s)) * scale` for the rows `cache[slots[s] * stride +
-/// offset..][..a.len()]`, `SCORE_KEYS` rows at a time; the same bits as one call per row.
+/// `out[s] = dot_f16(fl, ord, a, row(s)) * scale` for the rows `cache[slots[s] * stride +
+/// offset..][..a.len()]`, several rows at a time (`gemm_dots`, `vecdot_dots`); the same
+/// bits as one call per row.
 ///
 /// # Safety
-/// AVX2/FMA/F16C; `a.len()` is a multiple of `fl.lanes()`; every row read lies in
-/// `cache`; `out.len() == slots.len()`.
+/// AVX2/FMA/F16C; `a.len()` is a multiple of `fl.lanes()` (Gemm) or of `4 * fl.lanes()`
+/// (VecDot: no f64 remainder); every row read lies in `cache`; `out.len() ==
+/// slots.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)] // as `ops::f16::scores_f16`, less the order
-pub(crate) unsafe fn scores_f16_gemm(
+#[allow(clippy::too_many_arguments)] // as `ops::f16::scores_f16`
+pub(crate) unsafe fn scores_f16_keys(
     fl: Flavor,
+    ord: F16Order,
     a: &[f32],
     cache: &[f16],
     slots: &[usize],
@@ -314,22 +274,32 @@ pub(crate) unsafe fn scores_f16_gemm(
     let n = a.len();
     let cp = cache.as_ptr().cast::<u16>();
     let row = |s: usize| cp.add(slots[s] * stride + offset);
-    let full = slots.len() - slots.len() % SCORE_KEYS;
+    let wide = fl.lanes() == 16;
+    let keys = if ord == F16Order::VecDot && wide {
+        2
+    } else {
+        SCORE_KEYS
+    };
+    let full = slots.len() - slots.len() % keys;
+    let mut d = [0.0f32; SCORE_KEYS];
     let mut s = 0;
     while s < full {
-        let rows = std::array::from_fn(|k| row(s + k));
-        let d = if fl.lanes() == 16 {
-            gemm_dots::<2>(a, rows)
-        } else {
-            gemm_dots::<1>(a, rows)
-        };
-        for k in 0..SCORE_KEYS {
+        let rows = || std::array::from_fn(|k| row(s + k));
+        match (ord, wide) {
+            (F16Order::Gemm, true) => d = gemm_dots::<2>(a, rows()),
+            (F16Order::Gemm, false) => d = gemm_dots::<1>(a, rows()),
+            (F16Order::VecDot, true) => {
+                d[..2].copy_from_slice(&vecdot_dots::<2, 2>(a, [row(s), row(s + 1)]))
+            }
+            (F16Order::VecDot, false) => d = vecdot_dots::<1, 4>(a, rows()),
+        }
+        for k in 0..keys {
             out[s + k] = d[k] * scale;
         }
-        s += SCORE_KEYS;
+        s += keys;
     }
     for s in full..slots.len() {
         let r = std::slice::from_raw_parts(row(s).cast::<f16>(), n);
-        out[s] = dot_f16(fl, F16Order::Gemm, a, r) * scale;
+        out[s] = dot_f16(fl, ord, a, r) * scale;
     }
 }
