@@ -281,4 +281,6 @@ pub(crate) struct KernelRow {
     pub packed_into: Option<TileIntoFn>,
     /// Rows `packed_into` takes per call at most: 8 (one group) or 16 (two).
     pub packed_rows: usize,
+    /// Most activation rows one `packed_into` call takes.
+    pub packed_tokens: usize,
 }

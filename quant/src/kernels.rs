@@ -50,6 +50,8 @@ pub struct KernelSet {
     /// Rows `packed_into` takes per call at most (whole groups of eight: 8 or 16); a call
     /// may always take one group of eight.
     pub packed_rows: usize,
+    /// Most activation rows one `packed_into` call takes.
+    pub packed_tokens: usize,
     offset_sums: bool,
 }
 
@@ -80,6 +82,7 @@ impl KernelSet {
             tile_into: r.tile_into,
             packed_into: r.packed_into,
             packed_rows: r.packed_rows,
+            packed_tokens: r.packed_tokens,
             offset_sums: r.offset_sums,
         }
     }
@@ -173,6 +176,7 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         tile_into: None,
         packed_into: None,
         packed_rows: crate::PACK_ROWS,
+        packed_tokens: crate::contract::TILE_MAX_TOKENS,
     }
 }
 
@@ -203,6 +207,10 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q5_0, Fast, q5_0::vec_dot_q8_0_fast),
         scalar_row(T::Q5_1, Fast, q5_1::vec_dot_q8_1_fast),
         scalar_row(T::Q8_0, Fast, q8_0::vec_dot_q8_0_fast),
+        // The K-quants' fast orders are orders llama.cpp has: the one whose integer sums
+        // per super-block let rows sit in register lanes.
+        scalar_row(T::Q4_K, Fast, q4_k::vec_dot_q8k),
+        scalar_row(T::Q6_K, Fast, q6_k::vec_dot_q8k_tiled),
     ]
 };
 

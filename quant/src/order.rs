@@ -32,11 +32,13 @@ pub enum DotOrder {
     /// The repacked `gemm_q4_K_8x8` for tokens in full groups of four: scales applied per
     /// 64 elements, activations quantized with the 4x8 Q8_K rounding.
     Gemm4,
-    /// Not llama.cpp's: one exact integer sum per 32-element block and one FMA per block
-    /// (`acc = (dx * dy).mul_add(sumi, acc)`, then `m * s` for the formats with a min).
-    /// Fewer float operations than ggml's eight lanes per block, so the SIMD kernels can
-    /// put eight weight rows in the lanes of one register; the default outside `--exact`.
-    /// Only the 32-element formats have it (others sum like `Single`).
+    /// For the 32-element formats, not llama.cpp's: one exact integer sum per 32-element
+    /// block and one FMA per block (`acc = (dx * dy).mul_add(sumi, acc)`, then `m * s`
+    /// for the formats with a min). Fewer float operations than ggml's eight lanes per
+    /// block, so the SIMD kernels can put eight weight rows in the lanes of one register.
+    /// Q4_K's is its `Single` order and Q6_K's its `Tiled` one, both of which form exact
+    /// integer sums per super-block, for every token (rows in lanes as well). Other
+    /// formats sum like `Single`. Used by `Numerics::Fast`.
     Fast,
 }
 

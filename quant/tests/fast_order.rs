@@ -19,6 +19,9 @@ const FAST_TYPES: [GgmlType; 5] = [
     GgmlType::Q8_0,
 ];
 
+/// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
+const K_TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+
 fn floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
     let spike = rng.gen_bool(0.3);
     (0..n)
@@ -43,7 +46,8 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, n: usize, raw: bool) -> Vec<u8> {
     }
     rng.fill(&mut out[..]);
     let fields: &[usize] = match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
         _ => &[0],
     };
     for b in out.chunks_exact_mut(ty.type_size()) {
@@ -169,21 +173,39 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
 }
 
 /// Rows repacked by `pack8` give, through each fast set's `packed_into`, the twin's bits:
-/// several groups of eight rows, one to 64 tokens, with and without side data.
+/// several groups of eight rows, one to 64 tokens, with and without side data; the
+/// 32-element formats and the K-quants.
 #[test]
 fn packed_kernels_match_the_twin() {
     let mut rng = StdRng::seed_from_u64(0x9ac8);
     let mut checked = 0;
     let mut wide_calls = 0;
-    for ty in FAST_TYPES {
+    // Every fast order, and Q4_K's llama.cpp orders (its exact mode reads packed rows).
+    let cases = FAST_TYPES
+        .into_iter()
+        .chain(K_TYPES)
+        .map(|ty| (ty, DotOrder::Fast))
+        .chain([
+            (GgmlType::Q4_K, DotOrder::Single),
+            (GgmlType::Q4_K, DotOrder::Gemm4),
+        ]);
+    for (ty, order) in cases {
         assert!(quant::packs(ty));
-        let twin = kernels::scalar(ty, DotOrder::Fast).expect("every fast type has a twin");
+        let twin = kernels::scalar(ty, order).expect("every order has a twin");
         let sets: Vec<_> = kernels::available()
             .into_iter()
-            .filter(|k| k.ty == ty && k.order == DotOrder::Fast && k.packed_into.is_some())
+            .filter(|k| k.ty == ty && k.order == order && k.packed_into.is_some())
             .collect();
-        for (blocks, groups) in [(1usize, 1usize), (3, 2), (28, 3), (77, 1)] {
-            let n = blocks * 32;
+        if Isa::Avx2.available() {
+            assert!(!sets.is_empty(), "{ty} {order:?}: no packed kernel");
+        }
+        let shapes: &[(usize, usize)] = if K_TYPES.contains(&ty) {
+            &[(1, 1), (3, 2), (14, 3), (5, 4)]
+        } else {
+            &[(1, 1), (3, 2), (28, 3), (77, 1)]
+        };
+        for &(blocks, groups) in shapes {
+            let n = blocks * ty.block_size();
             let rows = groups * quant::PACK_ROWS;
             let raw = rng.gen_bool(0.5);
             let w: Vec<Vec<u8>> = (0..rows)
@@ -245,7 +267,7 @@ fn packed_kernels_match_the_twin() {
                                 assert_eq!(
                                     m[c * rows + r].to_bits(),
                                     want[r][c].to_bits(),
-                                    "{ty} {} packed n={n} ({r},{c}) of {rows}x{cols}",
+                                    "{ty} {order:?} {} packed n={n} ({r},{c}) of {rows}x{cols}",
                                     k.isa
                                 );
                             }
@@ -316,7 +338,21 @@ fn fast_lookups_stay_on_simd() {
             assert_eq!(k.tile_rows, 8);
         }
     }
-    // K-quants have no fast kernels: they keep their exact order.
-    let k = kernels::kernels(GgmlType::Q6_K, DotOrder::Fast).unwrap();
-    assert_eq!(k.order, DotOrder::Single);
+    // The K-quants' fast orders sum like one of llama.cpp's (Q4_K: gemv, Q6_K: tiled),
+    // with a packed tile on every x86 level.
+    for (ty, like) in [
+        (GgmlType::Q4_K, DotOrder::Single),
+        (GgmlType::Q6_K, DotOrder::Tiled),
+    ] {
+        let twin = kernels::scalar(ty, DotOrder::Fast).unwrap().dot;
+        assert_eq!(
+            twin as usize,
+            kernels::scalar(ty, like).unwrap().dot as usize
+        );
+        let k = kernels::kernels(ty, DotOrder::Fast).unwrap();
+        if Isa::Avx2.available() {
+            assert_eq!(k.order, DotOrder::Fast, "{ty}");
+            assert!(k.packed_into.is_some(), "{ty}");
+        }
+    }
 }

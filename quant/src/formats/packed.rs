@@ -14,9 +14,12 @@
 //! * for Q5_0 / Q5_1, 32 bytes of fifth bits: bit `k` of byte `b` is the fifth bit of
 //!   byte `b` of register `k`.
 //!
+//! The K-quants Q4_K and Q6_K are packed the same way per 256-element super-block, with
+//! their sub-block scales unpacked and transposed too ([`pack8`] documents the layouts).
+//!
 //! A block of a group is exactly eight blocks' bytes, so a group occupies the bytes of its
 //! eight rows and row offsets keep their meaning. The values are the same, only their
-//! places move: a packed kernel returns the bits of the unpacked fast-order kernel.
+//! places move: a packed kernel returns the bits of the unpacked kernel of its order.
 
 use crate::{GgmlType, QuantError};
 
@@ -27,7 +30,13 @@ pub const PACK_ROWS: usize = 8;
 pub fn packs(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -85,16 +94,45 @@ fn elements(l: &Layout, b: &[u8]) -> [u8; 32] {
 
 /// Repacks `src`, whole rows of `n_in` elements of `ty` whose count is a multiple of
 /// [`PACK_ROWS`], into `dst` (the same length) in the layout above.
+///
+/// The K-quants, per super-block of a group (the bytes of eight source blocks), rows
+/// `r < 8`, register `k` holding elements `4k..4k+4` of every row as above:
+///
+/// * Q4_K (8 x 144 bytes): the rows' `d` (f16 x 8), their `dmin` (f16 x 8); 64 bytes, byte
+///   `8b + r` = sub-block `b`'s 6-bit scale plus bits 4..6 of its min in bits 6..8; 32
+///   bytes of the mins' low nibbles (entry `i = 8b + r` in byte `i % 32`, high nibble for
+///   `i >= 32`); then per sub-block `b` (32 elements, registers 0..8 of it) 128 bytes of
+///   quants, four vectors as for Q4_0.
+/// * Q6_K (8 x 210 bytes): the rows' `d` (f16 x 8); 128 bytes of signed scales, byte
+///   `8s + r` for 16-element sub-block `s`; then eight units of 192 bytes, unit `j` holding
+///   registers `8j..8j+8` of the unsigned 6-bit quants (`q + 32`): four vectors of low
+///   nibbles (vector `v`: register `8j + 2v` in its low nibbles, `8j + 2v + 1` in its high
+///   ones), then two vectors of top bit pairs (vector `h`: register `8j + 4h + i`'s pair
+///   in bits `2i..2i+2`). Every kernel reads a super-block front to back: the hardware
+///   prefetchers see one ascending stream (two interleaved ones halved decode's
+///   bandwidth).
 pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    let l = layout(ty).ok_or(QuantError::Unsupported { ty, op: "pack8" })?;
-    if n_in == 0 || !n_in.is_multiple_of(32) {
+    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+    let l = match layout(ty) {
+        Some(l) => l,
+        None if k_quant => Layout {
+            wb: ty.type_size(),
+            heads: 0,
+            qs: 0,
+            qh: None,
+            eight_bit: false,
+        },
+        None => return Err(QuantError::Unsupported { ty, op: "pack8" }),
+    };
+    let be = ty.block_size();
+    if n_in == 0 || !n_in.is_multiple_of(be) {
         return Err(QuantError::NotBlockMultiple {
             ty,
             n: n_in,
-            block: 32,
+            block: be,
         });
     }
-    let rb = n_in / 32 * l.wb;
+    let rb = n_in / be * l.wb;
     let groups = src.len() / (rb * PACK_ROWS);
     if src.len() != dst.len() || src.len() != groups * rb * PACK_ROWS {
         return Err(QuantError::SizeMismatch {
@@ -109,6 +147,19 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
         .chunks_exact(rb * PACK_ROWS)
         .zip(dst.chunks_exact_mut(rb * PACK_ROWS))
     {
+        if k_quant {
+            for i in 0..nb {
+                let out = &mut gd[i * PACK_ROWS * l.wb..(i + 1) * PACK_ROWS * l.wb];
+                out.fill(0);
+                let block = |r: usize| &gs[r * rb + i * l.wb..r * rb + (i + 1) * l.wb];
+                if ty == GgmlType::Q4_K {
+                    pack_q4_k(block, out);
+                } else {
+                    pack_q6_k(block, out);
+                }
+            }
+            continue;
+        }
         for i in 0..nb {
             let out = &mut gd[i * PACK_ROWS * l.wb..(i + 1) * PACK_ROWS * l.wb];
             out.fill(0);
@@ -144,4 +195,52 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// One super-block of a Q4_K group (`block(r)`: row `r`'s source block) into `out`.
+fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    use super::common::Block;
+    use super::q4_k::BlockQ4K;
+    use super::search::get_scale_min_k4;
+    for r in 0..PACK_ROWS {
+        let b = BlockQ4K::read(block(r));
+        out[2 * r..2 * r + 2].copy_from_slice(&b.d.to_le_bytes());
+        out[16 + 2 * r..18 + 2 * r].copy_from_slice(&b.dmin.to_le_bytes());
+        for s in 0..8 {
+            let (sc, mn) = get_scale_min_k4(s, &b.scales);
+            let i = 8 * s + r;
+            out[32 + i] = sc | ((mn >> 4) << 6);
+            out[96 + i % 32] |= (mn & 0x0f) << (4 * (i / 32));
+            // Sub-block s: low nibbles of qs[32(s/2)..] for even s, high ones for odd.
+            let q = &b.qs[32 * (s / 2)..32 * (s / 2) + 32];
+            for (j, &byte) in q.iter().enumerate() {
+                let v = if s % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                let k = j / 4;
+                out[128 + 128 * s + 32 * (k / 2) + 4 * r + j % 4] |= v << (4 * (k % 2));
+            }
+        }
+    }
+}
+
+/// One super-block of a Q6_K group into `out`.
+fn pack_q6_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    use super::common::Block;
+    use super::q6_k::BlockQ6K;
+    for r in 0..PACK_ROWS {
+        let b = BlockQ6K::read(block(r));
+        out[2 * r..2 * r + 2].copy_from_slice(&b.d.to_le_bytes());
+        for (s, &sc) in b.scales.iter().enumerate() {
+            out[16 + 8 * s + r] = sc as u8;
+        }
+        for (e, &q) in b.unpack().iter().enumerate() {
+            let u = (q + 32) as u8;
+            let k = e / 4;
+            // Unit j = k / 8 (registers 8j..8j+8) at 144 + 192j: its four nibble vectors,
+            // then its two bit-pair vectors.
+            let unit = 144 + 192 * (k / 8);
+            let k8 = k % 8;
+            out[unit + 32 * (k8 / 2) + 4 * r + e % 4] |= (u & 0x0f) << (4 * (k8 % 2));
+            out[unit + 128 + 32 * (k8 / 4) + 4 * r + e % 4] |= (u >> 4) << (2 * (k8 % 4));
+        }
+    }
 }

@@ -125,7 +125,7 @@ impl Block for BlockQ6K {
 impl BlockQ6K {
     /// The 256 signed quants (`-32..=31`) in element order.
     #[inline]
-    fn unpack(&self) -> [i8; QK_K] {
+    pub(crate) fn unpack(&self) -> [i8; QK_K] {
         let mut q = [0i8; QK_K];
         for h in 0..2 {
             let (ql, qh) = (&self.ql[64 * h..64 * h + 64], &self.qh[32 * h..32 * h + 32]);

@@ -567,7 +567,7 @@ const FAST_CHUNK: usize = 32;
 /// `ymm` register would otherwise be refused.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bcast4(p: *const u8) -> __m256i {
+pub(super) unsafe fn bcast4(p: *const u8) -> __m256i {
     let v: __m256i;
     core::arch::asm!(
         "vpbroadcastd {v}, dword ptr [{p}]",

@@ -18,7 +18,8 @@
 //!   many rows were computed with it; the one-row entry points are their N = 1 instances.
 //!
 //! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
-//! `f16` (attention's f32 x f16 products).
+//! `kpacked` (K-quants on rows repacked by `crate::pack8`), `f16` (attention's f32 x f16
+//! products).
 
 use crate::contract::{DotFn, KernelRow, TileFn, TileIntoFn};
 use crate::isa::Isa;
@@ -39,6 +40,7 @@ macro_rules! single_from_many {
 }
 
 pub(crate) mod f16;
+mod kpacked;
 mod kquants;
 mod legacy;
 mod simd;
@@ -63,6 +65,7 @@ const fn row(
         tile_into: None,
         packed_into: None,
         packed_rows: crate::PACK_ROWS,
+        packed_tokens: crate::contract::TILE_MAX_TOKENS,
     }
 }
 
@@ -86,6 +89,7 @@ const fn fast_row(
         tile_into: Some(into),
         packed_into: Some(packed),
         packed_rows: crate::PACK_ROWS,
+        packed_tokens: crate::contract::FAST_TILE_TOKENS,
     }
 }
 
@@ -103,15 +107,38 @@ const fn fast_row512(
     }
 }
 
+/// A K-quant row with a packed tile (`packed_rows` rows per call): the one-row and tile
+/// kernels over the file's rows are the AVX2 ones of the same order at every level.
+/// Q4_K's llama.cpp orders have one (its repacked matrices, rows a multiple of eight),
+/// and the K-quants' fast orders, which sum like one of llama.cpp's (`DotOrder::Fast`).
+const fn packed_row_k(
+    (ty, order, isa): (GgmlType, DotOrder, Isa),
+    (dot, tile): (DotFn, TileFn),
+    packed: TileIntoFn,
+    packed_rows: usize,
+) -> KernelRow {
+    KernelRow {
+        packed_into: Some(packed),
+        packed_rows,
+        packed_tokens: crate::contract::FAST_TILE_TOKENS,
+        ..row(ty, order, isa, dot, Some(tile), false)
+    }
+}
+
 /// The x86 rows of the kernel table. Formats missing at a level fall back to the level
 /// below (`Isa::fallbacks`): the K-quants have no VNNI variant, so an AVX2+VNNI CPU runs
 /// their AVX2 rows.
 #[rustfmt::skip]
 pub(crate) const ROWS: &[KernelRow] = {
-    use DotOrder::{Gemm4, Single, Tiled};
+    use DotOrder::{Fast, Gemm4, Single, Tiled};
     use GgmlType as T;
-    use Isa::{Avx2, Avx2Vnni};
+    use Isa::{Avx2, Avx2Vnni, Avx512};
+    use kpacked as p;
     use kquants as k;
+    const P16: usize = p::PACKED512_ROWS;
+    const Q4K_SINGLE: (DotFn, TileFn) = (k::q4_k_q8_k, k::q4_k_many_entry);
+    const Q4K_GEMM4: (DotFn, TileFn) = (k::q4_k_q8_k_gemm4, k::q4_k_gemm4_many_entry);
+    const Q6K_TILED: (DotFn, TileFn) = (k::q6_k_q8_k_tiled, k::q6_k_tiled_many_entry);
     use legacy as l;
     &[
         row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), false),
@@ -125,9 +152,13 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
         row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false),
         row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
-        row(T::Q4_K, Single, Avx2, k::q4_k_q8_k, Some(k::q4_k_many_entry), false),
+        packed_row_k((T::Q4_K, Single, Avx2), Q4K_SINGLE, p::q4_k_packed_avx2, 8),
+        packed_row_k((T::Q4_K, Single, Avx2Vnni), Q4K_SINGLE, p::q4_k_packed_vnni, 8),
+        packed_row_k((T::Q4_K, Single, Avx512), Q4K_SINGLE, p::q4_k_packed_512, P16),
         row(T::Q4_K, Tiled, Avx2, k::q4_k_q8_k_tiled, Some(k::q4_k_tiled_many_entry), false),
-        row(T::Q4_K, Gemm4, Avx2, k::q4_k_q8_k_gemm4, Some(k::q4_k_gemm4_many_entry), false),
+        packed_row_k((T::Q4_K, Gemm4, Avx2), Q4K_GEMM4, p::q4_k_gemm4_packed_avx2, 8),
+        packed_row_k((T::Q4_K, Gemm4, Avx2Vnni), Q4K_GEMM4, p::q4_k_gemm4_packed_vnni, 8),
+        packed_row_k((T::Q4_K, Gemm4, Avx512), Q4K_GEMM4, p::q4_k_gemm4_packed_512, P16),
         row(T::Q6_K, Single, Avx2, k::q6_k_q8_k, Some(k::q6_k_many_entry), false),
         row(T::Q6_K, Tiled, Avx2, k::q6_k_q8_k_tiled, Some(k::q6_k_tiled_many_entry), false),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
@@ -150,5 +181,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         fast_row512(T::Q5_0, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed512_into), true),
         fast_row512(T::Q5_1, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed512_into), false),
         fast_row512(T::Q8_0, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed512_into), true),
+        // The K-quants' fast orders (Q4_K: `Single`, Q6_K: `Tiled`) on packed rows.
+        packed_row_k((T::Q4_K, Fast, Avx2), Q4K_SINGLE, p::q4_k_packed_avx2, 8),
+        packed_row_k((T::Q4_K, Fast, Avx2Vnni), Q4K_SINGLE, p::q4_k_packed_vnni, 8),
+        packed_row_k((T::Q4_K, Fast, Avx512), Q4K_SINGLE, p::q4_k_packed_512, P16),
+        packed_row_k((T::Q6_K, Fast, Avx2), Q6K_TILED, p::q6_k_packed_avx2, 8),
+        packed_row_k((T::Q6_K, Fast, Avx2Vnni), Q6K_TILED, p::q6_k_packed_vnni, 8),
+        packed_row_k((T::Q6_K, Fast, Avx512), Q6K_TILED, p::q6_k_packed_512, P16),
     ]
 };

@@ -1,0 +1,799 @@
+//! The K-quants (Q4_K, Q6_K) on rows repacked by `crate::pack8`: eight rows per 256-bit
+//! register lane group, or sixteen (two groups) per 512-bit register with AVX-512, as the
+//! 32-element formats' fast kernels do.
+//!
+//! Every order these kernels follow forms one exact integer sum per row and super-block
+//! (or per 64-element chunk) before any float step, so rows can sit in the lanes of a
+//! register and still give the scalar twin's bits:
+//!
+//! * Q4_K, [`DotOrder::Single`] (`q4_k::vec_dot_q8k`, llama.cpp's `gemv_q4_K_8x8`):
+//!   `acc = fma(f32(s1), d·y.d, acc)`, `acc_m = fma(f32(s2), dmin·y.d, acc_m)` per
+//!   super-block; also the K-quant fast order (`DotOrder::Fast` for Q4_K sums like this).
+//! * Q4_K, [`DotOrder::Gemm4`] (`q4_k::vec_dot_q8k_gemm4`): the same per 64-element chunk.
+//! * Q6_K, [`DotOrder::Tiled`] (`q6_k::vec_dot_q8k_tiled`, llama.cpp's tiled GEMM):
+//!   `acc = fma(f32(s1)·d, y.d, acc)` per super-block; also Q6_K's fast order.
+//!
+//! The integer sums, per sub-block and row: `scale · Σ q·y`. With VNNI, `vpdpbusd` forms
+//! `Σ q·y` in i32 and one `vpmulld` applies the scale; without it, `maddubs` products
+//! are summed in i16 while they provably fit (eight registers of 4-bit weights: at most
+//! 16·15·127 = 30480; two of 6-bit ones: 4·63·127 = 32004) and `pmaddwd` with the scale
+//! in both i16 halves widens and scales in one step. The Q4_K mins (`Σ m·bsum32`) and the
+//! Q6_K offset (`32·Σ sc·bsums`) are `pmaddwd`s of i16 pairs. All of it is exact, so every
+//! width and instruction choice gives the same sums, then the same float steps per lane.
+
+use core::arch::x86_64::*;
+
+use super::legacy::bcast4;
+use super::simd::{ld128, ld256};
+use crate::contract::{check_tile_rows, ActSide, FAST_TILE_TOKENS};
+use crate::formats::common::Block;
+use crate::formats::q4_k::BlockQ4K;
+use crate::formats::q6_k::BlockQ6K;
+use crate::formats::q8_k::BlockQ8K;
+
+/// Registers (of `ROWS` rows x 4 elements) per super-block.
+const REGS: usize = 64;
+/// Offsets in a Q8_K block.
+const Y_QS: usize = 4;
+const Y_BSUMS: usize = 260;
+
+/// A register holding one i32 (or f32) lane per weight row: 8 rows (ymm) or 16 (zmm, two
+/// groups). The kernels are written once against this, and instantiated inside functions
+/// that enable the features each implementation uses.
+trait Rows: Copy {
+    // Weight rows per register: 8 (ymm) or 16 (zmm, two groups).
+    type I: Copy;
+    type F: Copy;
+    /// One register from a 256-bit part per group (`f(g)` for group `g`).
+    unsafe fn gather(f: impl Fn(usize) -> __m256i) -> Self::I;
+    unsafe fn gather_f(f: impl Fn(usize) -> __m256) -> Self::F;
+    unsafe fn zero() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn set1(x: i32) -> Self::I;
+    unsafe fn set1_ps(x: f32) -> Self::F;
+    unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn sub(a: Self::I, b: Self::I) -> Self::I;
+    unsafe fn shl5(a: Self::I) -> Self::I;
+    /// i16 pairs times i16 pairs, adjacent products summed into i32 (`pmaddwd`).
+    unsafe fn madd(a: Self::I, b: Self::I) -> Self::I;
+    /// A sub-block scale (i32 per lane) in the form [`Rows::sub_sums`] takes.
+    unsafe fn scale(sc: Self::I) -> Self::I;
+    /// For each of `Q` tokens, `acc[q] += scale · Σ_{k<NREG} dot4(t[k], y_q + 4k)`, with
+    /// `dot4` the per-lane product of four unsigned weight bytes (at most `2^BITS - 1`)
+    /// with four signed activation bytes.
+    unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
+        t: &[Self::I],
+        ys: [*const u8; Q],
+        scale: Self::I,
+        acc: &mut [Self::I; Q],
+    );
+    unsafe fn cvt(a: Self::I) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    /// `a · b + c`, one rounding.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn sub_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn store(p: *mut f32, v: Self::F);
+}
+
+/// Eight rows, AVX2 without VNNI (`maddubs` + `pmaddwd`).
+#[derive(Clone, Copy)]
+struct Y2;
+/// Eight rows, AVX2 with VNNI on ymm registers (`vpdpbusd`).
+#[derive(Clone, Copy)]
+struct Yv;
+/// Sixteen rows, AVX-512 with VNNI.
+#[derive(Clone, Copy)]
+struct Z;
+
+macro_rules! ymm_common {
+    () => {
+        type I = __m256i;
+        type F = __m256;
+        #[inline(always)]
+        unsafe fn gather(f: impl Fn(usize) -> __m256i) -> __m256i {
+            f(0)
+        }
+        #[inline(always)]
+        unsafe fn gather_f(f: impl Fn(usize) -> __m256) -> __m256 {
+            f(0)
+        }
+        #[inline(always)]
+        unsafe fn zero() -> __m256i {
+            _mm256_setzero_si256()
+        }
+        #[inline(always)]
+        unsafe fn zero_f() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn set1(x: i32) -> __m256i {
+            _mm256_set1_epi32(x)
+        }
+        #[inline(always)]
+        unsafe fn set1_ps(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_add_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_sub_epi32(a, b)
+        }
+        #[inline(always)]
+        unsafe fn shl5(a: __m256i) -> __m256i {
+            _mm256_slli_epi32::<5>(a)
+        }
+        #[inline(always)]
+        unsafe fn madd(a: __m256i, b: __m256i) -> __m256i {
+            _mm256_madd_epi16(a, b)
+        }
+        #[inline(always)]
+        unsafe fn cvt(a: __m256i) -> __m256 {
+            _mm256_cvtepi32_ps(a)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn sub_f(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+    };
+}
+
+impl Rows for Y2 {
+    ymm_common!();
+    #[inline(always)]
+    unsafe fn scale(sc: __m256i) -> __m256i {
+        // The i16 scale in both halves of its lane, for `pmaddwd`.
+        _mm256_or_si256(
+            _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
+            _mm256_slli_epi32::<16>(sc),
+        )
+    }
+    #[inline(always)]
+    unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
+        t: &[__m256i],
+        ys: [*const u8; Q],
+        scale: __m256i,
+        acc: &mut [__m256i; Q],
+    ) {
+        // Registers whose maddubs pairs may be summed in i16 without overflow.
+        let run = if BITS <= 4 { 8 } else { 2 };
+        let mut k0 = 0;
+        while k0 < NREG {
+            let mut s = [_mm256_setzero_si256(); Q];
+            for k in k0..k0 + run.min(NREG - k0) {
+                let w = t[k];
+                for q in 0..Q {
+                    let p = _mm256_maddubs_epi16(w, bcast4(ys[q].add(4 * k)));
+                    s[q] = _mm256_add_epi16(s[q], p);
+                }
+            }
+            for q in 0..Q {
+                acc[q] = _mm256_add_epi32(acc[q], _mm256_madd_epi16(s[q], scale));
+            }
+            k0 += run;
+        }
+    }
+}
+
+impl Rows for Yv {
+    ymm_common!();
+    #[inline(always)]
+    unsafe fn scale(sc: __m256i) -> __m256i {
+        sc
+    }
+    #[inline(always)]
+    unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
+        t: &[__m256i],
+        ys: [*const u8; Q],
+        scale: __m256i,
+        acc: &mut [__m256i; Q],
+    ) {
+        let mut s0 = [_mm256_setzero_si256(); Q];
+        let mut s1 = [_mm256_setzero_si256(); Q];
+        for k in (0..NREG).step_by(2) {
+            let (w0, w1) = (t[k], t[k + 1]);
+            for q in 0..Q {
+                s0[q] = _mm256_dpbusd_epi32(s0[q], w0, bcast4(ys[q].add(4 * k)));
+                s1[q] = _mm256_dpbusd_epi32(s1[q], w1, bcast4(ys[q].add(4 * k + 4)));
+            }
+        }
+        for q in 0..Q {
+            let p = _mm256_add_epi32(s0[q], s1[q]);
+            acc[q] = _mm256_add_epi32(acc[q], _mm256_mullo_epi32(p, scale));
+        }
+    }
+}
+
+impl Rows for Z {
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn gather(f: impl Fn(usize) -> __m256i) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(f(0)), f(1))
+    }
+    #[inline(always)]
+    unsafe fn gather_f(f: impl Fn(usize) -> __m256) -> __m512 {
+        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(f(0)), f(1))
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn set1(x: i32) -> __m512i {
+        _mm512_set1_epi32(x)
+    }
+    #[inline(always)]
+    unsafe fn set1_ps(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_sub_epi32(a, b)
+    }
+    #[inline(always)]
+    unsafe fn shl5(a: __m512i) -> __m512i {
+        _mm512_slli_epi32::<5>(a)
+    }
+    #[inline(always)]
+    unsafe fn madd(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_madd_epi16(a, b)
+    }
+    #[inline(always)]
+    unsafe fn scale(sc: __m512i) -> __m512i {
+        sc
+    }
+    #[inline(always)]
+    unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
+        t: &[__m512i],
+        ys: [*const u8; Q],
+        scale: __m512i,
+        acc: &mut [__m512i; Q],
+    ) {
+        let bc = |p: *const u8| _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
+        let mut s0 = [_mm512_setzero_si512(); Q];
+        let mut s1 = [_mm512_setzero_si512(); Q];
+        for k in (0..NREG).step_by(2) {
+            let (w0, w1) = (t[k], t[k + 1]);
+            for q in 0..Q {
+                s0[q] = _mm512_dpbusd_epi32(s0[q], w0, bc(ys[q].add(4 * k)));
+                s1[q] = _mm512_dpbusd_epi32(s1[q], w1, bc(ys[q].add(4 * k + 4)));
+            }
+        }
+        for q in 0..Q {
+            let p = _mm512_add_epi32(s0[q], s1[q]);
+            acc[q] = _mm512_add_epi32(acc[q], _mm512_mullo_epi32(p, scale));
+        }
+    }
+    #[inline(always)]
+    unsafe fn cvt(a: __m512i) -> __m512 {
+        _mm512_cvtepi32_ps(a)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn sub_f(a: __m512, b: __m512) -> __m512 {
+        _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+}
+
+/// One validated packed call: `rows` weight rows (`ROWS` of the instantiation) of `nb`
+/// super-blocks, the groups `group` bytes apart at `w`; `n` activation rows `stride` bytes
+/// apart at `a`; result (r, c) to `out[c * out_stride + r]`.
+#[derive(Clone, Copy)]
+struct KCall {
+    w: *const u8,
+    group: usize,
+    nb: usize,
+    a: *const u8,
+    stride: usize,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+}
+
+/// The low nibbles (`HI = false`) or high nibbles of 32 bytes.
+#[inline(always)]
+unsafe fn nib<const HI: bool>(v: __m256i) -> __m256i {
+    let m = _mm256_set1_epi8(0x0f);
+    if HI {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m)
+    } else {
+        _mm256_and_si256(v, m)
+    }
+}
+
+/// Eight bytes at `p` widened to i32 lanes, unsigned or (`SIGNED`) signed.
+#[inline(always)]
+unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> __m256i {
+    let v = _mm_loadl_epi64(p.cast());
+    if SIGNED {
+        _mm256_cvtepi8_epi32(v)
+    } else {
+        _mm256_cvtepu8_epi32(v)
+    }
+}
+
+/// Eight f16 at `p` as f32 lanes.
+#[inline(always)]
+unsafe fn halfs8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(ld128(p))
+}
+
+/// `lo` in the low i16 of each lane, `hi` in the high one (both i32 lanes whose value fits
+/// i16).
+#[inline(always)]
+unsafe fn pair16(lo: __m256i, hi: __m256i) -> __m256i {
+    _mm256_or_si256(
+        _mm256_and_si256(lo, _mm256_set1_epi32(0xffff)),
+        _mm256_slli_epi32::<16>(hi),
+    )
+}
+
+/// Registers per unit: a Q4_K sub-block, two Q6_K sub-blocks.
+const UNIT: usize = 8;
+/// Units per super-block.
+const UNITS: usize = REGS / UNIT;
+
+/// The per-row data of a super-block besides its quants.
+#[derive(Clone, Copy)]
+struct Head<V: Rows> {
+    /// Sub-block scales as [`Rows::scale`] wants them (8 for Q4_K, 16 for Q6_K).
+    sc: [V::I; 16],
+    /// i16 pairs for the per-super-block `pmaddwd`s: Q4_K mins (m_{2k}, m_{2k+1}) of chunk
+    /// `k`; Q6_K scales (sc_{2j}, sc_{2j+1}).
+    pairs: [V::I; 8],
+    d: V::F,
+    dmin: V::F,
+}
+
+/// What differs between the formats: how a packed super-block is unpacked and how a
+/// token's integer sums become floats.
+trait KFormat {
+    /// Bytes of one row's super-block.
+    const WB: usize;
+    /// The registers of unit `j` of super-block `i` of the groups at `w` (`group` bytes
+    /// apart): register `k` of the unit holds elements `4k..4k+4` of it, unsigned.
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT];
+    /// The scales, mins and super-block scales of super-block `i`.
+    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V>;
+    /// `Q` tokens' products with one super-block: `ys[q]` is token `q`'s Q8_K block,
+    /// `acc[q]` its accumulators, `t(j)` the registers of unit `j`.
+    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; 2]; Q],
+    );
+    /// The result from a token's accumulators.
+    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F;
+}
+
+struct Q4K;
+struct Q6K;
+
+impl KFormat for Q4K {
+    const WB: usize = 144;
+
+    #[inline(always)]
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
+        let q = |g: usize, v: usize| {
+            ld256(w.add(g * group + i * 8 * Self::WB + 128 + 128 * b + 32 * v))
+        };
+        core::array::from_fn(|k| {
+            if k % 2 == 0 {
+                V::gather(|g| nib::<false>(q(g, k / 2)))
+            } else {
+                V::gather(|g| nib::<true>(q(g, k / 2)))
+            }
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V> {
+        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let sc = |g: usize, b: usize| bytes8::<false>(at(g).add(32 + 8 * b));
+        let mins = |g: usize, b: usize| {
+            let lo = bytes8::<false>(at(g).add(96 + 8 * (b % 4)));
+            let lo = if b >= 4 {
+                _mm256_srli_epi32::<4>(lo)
+            } else {
+                lo
+            };
+            let lo = _mm256_and_si256(lo, _mm256_set1_epi32(0x0f));
+            let hi = _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(sc(g, b)));
+            _mm256_or_si256(lo, hi)
+        };
+        let mut h = Head {
+            sc: [V::zero(); 16],
+            pairs: [V::zero(); 8],
+            d: V::gather_f(|g| halfs8(at(g))),
+            dmin: V::gather_f(|g| halfs8(at(g).add(16))),
+        };
+        for b in 0..8 {
+            h.sc[b] = V::scale(V::gather(|g| {
+                _mm256_and_si256(sc(g, b), _mm256_set1_epi32(0x3f))
+            }));
+        }
+        for k in 0..4 {
+            h.pairs[k] = V::gather(|g| pair16(mins(g, 2 * k), mins(g, 2 * k + 1)));
+        }
+        h
+    }
+
+    #[inline(always)]
+    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; 2]; Q],
+    ) {
+        let qs = ys.map(|y| y.add(Y_QS));
+        // The 32-element block sums of each chunk as one i16 pair (wrapping, as ggml's
+        // `hadd_epi16`), broadcast.
+        let bsum_pairs = |y: *const u8, k: usize| {
+            let b = |j: usize| y.add(Y_BSUMS + 2 * j).cast::<i16>().read_unaligned();
+            let lo = b(4 * k).wrapping_add(b(4 * k + 1));
+            let hi = b(4 * k + 2).wrapping_add(b(4 * k + 3));
+            V::set1((lo as u16 as u32 | (hi as u16 as u32) << 16) as i32)
+        };
+        let yd = ys.map(|y| V::set1_ps(y.cast::<f32>().read_unaligned()));
+        if GEMM4 {
+            let d: [V::F; Q] = core::array::from_fn(|q| V::mul(h.d, yd[q]));
+            let dm: [V::F; Q] = core::array::from_fn(|q| V::mul(h.dmin, yd[q]));
+            for k in 0..4 {
+                let mut s1 = [V::zero(); Q];
+                for b in [2 * k, 2 * k + 1] {
+                    let y: [*const u8; Q] = qs.map(|p| p.add(32 * b));
+                    V::sub_sums::<Q, 8, 4>(&t(b), y, h.sc[b], &mut s1);
+                }
+                for q in 0..Q {
+                    let s2 = V::madd(h.pairs[k], bsum_pairs(ys[q], k));
+                    acc[q][0] = V::fmadd(V::cvt(s1[q]), d[q], acc[q][0]);
+                    acc[q][1] = V::fmadd(V::cvt(s2), dm[q], acc[q][1]);
+                }
+            }
+            return;
+        }
+        let mut s1 = [V::zero(); Q];
+        for b in 0..8 {
+            let y: [*const u8; Q] = qs.map(|p| p.add(32 * b));
+            V::sub_sums::<Q, 8, 4>(&t(b), y, h.sc[b], &mut s1);
+        }
+        for q in 0..Q {
+            let mut s2 = V::zero();
+            for k in 0..4 {
+                s2 = V::add(s2, V::madd(h.pairs[k], bsum_pairs(ys[q], k)));
+            }
+            acc[q][0] = V::fmadd(V::cvt(s1[q]), V::mul(h.d, yd[q]), acc[q][0]);
+            acc[q][1] = V::fmadd(V::cvt(s2), V::mul(h.dmin, yd[q]), acc[q][1]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F {
+        V::sub_f(acc[0], acc[1])
+    }
+}
+
+impl KFormat for Q6K {
+    const WB: usize = 210;
+
+    #[inline(always)]
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT] {
+        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let m = _mm256_set1_epi8(0x30);
+        // Registers 8j..8j+8: sub-blocks 2j and 2j+1 (four registers each); register
+        // 4u + r takes its low nibble, then its bit pair r moved to bits 4..6.
+        core::array::from_fn(|k| {
+            V::gather(|g| {
+                let unit = at(g).add(144 + 192 * j);
+                let lo = ld256(unit.add(32 * (k / 2)));
+                let hb = ld256(unit.add(128 + 32 * (k / 4)));
+                let (nb, h) = match k % 4 {
+                    0 => (nib::<false>(lo), _mm256_slli_epi16::<4>(hb)),
+                    1 => (nib::<true>(lo), _mm256_slli_epi16::<2>(hb)),
+                    2 => (nib::<false>(lo), hb),
+                    _ => (nib::<true>(lo), _mm256_srli_epi16::<2>(hb)),
+                };
+                _mm256_or_si256(nb, _mm256_and_si256(h, m))
+            })
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V> {
+        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let sc = |g: usize, j: usize| bytes8::<true>(at(g).add(16 + 8 * j));
+        let mut h = Head {
+            sc: [V::zero(); 16],
+            pairs: [V::zero(); 8],
+            d: V::gather_f(|g| halfs8(at(g))),
+            dmin: V::zero_f(),
+        };
+        for j in 0..16 {
+            h.sc[j] = V::scale(V::gather(|g| sc(g, j)));
+        }
+        for j in 0..8 {
+            h.pairs[j] = V::gather(|g| pair16(sc(g, 2 * j), sc(g, 2 * j + 1)));
+        }
+        h
+    }
+
+    #[inline(always)]
+    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; 2]; Q],
+    ) {
+        let qs = ys.map(|y| y.add(Y_QS));
+        let mut s1 = [V::zero(); Q];
+        for j in 0..UNITS {
+            let r = t(j);
+            for half in 0..2 {
+                let sb = 2 * j + half;
+                let y: [*const u8; Q] = qs.map(|p| p.add(16 * sb));
+                V::sub_sums::<Q, 4, 6>(&r[4 * half..4 * half + 4], y, h.sc[sb], &mut s1);
+            }
+        }
+        for q in 0..Q {
+            // The -32 offset of the stored quants: 32 · Σ sc · bsums (pairs of adjacent
+            // 16-element sums, one 4-byte broadcast each).
+            let mut c = V::zero();
+            for j in 0..8 {
+                let bs = ys[q].add(Y_BSUMS + 4 * j).cast::<i32>().read_unaligned();
+                c = V::add(c, V::madd(h.pairs[j], V::set1(bs)));
+            }
+            let s1 = V::sub(s1[q], V::shl5(c));
+            let yd = V::set1_ps(ys[q].cast::<f32>().read_unaligned());
+            acc[q][0] = V::fmadd(V::mul(V::cvt(s1), h.d), yd, acc[q][0]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F {
+        acc[0]
+    }
+}
+
+/// The kernel body, super-block by super-block. Decode (one or two tokens) unpacks each
+/// unit into registers as it multiplies it; longer calls unpack a super-block once into
+/// a staging area and multiply it with four tokens at a time, so a staged register serves
+/// four tokens.
+#[inline(always)]
+unsafe fn body<V: Rows, K: KFormat, const GEMM4: bool>(c: KCall) {
+    let KCall {
+        w,
+        group,
+        nb,
+        a,
+        stride,
+        n,
+        out,
+        out_stride,
+    } = c;
+    let mut acc = [[V::zero_f(); 2]; FAST_TILE_TOKENS];
+    let y = |c: usize, i: usize| a.add(c * stride + i * BlockQ8K::BYTES);
+    if n <= 2 {
+        // No software prefetch: the packed rows are one ascending stream per group, which
+        // the hardware prefetchers follow (prefetching the next super-block measured 28%
+        // slower decode on an 8B model).
+        for i in 0..nb {
+            let h = K::head::<V>(w, group, i);
+            let t = |j: usize| K::unit::<V>(w, group, i, j);
+            if n == 2 {
+                let mut two = [acc[0], acc[1]];
+                K::tokens::<V, 2, GEMM4>(&h, t, [y(0, i), y(1, i)], &mut two);
+                acc[..2].copy_from_slice(&two);
+            } else {
+                let mut one = [acc[0]];
+                K::tokens::<V, 1, GEMM4>(&h, t, [y(0, i)], &mut one);
+                acc[0] = one[0];
+            }
+        }
+    } else {
+        let mut staged = core::mem::MaybeUninit::<[[V::I; UNIT]; UNITS]>::uninit();
+        let st = staged.as_mut_ptr().cast::<[V::I; UNIT]>();
+        for i in 0..nb {
+            for j in 0..UNITS {
+                st.add(j).write(K::unit::<V>(w, group, i, j));
+            }
+            let h = K::head::<V>(w, group, i);
+            // SAFETY: every unit was written just above.
+            let t = |j: usize| *st.add(j);
+            let mut c0 = 0;
+            while c0 + 4 <= n {
+                let mut acc4: [[V::F; 2]; 4] = core::array::from_fn(|q| acc[c0 + q]);
+                let ys = core::array::from_fn(|q| y(c0 + q, i));
+                K::tokens::<V, 4, GEMM4>(&h, t, ys, &mut acc4);
+                acc[c0..c0 + 4].copy_from_slice(&acc4);
+                c0 += 4;
+            }
+            for (c, acc) in acc.iter_mut().enumerate().take(n).skip(c0) {
+                let mut one = [*acc];
+                K::tokens::<V, 1, GEMM4>(&h, t, [y(c, i)], &mut one);
+                *acc = one[0];
+            }
+        }
+    }
+    for (c, acc) in acc.iter().enumerate().take(n) {
+        V::store(out.add(c * out_stride), K::finish::<V>(*acc));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<K: KFormat, const GEMM4: bool>(c: KCall) {
+    body::<Y2, K, GEMM4>(c)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn run_vnni<K: KFormat, const GEMM4: bool>(c: KCall) {
+    body::<Yv, K, GEMM4>(c)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+unsafe fn run_512<K: KFormat, const GEMM4: bool>(c: KCall) {
+    body::<Z, K, GEMM4>(c)
+}
+
+/// Validates a packed call of `rows` rows (whole groups, at most `max_rows`) and builds it.
+#[allow(clippy::too_many_arguments)]
+fn kcall<W: Block>(
+    max_rows: usize,
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: ActSide<'_>,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) -> KCall {
+    assert!(
+        rows == 8 || rows == max_rows,
+        "packed tile: {rows} rows, not one group of eight or {max_rows} rows"
+    );
+    let k = check_tile_rows::<W, BlockQ8K>(
+        w,
+        rows,
+        a,
+        stride,
+        side,
+        rows * n,
+        (max_rows, FAST_TILE_TOKENS),
+        1,
+    );
+    KCall {
+        w: w.as_ptr(),
+        group: 8 * k.wstride,
+        nb: k.nb,
+        a: a.as_ptr(),
+        stride,
+        n: k.cols,
+        out,
+        out_stride,
+    }
+}
+
+/// Packed entry points (`crate::contract::TileIntoFn`) of one format and order: `$avx2`
+/// and `$vnni` take one group of eight rows, `$z` sixteen rows (or one group, through the
+/// VNNI ymm kernel).
+macro_rules! packed_entries {
+    ($avx2:ident, $vnni:ident, $z:ident, $w:ty, $k:ty, $gemm4:literal) => {
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`]; AVX2, FMA and F16C available.
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $avx2(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            let c = kcall::<$w>(8, w, rows, a, stride, side, n, out, out_stride);
+            run_avx2::<$k, $gemm4>(c)
+        }
+
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`]; AVX2 and AVX-512 VNNI/VL available.
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $vnni(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            let c = kcall::<$w>(8, w, rows, a, stride, side, n, out, out_stride);
+            run_vnni::<$k, $gemm4>(c)
+        }
+
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`]; AVX-512 F/BW/DQ/VL/VNNI available.
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $z(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            let c = kcall::<$w>(PACKED512_ROWS, w, rows, a, stride, side, n, out, out_stride);
+            if rows == 8 {
+                run_vnni::<$k, $gemm4>(c)
+            } else {
+                run_512::<$k, $gemm4>(c)
+            }
+        }
+    };
+}
+
+/// Rows of one AVX-512 packed call: two groups.
+pub(super) const PACKED512_ROWS: usize = 16;
+
+packed_entries!(
+    q4_k_packed_avx2,
+    q4_k_packed_vnni,
+    q4_k_packed_512,
+    BlockQ4K,
+    Q4K,
+    false
+);
+packed_entries!(
+    q4_k_gemm4_packed_avx2,
+    q4_k_gemm4_packed_vnni,
+    q4_k_gemm4_packed_512,
+    BlockQ4K,
+    Q4K,
+    true
+);
+packed_entries!(
+    q6_k_packed_avx2,
+    q6_k_packed_vnni,
+    q6_k_packed_512,
+    BlockQ6K,
+    Q6K,
+    false
+);
