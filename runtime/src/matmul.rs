@@ -15,10 +15,12 @@ pub enum Numerics {
     /// we link (`--exact`).
     #[default]
     Exact,
-    /// Faster orders where a format has one ([`DotOrder::Fast`]: the 32-element formats,
-    /// eight weight rows per register); the others keep llama.cpp's. Results differ from
-    /// llama.cpp's in the last bits; its fidelity is measured, not assumed. Still
-    /// batch-invariant: every output is computed in the same order whatever its batch.
+    /// Faster orders where a format has one ([`DotOrder::Fast`]: the 32-element formats
+    /// sum each block once, eight or sixteen weight rows per register; Q4_K and Q6_K keep
+    /// one of llama.cpp's orders, the same for every token, on rows packed the same way);
+    /// the others keep llama.cpp's. Results differ from llama.cpp's in the last bits; its
+    /// fidelity is measured, not assumed. Still batch-invariant: every output is computed
+    /// in the same order whatever its batch.
     Fast,
 }
 
@@ -331,10 +333,11 @@ fn product_task(
     let wrb = w.row_bytes();
     let o0 = task * p.rows_per_task;
     let o1 = (o0 + p.rows_per_task).min(n_out);
-    // The packed rows serve the fast order, where the weights are read from one place.
+    // The packed rows serve the sets with packed kernels, where the weights are read from
+    // one place.
     let packed = w
         .packed
-        .filter(|_| p.fast && w.copies.is_none_or(|(c, _)| c.len() <= 1));
+        .filter(|_| w.copies.is_none_or(|(c, _)| c.len() <= 1));
     if !p.has_tile {
         for t in 0..n_tok {
             let dot = p.set_of(t).dot;
@@ -353,8 +356,13 @@ fn product_task(
     let mut t = 0;
     while t < n_tok {
         let set = p.set_of(t);
+        // Packed tiles take more tokens per call than the file rows' tiles of some sets.
+        let max_k = match (set.packed_into, packed) {
+            (Some(_), Some(_)) => set.packed_tokens,
+            _ => set.tile_tokens,
+        };
         let mut k = 1;
-        while k < set.tile_tokens && t + k < n_tok && p.set_of(t + k).order == set.order {
+        while k < max_k && t + k < n_tok && p.set_of(t + k).order == set.order {
             k += 1;
         }
         let a = &xq[t * xrb..(t + k) * xrb];

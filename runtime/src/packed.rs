@@ -1,14 +1,16 @@
-//! Weights repacked at load for the fast order's kernels (`quant::pack8`): eight rows
+//! Weights repacked at load for the packed kernels (`quant::pack8`): eight rows
 //! interleaved block by block, already in the order the kernels multiply them, so a
 //! product reads one sequential stream and unpacks nothing it has to transpose. Decode of
 //! Q5_0 rows streams about twice as fast from this layout as from the file's (see
 //! ARCHITECTURE.md, "Packed weights"). The values are the file's, only moved: results are
-//! the bits of the unpacked fast order.
+//! the bits of the same order on the file's rows. The fast order packs every format it has
+//! packed kernels for; the exact mode packs Q4_K, whose llama.cpp orders all have one.
 
 use std::collections::HashMap;
 
 use quant::GgmlType;
 
+use crate::matmul::Numerics;
 use crate::numa::AnonMap;
 
 /// One matrix to pack: its type, row width, and where its bytes are in the file image.
@@ -21,13 +23,24 @@ pub struct PackSource {
     pub len: usize,
 }
 
-/// Whether a matrix can be packed: a format `quant::pack8` takes, whole groups of eight
-/// rows, and a packed kernel on this CPU.
-pub fn packable(ty: GgmlType, n_out: usize) -> bool {
-    quant::packs(ty)
-        && n_out.is_multiple_of(quant::PACK_ROWS)
-        && quant::kernels::kernels(ty, quant::DotOrder::Fast)
-            .is_some_and(|k| k.order == quant::DotOrder::Fast && k.packed_into.is_some())
+/// Whether a matrix can be packed for `numerics`: a format `quant::pack8` takes, whole
+/// groups of eight rows, and on this CPU a packed kernel for every order its products may
+/// use (the fast order; or each of llama.cpp's orders a micro-batch may pick, which only
+/// Q4_K has all of).
+pub fn packable(ty: GgmlType, n_out: usize, numerics: Numerics) -> bool {
+    use quant::kernels::{dot_order_for, effective_order, kernels};
+    use quant::DotOrder;
+    if !quant::packs(ty) || !n_out.is_multiple_of(quant::PACK_ROWS) {
+        return false;
+    }
+    match numerics {
+        Numerics::Fast => kernels(ty, DotOrder::Fast)
+            .is_some_and(|k| k.order == DotOrder::Fast && k.packed_into.is_some()),
+        // Micro-batches of up to nine tokens meet every order `dot_order_for` can pick.
+        Numerics::Exact => (1..=9)
+            .flat_map(|n| (0..n).map(move |i| dot_order_for(ty, n_out, n, i)))
+            .all(|o| kernels(ty, effective_order(ty, o)).is_some_and(|k| k.packed_into.is_some())),
+    }
 }
 
 /// The packed copies of a model's matrices, found by their offset in the file image.
@@ -36,22 +49,24 @@ pub struct PackedWeights {
     /// instead of per 4 KiB page while the weights stream).
     mem: AnonMap,
     at: HashMap<usize, (usize, usize)>,
+    numerics: Numerics,
 }
 
 impl PackedWeights {
-    /// Packs every matrix of `mats` that [`packable`] allows (each distinct offset once),
-    /// reading from `image`; `None` when none is. `packed(start, len)` is called for each
-    /// matrix as soon as it is packed (to let go of its source pages).
+    /// Packs every matrix of `mats` that [`packable`] allows for `numerics` (each distinct
+    /// offset once), reading from `image`; `None` when none is. `packed(start, len)` is
+    /// called for each matrix as soon as it is packed (to let go of its source pages).
     pub fn new(
         image: &[u8],
         mats: &[PackSource],
+        numerics: Numerics,
         packed: &(dyn Fn(usize, usize) + Sync),
     ) -> std::io::Result<Option<PackedWeights>> {
         let mut at = HashMap::new();
         let mut jobs = Vec::new();
         let mut total = 0;
         for m in mats {
-            if !packable(m.ty, m.n_out) || at.contains_key(&m.start) {
+            if !packable(m.ty, m.n_out, numerics) || at.contains_key(&m.start) {
                 continue;
             }
             at.insert(m.start, (total, m.len));
@@ -107,13 +122,18 @@ impl PackedWeights {
         for r in results {
             r.map_err(|e| std::io::Error::other(e.to_string()))?;
         }
-        Ok(Some(PackedWeights { mem, at }))
+        Ok(Some(PackedWeights { mem, at, numerics }))
     }
 
     /// The packed bytes of the matrix at `start` in the file image, when it was packed.
     pub fn get(&self, start: usize) -> Option<&[u8]> {
         let &(off, len) = self.at.get(&start)?;
         Some(&self.mem.bytes()[off..off + len])
+    }
+
+    /// The numerics the matrices were chosen for.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Bytes of anonymous memory the packed copies take.

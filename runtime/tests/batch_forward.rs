@@ -269,9 +269,9 @@ fn fast_numerics_batches_are_invariant() {
 /// logits moving up to 6.5% of the largest. The bounds below guard against regressions;
 /// the fidelity against llama.cpp itself (20 prompts, its flash-attention on vs off as the
 /// yardstick) is `llamacpp-ref/tests/model_vs_llamacpp.rs`'s `fast_numerics_fidelity`.
-/// The fast order's weights repacked at load (eight rows interleaved block by block) give
-/// the bits of the file's rows: prompt and decode, on every model (each has packed types:
-/// Q4_1, Q5_0, Q8_0).
+/// Weights repacked at load (eight rows interleaved block by block) give the bits of the
+/// file's rows: prompt and decode, on every model, in both numerics (the fast order packs
+/// Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; the exact mode Q4_K, which smollm2 does not have).
 #[test]
 fn packed_weights_give_the_file_rows_bits() {
     for name in ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"] {
@@ -281,21 +281,33 @@ fn packed_weights_give_the_file_rows_bits() {
         let pool = ThreadPool::new(2);
         let tokens: Vec<u32> = (0..21).map(|i| 150 + i * 11).collect();
         let mut m = Model::load(&path).unwrap();
-        m.set_numerics(Numerics::Fast);
-        assert!(m.packed_bytes() > 0, "{name}: nothing was packed");
-        let packed = alone(&m, &pool, &tokens, 13);
-        m.set_packing(false);
-        assert_eq!(m.packed_bytes(), 0);
-        let file_rows = alone(&m, &pool, &tokens, 13);
-        for (i, (p, f)) in packed.iter().zip(&file_rows).enumerate() {
-            assert!(
-                p.iter().zip(f).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{name}: position {i} differs between packed and file rows"
-            );
+        for numerics in [Numerics::Fast, Numerics::Exact] {
+            m.set_numerics(numerics);
+            let has_q4_k = m.kernel_isas().iter().any(|k| k.0 == quant::GgmlType::Q4_K);
+            if numerics == Numerics::Fast || has_q4_k {
+                assert!(
+                    m.packed_bytes() > 0,
+                    "{name} {numerics}: nothing was packed"
+                );
+            } else {
+                assert_eq!(
+                    m.packed_bytes(),
+                    0,
+                    "{name} {numerics}: packed without Q4_K"
+                );
+            }
+            let packed = alone(&m, &pool, &tokens, 13);
+            m.set_packing(false);
+            assert_eq!(m.packed_bytes(), 0);
+            let file_rows = alone(&m, &pool, &tokens, 13);
+            for (i, (p, f)) in packed.iter().zip(&file_rows).enumerate() {
+                assert!(
+                    p.iter().zip(f).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} {numerics}: position {i} differs between packed and file rows"
+                );
+            }
+            m.set_packing(true);
         }
-        // Exact numerics never read packed rows.
-        m.set_numerics(Numerics::Exact);
-        assert_eq!(m.packed_bytes(), 0);
     }
 }
 

@@ -190,8 +190,9 @@ pub struct Cli {
     #[arg(long = "no-pin")]
     pub no_pin: bool,
     /// rllama's kernel orders: exact (llama.cpp's own, bit-identical to it) or fast (the
-    /// 32-element formats sum each block once and put eight rows in a register; other
-    /// formats stay exact; their weights are repacked at load into groups of eight
+    /// 32-element formats sum each block once and put eight rows in a register; Q4_K and
+    /// Q6_K keep one llama.cpp order for every token, eight rows per register; other
+    /// formats stay exact; the weights are repacked at load into groups of eight
     /// interleaved rows). Experimental. The `isa` column marks fast kernels `/fast`
     /// (`/fast+packed` when they read repacked rows)
     #[arg(long = "numerics", value_name = "exact|fast", default_value = "exact")]

@@ -425,13 +425,15 @@ pub fn check_supported(params: &Params) -> Result<()> {
 }
 
 /// Our kernels' instruction set per matrix type of `m`: `Q4_K=avx2,Q8_0=avx2-vnni`, the
-/// fast order's marked `/fast`, `/fast+packed` where its weights were repacked at load.
+/// fast order's marked `/fast`, `/fast+packed` where its weights were repacked at load,
+/// the exact orders' `/packed` where theirs were (Q4_K).
 pub fn kernel_isas(m: &Model) -> String {
     m.kernel_isas()
         .iter()
         .map(|(t, i, o)| match o {
             runtime::DotOrder::Fast if m.packed_type(*t) => format!("{t}={i}/fast+packed"),
             runtime::DotOrder::Fast => format!("{t}={i}/fast"),
+            _ if m.packed_type(*t) => format!("{t}={i}/packed"),
             _ => format!("{t}={i}"),
         })
         .collect::<Vec<_>>()

@@ -344,7 +344,7 @@ impl Model {
                 },
             });
         }
-        Ok(Model {
+        let mut m = Model {
             config,
             file,
             tok_embd,
@@ -357,7 +357,10 @@ impl Model {
             numerics: Numerics::Exact,
             packed: None,
             device: None,
-        })
+        };
+        // The exact mode's packed matrices (Q4_K) are packed at load.
+        m.set_numerics(Numerics::Exact);
+        Ok(m)
     }
 
     pub fn file(&self) -> &GgufFile {
@@ -377,7 +380,7 @@ impl Model {
             copies,
             numerics: self.numerics,
             packed: match (&self.packed, &self.copies) {
-                (Some(p), None) if self.numerics == Numerics::Fast => p.get(m.start),
+                (Some(p), None) if p.numerics() == self.numerics => p.get(m.start),
                 _ => None,
             },
         }
@@ -390,22 +393,28 @@ impl Model {
 
     /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
     ///
-    /// The fast order repacks its matrices once here (eight rows interleaved block by
-    /// block, `crate::packed`), unless `RLLAMA_NO_PACK` is set or the weights were placed
-    /// in node memory: the same bits, read as one stream. Packing is only a speed-up:
-    /// where its memory cannot be had the model says so and multiplies the file's rows.
+    /// The matrices with packed kernels for these numerics are repacked once here (eight
+    /// rows interleaved block by block, `crate::packed`; Q4_K in both modes, the other
+    /// formats of the fast order in it), unless `RLLAMA_NO_PACK` is set or the weights were
+    /// placed in node memory: the same bits, read as one stream. Packing is only a
+    /// speed-up: where its memory cannot be had the model says so and multiplies the
+    /// file's rows.
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
-        if numerics != Numerics::Fast
-            || self.copies.is_some()
+        if self.copies.is_some()
             || std::env::var_os("RLLAMA_NO_PACK").is_some_and(|v| !v.is_empty() && v != "0")
         {
             self.packed = None;
             return;
         }
-        if self.packed.is_some() {
+        if self
+            .packed
+            .as_ref()
+            .is_some_and(|p| p.numerics() == numerics)
+        {
             return;
         }
+        self.packed = None;
         let mats: Vec<PackSource> = self
             .matrices()
             .map(|m| PackSource {
@@ -419,13 +428,13 @@ impl Model {
         // The packed rows are what the products read from now on: each matrix's pages in
         // the file need not stay resident beside them once it is packed.
         let file = self.file.clone();
-        match PackedWeights::new(self.file.bytes(), &mats, &|start, len| {
+        match PackedWeights::new(self.file.bytes(), &mats, numerics, &|start, len| {
             file.release_range(start, len)
         }) {
             Ok(p) => self.packed = p,
             Err(e) => eprintln!(
-                "warning: the fast order's weights were not repacked ({e}); \
-                 multiplying the file's rows (same results, slower decode)"
+                "warning: the weights were not repacked ({e}); \
+                 multiplying the file's rows (same results, slower)"
             ),
         }
     }
@@ -629,12 +638,13 @@ impl Model {
             .collect()
     }
 
-    /// Whether the products of `ty` read repacked rows (`crate::packed`): the fast order
-    /// with at least one matrix of that type packed.
+    /// Whether the products of `ty` read repacked rows (`crate::packed`): at least one
+    /// matrix of that type packed for the model's numerics.
     pub fn packed_type(&self, ty: GgmlType) -> bool {
-        let Some(p) = (self.numerics == Numerics::Fast && self.copies.is_none())
-            .then_some(self.packed.as_ref())
-            .flatten()
+        let Some(p) = self
+            .packed
+            .as_ref()
+            .filter(|p| p.numerics() == self.numerics && self.copies.is_none())
         else {
             return false;
         };
