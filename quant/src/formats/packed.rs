@@ -197,6 +197,13 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// `out[at..at + 4] |= v` (little-endian).
+#[inline]
+fn or_u32(out: &mut [u8], at: usize, v: u32) {
+    let o: &mut [u8; 4] = (&mut out[at..at + 4]).try_into().expect("four bytes");
+    *o = (u32::from_le_bytes(*o) | v).to_le_bytes();
+}
+
 /// One super-block of a Q4_K group (`block(r)`: row `r`'s source block) into `out`.
 fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
     use super::common::Block;
@@ -211,12 +218,17 @@ fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
             let i = 8 * s + r;
             out[32 + i] = sc | ((mn >> 4) << 6);
             out[96 + i % 32] |= (mn & 0x0f) << (4 * (i / 32));
-            // Sub-block s: low nibbles of qs[32(s/2)..] for even s, high ones for odd.
+            // Sub-block s: low nibbles of qs[32(s/2)..] for even s, high ones for odd; four
+            // elements (one register's bytes of this row) at a time.
             let q = &b.qs[32 * (s / 2)..32 * (s / 2) + 32];
-            for (j, &byte) in q.iter().enumerate() {
-                let v = if s % 2 == 0 { byte & 0x0f } else { byte >> 4 };
-                let k = j / 4;
-                out[128 + 128 * s + 32 * (k / 2) + 4 * r + j % 4] |= v << (4 * (k % 2));
+            for k in 0..8 {
+                let w = u32::from_le_bytes([q[4 * k], q[4 * k + 1], q[4 * k + 2], q[4 * k + 3]]);
+                let v = (w >> (4 * (s % 2))) & 0x0f0f_0f0f;
+                or_u32(
+                    out,
+                    128 + 128 * s + 32 * (k / 2) + 4 * r,
+                    v << (4 * (k % 2)),
+                );
             }
         }
     }
@@ -232,15 +244,25 @@ fn pack_q6_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
         for (s, &sc) in b.scales.iter().enumerate() {
             out[16 + 8 * s + r] = sc as u8;
         }
-        for (e, &q) in b.unpack().iter().enumerate() {
-            let u = (q + 32) as u8;
-            let k = e / 4;
+        let q = b.unpack();
+        for k in 0..64 {
+            // Register k's four unsigned values of this row.
+            let u = u32::from_le_bytes(std::array::from_fn(|e| (q[4 * k + e] + 32) as u8));
             // Unit j = k / 8 (registers 8j..8j+8) at 144 + 192j: its four nibble vectors,
             // then its two bit-pair vectors.
             let unit = 144 + 192 * (k / 8);
             let k8 = k % 8;
-            out[unit + 32 * (k8 / 2) + 4 * r + e % 4] |= (u & 0x0f) << (4 * (k8 % 2));
-            out[unit + 128 + 32 * (k8 / 4) + 4 * r + e % 4] |= (u >> 4) << (2 * (k8 % 4));
+            or_u32(
+                out,
+                unit + 32 * (k8 / 2) + 4 * r,
+                (u & 0x0f0f_0f0f) << (4 * (k8 % 2)),
+            );
+            let pairs = (u >> 4) & 0x0303_0303;
+            or_u32(
+                out,
+                unit + 128 + 32 * (k8 / 4) + 4 * r,
+                pairs << (2 * (k8 % 4)),
+            );
         }
     }
 }
