@@ -143,7 +143,6 @@ pub(super) unsafe fn lanes_array(v: __m256) -> [f32; 8] {
     out
 }
 
-static NOPF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 /// How far ahead (bytes) the decode kernels prefetch weights.
 pub(super) const PREFETCH: usize = 1024;
 
@@ -151,7 +150,6 @@ pub(super) const PREFETCH: usize = 1024;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
-    if *NOPF.get_or_init(|| std::env::var_os("KX_NOPF").is_some()) { return; }
     let mut off = 0;
     while off < bytes {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off).cast());
