@@ -180,11 +180,13 @@ fn packed_kernels_match_the_twin() {
     let mut rng = StdRng::seed_from_u64(0x9ac8);
     let mut checked = 0;
     let mut wide_calls = 0;
-    // Every fast order, and Q4_K's llama.cpp orders (its exact mode reads packed rows).
+    // Every fast order, and the llama.cpp orders the exact mode reads packed rows in
+    // (Q4_1's, Q5_1's and Q4_K's).
     let cases = FAST_TYPES
         .into_iter()
         .chain(K_TYPES)
         .map(|ty| (ty, DotOrder::Fast))
+        .chain([GgmlType::Q4_1, GgmlType::Q5_1].map(|ty| (ty, DotOrder::Single)))
         .chain([
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),

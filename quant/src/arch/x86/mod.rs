@@ -107,6 +107,15 @@ const fn fast_row512(
     }
 }
 
+/// `r` with a packed tile of one group of eight rows (llama.cpp's order on packed rows).
+const fn exact_packed(r: KernelRow, packed: TileIntoFn) -> KernelRow {
+    KernelRow {
+        packed_into: Some(packed),
+        packed_tokens: crate::contract::FAST_TILE_TOKENS,
+        ..r
+    }
+}
+
 /// A K-quant row with a packed tile (`packed_rows` rows per call): the one-row and tile
 /// kernels over the file's rows are the AVX2 ones of the same order at every level.
 /// Q4_K's llama.cpp orders have one (its repacked matrices, rows a multiple of eight),
@@ -142,15 +151,15 @@ pub(crate) const ROWS: &[KernelRow] = {
     use legacy as l;
     &[
         row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), false),
-        row(T::Q4_1, Single, Avx2, l::q4_1_q8_1, Some(l::q4_1_many), false),
+        exact_packed(row(T::Q4_1, Single, Avx2, l::q4_1_q8_1, Some(l::q4_1_many), false), l::q4_1_packed_avx2),
         row(T::Q5_0, Single, Avx2, l::q5_0_q8_0, Some(l::q5_0_many), false),
-        row(T::Q5_1, Single, Avx2, l::q5_1_q8_1, Some(l::q5_1_many), false),
+        exact_packed(row(T::Q5_1, Single, Avx2, l::q5_1_q8_1, Some(l::q5_1_many), false), l::q5_1_packed_avx2),
         row(T::Q8_0, Single, Avx2, l::q8_0_q8_0, Some(l::q8_0_many), false),
         // Signed formats take unsigned weights plus precomputed offset sums under VNNI.
         row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true),
-        row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false),
+        exact_packed(row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false), l::q4_1_packed_vnni),
         row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
-        row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false),
+        exact_packed(row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false), l::q5_1_packed_vnni),
         row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
         packed_row_k((T::Q4_K, Single, Avx2), Q4K_SINGLE, p::q4_k_packed_avx2, 8),
         packed_row_k((T::Q4_K, Single, Avx2Vnni), Q4K_SINGLE, p::q4_k_packed_vnni, 8),
