@@ -181,7 +181,7 @@ fn packed_kernels_match_the_twin() {
     let mut checked = 0;
     let mut wide_calls = 0;
     // Every fast order, and the llama.cpp orders the exact mode reads packed rows in
-    // (Q4_1's, Q5_1's and Q4_K's).
+    // (Q4_1's, Q5_1's and the K-quants').
     let cases = FAST_TYPES
         .into_iter()
         .chain(K_TYPES)
@@ -190,6 +190,8 @@ fn packed_kernels_match_the_twin() {
         .chain([
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),
+            (GgmlType::Q6_K, DotOrder::Single),
+            (GgmlType::Q6_K, DotOrder::Tiled),
         ]);
     for (ty, order) in cases {
         assert!(quant::packs(ty));

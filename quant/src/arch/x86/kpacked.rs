@@ -58,6 +58,11 @@ trait Rows: Copy {
     unsafe fn madd(a: Self::I, b: Self::I) -> Self::I;
     /// A sub-block scale (i32 per lane) in the form [`Rows::sub_sums`] takes.
     unsafe fn scale(sc: Self::I) -> Self::I;
+    /// A sub-block scale (i32 per lane, fitting i16) in both i16 halves of its lane.
+    unsafe fn scale16(sc: Self::I) -> Self::I;
+    /// `acc + sc16 · dot4(t, y)` per lane: one register's scaled product (unsigned weights
+    /// below 64), `sc16` from [`Rows::scale16`].
+    unsafe fn scaled_dot4(acc: Self::I, t: Self::I, y: *const u8, sc16: Self::I) -> Self::I;
     /// For each of `Q` tokens, `acc[q] += scale · Σ_{k<NREG} dot4(t[k], y_q + 4k)`, with
     /// `dot4` the per-lane product of four unsigned weight bytes (at most `2^BITS - 1`)
     /// with four signed activation bytes.
@@ -72,6 +77,7 @@ trait Rows: Copy {
     /// `a · b + c`, one rounding.
     unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     unsafe fn sub_f(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
 }
 
@@ -146,6 +152,10 @@ macro_rules! ymm_common {
             _mm256_sub_ps(a, b)
         }
         #[inline(always)]
+        unsafe fn add_f(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256) {
             _mm256_storeu_ps(p, v)
         }
@@ -157,10 +167,16 @@ impl Rows for Y2 {
     #[inline(always)]
     unsafe fn scale(sc: __m256i) -> __m256i {
         // The i16 scale in both halves of its lane, for `pmaddwd`.
-        _mm256_or_si256(
-            _mm256_and_si256(sc, _mm256_set1_epi32(0xffff)),
-            _mm256_slli_epi32::<16>(sc),
-        )
+        pair16(sc, sc)
+    }
+    #[inline(always)]
+    unsafe fn scale16(sc: __m256i) -> __m256i {
+        pair16(sc, sc)
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4(acc: __m256i, t: __m256i, y: *const u8, sc16: __m256i) -> __m256i {
+        let p = _mm256_maddubs_epi16(t, bcast4(y));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc16))
     }
     #[inline(always)]
     unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
@@ -194,6 +210,14 @@ impl Rows for Yv {
     #[inline(always)]
     unsafe fn scale(sc: __m256i) -> __m256i {
         sc
+    }
+    #[inline(always)]
+    unsafe fn scale16(sc: __m256i) -> __m256i {
+        pair16(sc, sc)
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4(acc: __m256i, t: __m256i, y: *const u8, sc16: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(t, bcast4(y)), sc16)
     }
     #[inline(always)]
     unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
@@ -266,6 +290,18 @@ impl Rows for Z {
         sc
     }
     #[inline(always)]
+    unsafe fn scale16(sc: __m512i) -> __m512i {
+        _mm512_or_si512(
+            _mm512_and_si512(sc, _mm512_set1_epi32(0xffff)),
+            _mm512_slli_epi32::<16>(sc),
+        )
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4(acc: __m512i, t: __m512i, y: *const u8, sc16: __m512i) -> __m512i {
+        let yb = _mm512_set1_epi32(y.cast::<i32>().read_unaligned());
+        _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(t, yb), sc16)
+    }
+    #[inline(always)]
     unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
         t: &[__m512i],
         ys: [*const u8; Q],
@@ -302,6 +338,10 @@ impl Rows for Z {
     #[inline(always)]
     unsafe fn sub_f(a: __m512, b: __m512) -> __m512 {
         _mm512_sub_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add_f(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
@@ -362,6 +402,10 @@ unsafe fn pair16(lo: __m256i, hi: __m256i) -> __m256i {
     )
 }
 
+/// Float accumulators per token: Q4_K keeps the mins apart (2), Q6_K's `Single` order
+/// has ggml's eight lanes (8).
+const ACC: usize = 8;
+
 /// Registers per unit: a Q4_K sub-block, two Q6_K sub-blocks.
 const UNIT: usize = 8;
 /// Units per super-block.
@@ -388,17 +432,17 @@ trait KFormat {
     /// apart): register `k` of the unit holds elements `4k..4k+4` of it, unsigned.
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT];
     /// The scales, mins and super-block scales of super-block `i`.
-    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V>;
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V>;
     /// `Q` tokens' products with one super-block: `ys[q]` is token `q`'s Q8_K block,
     /// `acc[q]` its accumulators, `t(j)` the registers of unit `j`.
-    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
         h: &Head<V>,
         t: impl Fn(usize) -> [V::I; UNIT],
         ys: [*const u8; Q],
-        acc: &mut [[V::F; 2]; Q],
+        acc: &mut [[V::F; ACC]; Q],
     );
     /// The result from a token's accumulators.
-    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F;
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F;
 }
 
 struct Q4K;
@@ -422,7 +466,7 @@ impl KFormat for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V> {
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
         let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
         let sc = |g: usize, b: usize| bytes8::<false>(at(g).add(32 + 8 * b));
         let mins = |g: usize, b: usize| {
@@ -454,11 +498,11 @@ impl KFormat for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
         h: &Head<V>,
         t: impl Fn(usize) -> [V::I; UNIT],
         ys: [*const u8; Q],
-        acc: &mut [[V::F; 2]; Q],
+        acc: &mut [[V::F; ACC]; Q],
     ) {
         let qs = ys.map(|y| y.add(Y_QS));
         // The 32-element block sums of each chunk as one i16 pair (wrapping, as ggml's
@@ -470,7 +514,7 @@ impl KFormat for Q4K {
             V::set1((lo as u16 as u32 | (hi as u16 as u32) << 16) as i32)
         };
         let yd = ys.map(|y| V::set1_ps(y.cast::<f32>().read_unaligned()));
-        if GEMM4 {
+        if ALT {
             let d: [V::F; Q] = core::array::from_fn(|q| V::mul(h.d, yd[q]));
             let dm: [V::F; Q] = core::array::from_fn(|q| V::mul(h.dmin, yd[q]));
             for k in 0..4 {
@@ -503,7 +547,7 @@ impl KFormat for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F {
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         V::sub_f(acc[0], acc[1])
     }
 }
@@ -534,7 +578,7 @@ impl KFormat for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn head<V: Rows>(w: *const u8, group: usize, i: usize) -> Head<V> {
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
         let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
         let sc = |g: usize, j: usize| bytes8::<true>(at(g).add(16 + 8 * j));
         let mut h = Head {
@@ -544,7 +588,8 @@ impl KFormat for Q6K {
             dmin: V::zero_f(),
         };
         for j in 0..16 {
-            h.sc[j] = V::scale(V::gather(|g| sc(g, j)));
+            let raw = V::gather(|g| sc(g, j));
+            h.sc[j] = if ALT { V::scale16(raw) } else { V::scale(raw) };
         }
         for j in 0..8 {
             h.pairs[j] = V::gather(|g| pair16(sc(g, 2 * j), sc(g, 2 * j + 1)));
@@ -553,13 +598,38 @@ impl KFormat for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn tokens<V: Rows, const Q: usize, const GEMM4: bool>(
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
         h: &Head<V>,
         t: impl Fn(usize) -> [V::I; UNIT],
         ys: [*const u8; Q],
-        acc: &mut [[V::F; 2]; Q],
+        acc: &mut [[V::F; ACC]; Q],
     ) {
         let qs = ys.map(|y| y.add(Y_QS));
+        if ALT {
+            // ggml's AVX2 order (`Single`): lane l of ggml's eight holds elements
+            // 32c + 4l..+4 of every chunk c, i.e. register l of every unit, each times
+            // its own 16-element scale; then the offset, one FMA per lane.
+            let mut il = [[V::zero(); 8]; Q];
+            for j in 0..UNITS {
+                let r = t(j);
+                for l in 0..8 {
+                    let sc = h.sc[2 * j + l / 4];
+                    for q in 0..Q {
+                        il[q][l] = V::scaled_dot4(il[q][l], r[l], qs[q].add(32 * j + 4 * l), sc);
+                    }
+                }
+            }
+            for q in 0..Q {
+                let d = V::mul(V::set1_ps(ys[q].cast::<f32>().read_unaligned()), h.d);
+                for l in 0..8 {
+                    let bs = ys[q].add(Y_BSUMS + 4 * l).cast::<i32>().read_unaligned();
+                    let sub = V::madd(h.pairs[l], V::set1(bs));
+                    let v = V::cvt(V::sub(il[q][l], V::shl5(sub)));
+                    acc[q][l] = V::fmadd(d, v, acc[q][l]);
+                }
+            }
+            return;
+        }
         let mut s1 = [V::zero(); Q];
         for j in 0..UNITS {
             let r = t(j);
@@ -584,8 +654,15 @@ impl KFormat for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn finish<V: Rows>(acc: [V::F; 2]) -> V::F {
-        acc[0]
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
+        if ALT {
+            // `hsum_float_8` across the lane accumulators: v_i = x_{i+4} + x_i, then
+            // (v0 + v2) + (v1 + v3).
+            let v: [V::F; 4] = core::array::from_fn(|i| V::add_f(acc[i + 4], acc[i]));
+            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+        } else {
+            acc[0]
+        }
     }
 }
 
@@ -594,7 +671,7 @@ impl KFormat for Q6K {
 /// a staging area and multiply it with four tokens at a time, so a staged register serves
 /// four tokens.
 #[inline(always)]
-unsafe fn body<V: Rows, K: KFormat, const GEMM4: bool>(c: KCall) {
+unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
     let KCall {
         w,
         group,
@@ -605,68 +682,79 @@ unsafe fn body<V: Rows, K: KFormat, const GEMM4: bool>(c: KCall) {
         out,
         out_stride,
     } = c;
-    let mut acc = [[V::zero_f(); 2]; FAST_TILE_TOKENS];
     let y = |c: usize, i: usize| a.add(c * stride + i * BlockQ8K::BYTES);
+    let store =
+        |c: usize, acc: [V::F; ACC]| V::store(out.add(c * out_stride), K::finish::<V, ALT>(acc));
     if n <= 2 {
         // No software prefetch: the packed rows are one ascending stream per group, which
         // the hardware prefetchers follow (prefetching the next super-block measured 28%
         // slower decode on an 8B model).
+        let mut acc = [[V::zero_f(); ACC]; 2];
         for i in 0..nb {
-            let h = K::head::<V>(w, group, i);
+            let h = K::head::<V, ALT>(w, group, i);
             let t = |j: usize| K::unit::<V>(w, group, i, j);
             if n == 2 {
-                let mut two = [acc[0], acc[1]];
-                K::tokens::<V, 2, GEMM4>(&h, t, [y(0, i), y(1, i)], &mut two);
-                acc[..2].copy_from_slice(&two);
+                K::tokens::<V, 2, ALT>(&h, t, [y(0, i), y(1, i)], &mut acc);
             } else {
                 let mut one = [acc[0]];
-                K::tokens::<V, 1, GEMM4>(&h, t, [y(0, i)], &mut one);
+                K::tokens::<V, 1, ALT>(&h, t, [y(0, i)], &mut one);
                 acc[0] = one[0];
             }
         }
-    } else {
-        let mut staged = core::mem::MaybeUninit::<[[V::I; UNIT]; UNITS]>::uninit();
-        let st = staged.as_mut_ptr().cast::<[V::I; UNIT]>();
-        for i in 0..nb {
-            for j in 0..UNITS {
-                st.add(j).write(K::unit::<V>(w, group, i, j));
-            }
-            let h = K::head::<V>(w, group, i);
-            // SAFETY: every unit was written just above.
-            let t = |j: usize| *st.add(j);
-            let mut c0 = 0;
-            while c0 + 4 <= n {
-                let mut acc4: [[V::F; 2]; 4] = core::array::from_fn(|q| acc[c0 + q]);
-                let ys = core::array::from_fn(|q| y(c0 + q, i));
-                K::tokens::<V, 4, GEMM4>(&h, t, ys, &mut acc4);
-                acc[c0..c0 + 4].copy_from_slice(&acc4);
-                c0 += 4;
-            }
-            for (c, acc) in acc.iter_mut().enumerate().take(n).skip(c0) {
-                let mut one = [*acc];
-                K::tokens::<V, 1, GEMM4>(&h, t, [y(c, i)], &mut one);
-                *acc = one[0];
-            }
+        for (c, acc) in acc.into_iter().enumerate().take(n) {
+            store(c, acc);
+        }
+        return;
+    }
+    // Only the first `n` token slots are used: initialized here, not all of them.
+    let mut acc_m = core::mem::MaybeUninit::<[[V::F; ACC]; FAST_TILE_TOKENS]>::uninit();
+    let acc = acc_m.as_mut_ptr().cast::<[V::F; ACC]>();
+    for c in 0..n {
+        acc.add(c).write([V::zero_f(); ACC]);
+    }
+    // SAFETY: slots 0..n were written just above (n <= FAST_TILE_TOKENS, checked).
+    let acc = core::slice::from_raw_parts_mut(acc, n);
+    let mut staged = core::mem::MaybeUninit::<[[V::I; UNIT]; UNITS]>::uninit();
+    let st = staged.as_mut_ptr().cast::<[V::I; UNIT]>();
+    for i in 0..nb {
+        for j in 0..UNITS {
+            st.add(j).write(K::unit::<V>(w, group, i, j));
+        }
+        let h = K::head::<V, ALT>(w, group, i);
+        // SAFETY: every unit was written just above.
+        let t = |j: usize| *st.add(j);
+        let mut c0 = 0;
+        while c0 + 4 <= n {
+            let mut acc4: [[V::F; ACC]; 4] = core::array::from_fn(|q| acc[c0 + q]);
+            let ys = core::array::from_fn(|q| y(c0 + q, i));
+            K::tokens::<V, 4, ALT>(&h, t, ys, &mut acc4);
+            acc[c0..c0 + 4].copy_from_slice(&acc4);
+            c0 += 4;
+        }
+        for (c, acc) in acc.iter_mut().enumerate().skip(c0) {
+            let mut one = [*acc];
+            K::tokens::<V, 1, ALT>(&h, t, [y(c, i)], &mut one);
+            *acc = one[0];
         }
     }
-    for (c, acc) in acc.iter().enumerate().take(n) {
-        V::store(out.add(c * out_stride), K::finish::<V>(*acc));
+    for (c, acc) in acc.iter().enumerate() {
+        store(c, *acc);
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_avx2<K: KFormat, const GEMM4: bool>(c: KCall) {
-    body::<Y2, K, GEMM4>(c)
+unsafe fn run_avx2<K: KFormat, const ALT: bool>(c: KCall) {
+    body::<Y2, K, ALT>(c)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-unsafe fn run_vnni<K: KFormat, const GEMM4: bool>(c: KCall) {
-    body::<Yv, K, GEMM4>(c)
+unsafe fn run_vnni<K: KFormat, const ALT: bool>(c: KCall) {
+    body::<Yv, K, ALT>(c)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn run_512<K: KFormat, const GEMM4: bool>(c: KCall) {
-    body::<Z, K, GEMM4>(c)
+unsafe fn run_512<K: KFormat, const ALT: bool>(c: KCall) {
+    body::<Z, K, ALT>(c)
 }
 
 /// Validates a packed call of `rows` rows (whole groups, at most `max_rows`) and builds it.
@@ -796,4 +884,12 @@ packed_entries!(
     BlockQ6K,
     Q6K,
     false
+);
+packed_entries!(
+    q6_k_single_packed_avx2,
+    q6_k_single_packed_vnni,
+    q6_k_single_packed_512,
+    BlockQ6K,
+    Q6K,
+    true
 );

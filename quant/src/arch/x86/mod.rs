@@ -148,6 +148,7 @@ pub(crate) const ROWS: &[KernelRow] = {
     const Q4K_SINGLE: (DotFn, TileFn) = (k::q4_k_q8_k, k::q4_k_many_entry);
     const Q4K_GEMM4: (DotFn, TileFn) = (k::q4_k_q8_k_gemm4, k::q4_k_gemm4_many_entry);
     const Q6K_TILED: (DotFn, TileFn) = (k::q6_k_q8_k_tiled, k::q6_k_tiled_many_entry);
+    const Q6K_SINGLE: (DotFn, TileFn) = (k::q6_k_q8_k, k::q6_k_many_entry);
     use legacy as l;
     &[
         row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), false),
@@ -168,8 +169,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q4_K, Gemm4, Avx2), Q4K_GEMM4, p::q4_k_gemm4_packed_avx2, 8),
         packed_row_k((T::Q4_K, Gemm4, Avx2Vnni), Q4K_GEMM4, p::q4_k_gemm4_packed_vnni, 8),
         packed_row_k((T::Q4_K, Gemm4, Avx512), Q4K_GEMM4, p::q4_k_gemm4_packed_512, P16),
-        row(T::Q6_K, Single, Avx2, k::q6_k_q8_k, Some(k::q6_k_many_entry), false),
-        row(T::Q6_K, Tiled, Avx2, k::q6_k_q8_k_tiled, Some(k::q6_k_tiled_many_entry), false),
+        packed_row_k((T::Q6_K, Single, Avx2), Q6K_SINGLE, p::q6_k_single_packed_avx2, 8),
+        packed_row_k((T::Q6_K, Single, Avx2Vnni), Q6K_SINGLE, p::q6_k_single_packed_vnni, 8),
+        packed_row_k((T::Q6_K, Single, Avx512), Q6K_SINGLE, p::q6_k_single_packed_512, P16),
+        packed_row_k((T::Q6_K, Tiled, Avx2), Q6K_TILED, p::q6_k_packed_avx2, 8),
+        packed_row_k((T::Q6_K, Tiled, Avx2Vnni), Q6K_TILED, p::q6_k_packed_vnni, 8),
+        packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, p::q6_k_packed_512, P16),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
         row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
