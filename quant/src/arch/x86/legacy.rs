@@ -1596,7 +1596,7 @@ fast_packed512!(
 );
 
 // ---------------------------------------------------------------------------------------
-// llama.cpp's own order (`DotOrder::Single`) on packed rows.
+// llama.cpp's own order (`DotOrder::Single`) on packed rows, for the unsigned formats.
 //
 // ggml's x86 kernels sum a block in eight i32 lanes, lane `l` holding elements
 // `4l..4l+4`, and fuse each lane into its own float accumulator: exactly register `l` of
@@ -1605,53 +1605,42 @@ fast_packed512!(
 // and eight FMAs for eight rows, where ggml does the unpacking, products, conversion and
 // FMA for one row; the end is `hsum_float_8` done vertically across the eight
 // accumulators. Each lane does the twin's operations for its row: the bits of
-// `dot_q8_1` (and `dot_q8_0`). Only the unsigned formats (Q4_1, Q5_1) use it: for the
-// signed ones each register's offset correction is one more broadcast per token, and
-// measured slower than the file rows' tiles (qwen2.5-coder exact pp512 172 vs 217 t/s,
-// tg128 38 vs 43, Zen 4); smollm2 (Q4_1) pp512 went from 461 to 558-625 t/s.
+// `dot_q8_1`. Only Q4_1 and Q5_1: for the signed formats each register's offset
+// correction is one more broadcast per token, and a packed kernel for them measured
+// slower than the file rows' tiles (qwen2.5-coder exact pp512 172 vs 217 t/s, tg128 38
+// vs 43, Zen 4); smollm2 (Q4_1) pp512 went from 461 to 558-625 t/s.
 
-/// One token's products with one packed block: `t` the block's registers (unsigned
-/// weights with VNNI, else signed for the signed formats), `dx`/`mx` the rows' scales and
-/// mins, `(dy, sy)` the token's block scale and sum, `init(k)` the VNNI offset
-/// correction of register `k`.
+/// One token's products with one packed block of an unsigned format: `t` the block's
+/// registers, `(dx, mx)` the rows' scales and mins, `(dy, sy)` the token's block scale
+/// and sum.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn exact_block<T: Legacy, const VNNI: bool>(
+unsafe fn exact_block<const VNNI: bool>(
     t: &[__m256i; 8],
     yq: *const u8,
-    init: impl Fn(usize) -> i32,
     (dx, mx): (__m256, __m256),
     (dy, sy): (f32, f32),
     acc: &mut [__m256; 8],
     summs: &mut __m256,
 ) {
     let d = _mm256_mul_ps(dx, _mm256_set1_ps(dy));
-    let ones = _mm256_set1_epi16(1);
     for k in 0..8 {
         let y = bcast4(yq.add(4 * k));
         let isum = if VNNI {
-            let i0 = if T::SIGNED {
-                _mm256_set1_epi32(init(k))
-            } else {
-                _mm256_setzero_si256()
-            };
-            fast_dpbusd_vnni(i0, t[k], y)
-        } else if T::SIGNED {
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(t[k]), _mm256_sign_epi8(y, t[k]));
-            _mm256_madd_epi16(p, ones)
+            fast_dpbusd_vnni(_mm256_setzero_si256(), t[k], y)
         } else {
-            _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones)
+            // Unsigned weights of at most 31: no maddubs saturation.
+            _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), _mm256_set1_epi16(1))
         };
         acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[k]);
     }
-    if !T::SIGNED {
-        *summs = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), *summs);
-    }
+    *summs = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), *summs);
 }
 
-/// The kernel over one packed group (eight rows), `f` validated for it.
+/// The kernel over one packed group (eight rows) of an unsigned format, `f` validated
+/// for it.
 #[inline(always)]
 unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
+    const { assert!(!T::SIGNED, "the exact packed kernels take Q4_1 and Q5_1") };
     let FastCall {
         w,
         a,
@@ -1659,34 +1648,21 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
         n,
         ad,
         ad_stride,
-        sums,
-        use_sums,
         nb,
         out,
         out_col,
         ..
     } = f;
-    let per = if T::SIGNED { 1 } else { 2 };
-    let heads = if T::SIGNED { 1 } else { 2 };
-    // Block i of the group: its registers as the products want them, scales and mins.
+    // Block i of the group: its registers, the rows' scales and mins.
     let block = |i: usize| -> ([__m256i; 8], __m256, __m256) {
         // SAFETY (this closure): block i < nb of the group is inside `w`.
         let p = w.add(i * 8 * T::WB);
-        let mut t = packed_regs::<T>(p.add(16 * heads));
-        if VNNI && T::EIGHT_BIT {
-            // Q8_0 is stored signed; VNNI takes `q + 128` against the offset sums.
-            t = t.map(|v| _mm256_xor_si256(v, _mm256_set1_epi8(0x80u8 as i8)));
-        } else if !VNNI && T::SIGNED && !T::EIGHT_BIT {
-            // The 4/5-bit signed formats are stored as `q + offset`.
-            t = t.map(|v| _mm256_sub_epi8(v, _mm256_set1_epi8(T::OFFSET as i8)));
-        }
-        let dx = _mm256_cvtph_ps(ld128(p));
-        let mx = if T::SIGNED {
-            _mm256_setzero_ps()
-        } else {
-            _mm256_cvtph_ps(ld128(p.add(16)))
-        };
-        (t, dx, mx)
+        let t = packed_regs::<T>(p.add(32));
+        (
+            t,
+            _mm256_cvtph_ps(ld128(p)),
+            _mm256_cvtph_ps(ld128(p.add(16))),
+        )
     };
     // Token c's products with block i, from its registers.
     let token = |c: usize,
@@ -1697,24 +1673,15 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
                  summs: &mut __m256| {
         // SAFETY (this closure): token c < n, block i < nb of the checked call.
         let ab = a.add(c * stride + i * T::AB);
-        let yq = ab.add(T::A_QS);
         let ys = if ad_stride > 0 {
-            let q = ad.add(c * ad_stride + i * per);
-            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+            let q = ad.add(c * ad_stride + i * 2);
+            (*q, *q.add(1))
         } else {
             let h =
                 |o: usize| crate::f16::f16_to_f32(u16::from_le_bytes([*ab.add(o), *ab.add(o + 1)]));
-            (h(0), if T::SIGNED { 0.0 } else { h(2) })
+            (h(0), h(2))
         };
-        let init = |k: usize| {
-            if use_sums {
-                *sums.add((c * nb + i) * 8 + k)
-            } else {
-                let s: i32 = (0..4).map(|e| *yq.add(4 * k + e) as i8 as i32).sum();
-                -T::OFFSET * s
-            }
-        };
-        exact_block::<T, VNNI>(t, yq, init, dm, ys, acc, summs);
+        exact_block::<VNNI>(t, ab.add(T::A_QS), dm, ys, acc, summs);
     };
     let mut acc = [[_mm256_setzero_ps(); 8]; crate::contract::FAST_TILE_TOKENS];
     let mut summs = [_mm256_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
@@ -1752,14 +1719,12 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
         }
     }
     for c in 0..n {
-        // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3).
+        // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3),
+        // then the mins' sum.
         let x = &acc[c];
         let v: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(x[i + 4], x[i]));
-        let mut r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
-        if !T::SIGNED {
-            r = _mm256_add_ps(r, summs[c]);
-        }
-        _mm256_storeu_ps(out.add(c * out_col), r);
+        let r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
+        _mm256_storeu_ps(out.add(c * out_col), _mm256_add_ps(r, summs[c]));
     }
 }
 
@@ -1774,7 +1739,7 @@ unsafe fn exact_packed_vnni<T: Legacy>(f: FastCall) {
 }
 
 macro_rules! exact_packed_entry {
-    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
+    ($name:ident, $ty:ident, $w:ty, $imp:ident) => {
         /// llama.cpp's order on one packed group of eight rows.
         ///
         /// # Safety
@@ -1791,61 +1756,20 @@ macro_rules! exact_packed_entry {
             out_stride: usize,
         ) {
             assert_eq!(rows, 8, "packed tile: {rows} rows, not one group of eight");
-            let k = crate::contract::check_tile_rows::<$w, $a>(
-                w,
-                rows,
-                a,
-                stride,
+            fast_call::<$w, BlockQ8_1>(
+                (w, rows, a, stride),
                 side,
-                rows * n,
-                (8, crate::contract::FAST_TILE_TOKENS),
-                8,
-            );
-            $imp::<$ty>(FastCall {
-                w: w.as_ptr(),
-                wstride: k.wstride,
-                rows,
-                a: a.as_ptr(),
-                stride,
-                n: k.cols,
-                ad: side.scales.as_ptr(),
-                ad_stride: k.ad_stride,
-                sums: k.sums,
-                use_sums: k.use_sums,
-                nb: k.nb,
-                out,
-                out_row: 1,
-                out_col: out_stride,
-            })
+                n,
+                (out, 1, out_stride),
+                false,
+                $imp::<$ty>,
+                None,
+            )
         }
     };
 }
 
-exact_packed_entry!(
-    q4_1_packed_avx2,
-    Q4_1,
-    BlockQ4_1,
-    BlockQ8_1,
-    exact_packed_avx2
-);
-exact_packed_entry!(
-    q5_1_packed_avx2,
-    Q5_1,
-    BlockQ5_1,
-    BlockQ8_1,
-    exact_packed_avx2
-);
-exact_packed_entry!(
-    q4_1_packed_vnni,
-    Q4_1,
-    BlockQ4_1,
-    BlockQ8_1,
-    exact_packed_vnni
-);
-exact_packed_entry!(
-    q5_1_packed_vnni,
-    Q5_1,
-    BlockQ5_1,
-    BlockQ8_1,
-    exact_packed_vnni
-);
+exact_packed_entry!(q4_1_packed_avx2, Q4_1, BlockQ4_1, exact_packed_avx2);
+exact_packed_entry!(q5_1_packed_avx2, Q5_1, BlockQ5_1, exact_packed_avx2);
+exact_packed_entry!(q4_1_packed_vnni, Q4_1, BlockQ4_1, exact_packed_vnni);
+exact_packed_entry!(q5_1_packed_vnni, Q5_1, BlockQ5_1, exact_packed_vnni);
