@@ -25,11 +25,12 @@ use core::arch::x86_64::*;
 
 use super::legacy::bcast4;
 use super::simd::{ld128, ld256};
-use crate::contract::{check_tile_rows, ActSide, FAST_TILE_TOKENS};
+use crate::contract::{check_tile_rows, ActSide, TileIntoFn, FAST_TILE_TOKENS};
 use crate::formats::common::Block;
 use crate::formats::q4_k::BlockQ4K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
+use crate::isa::Isa;
 
 /// Registers (of `ROWS` rows x 4 elements) per super-block.
 const REGS: usize = 64;
@@ -426,8 +427,8 @@ struct Head<V: Rows> {
 /// What differs between the formats: how a packed super-block is unpacked and how a
 /// token's integer sums become floats.
 trait KFormat {
-    /// Bytes of one row's super-block.
-    const WB: usize;
+    /// The format's block (one row's super-block).
+    type Block: Block;
     /// The registers of unit `j` of super-block `i` of the groups at `w` (`group` bytes
     /// apart): register `k` of the unit holds elements `4k..4k+4` of it, unsigned.
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT];
@@ -449,12 +450,12 @@ struct Q4K;
 struct Q6K;
 
 impl KFormat for Q4K {
-    const WB: usize = 144;
+    type Block = BlockQ4K;
 
     #[inline(always)]
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
         let q = |g: usize, v: usize| {
-            ld256(w.add(g * group + i * 8 * Self::WB + 128 + 128 * b + 32 * v))
+            ld256(w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 128 + 128 * b + 32 * v))
         };
         core::array::from_fn(|k| {
             if k % 2 == 0 {
@@ -467,7 +468,7 @@ impl KFormat for Q4K {
 
     #[inline(always)]
     unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
-        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
         let sc = |g: usize, b: usize| bytes8::<false>(at(g).add(32 + 8 * b));
         let mins = |g: usize, b: usize| {
             let lo = bytes8::<false>(at(g).add(96 + 8 * (b % 4)));
@@ -553,11 +554,11 @@ impl KFormat for Q4K {
 }
 
 impl KFormat for Q6K {
-    const WB: usize = 210;
+    type Block = BlockQ6K;
 
     #[inline(always)]
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT] {
-        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
         let m = _mm256_set1_epi8(0x30);
         // Registers 8j..8j+8: sub-blocks 2j and 2j+1 (four registers each); register
         // 4u + r takes its low nibble, then its bit pair r moved to bits 4..6.
@@ -579,7 +580,7 @@ impl KFormat for Q6K {
 
     #[inline(always)]
     unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
-        let at = |g: usize| w.add(g * group + i * 8 * Self::WB);
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
         let sc = |g: usize, j: usize| bytes8::<true>(at(g).add(16 + 8 * j));
         let mut h = Head {
             sc: [V::zero(); 16],
@@ -796,110 +797,81 @@ fn kcall<W: Block>(
     }
 }
 
-/// Packed entry points (`crate::contract::TileIntoFn`) of one format and order: `$avx2`
-/// and `$vnni` take one group of eight rows, `$z` sixteen rows (or one group, through the
-/// VNNI ymm kernel).
-macro_rules! packed_entries {
-    ($avx2:ident, $vnni:ident, $z:ident, $w:ty, $k:ty, $gemm4:literal) => {
-        /// # Safety
-        /// See [`crate::contract::TileIntoFn`]; AVX2, FMA and F16C available.
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $avx2(
-            w: &[u8],
-            rows: usize,
-            a: &[u8],
-            stride: usize,
-            side: ActSide<'_>,
-            n: usize,
-            out: *mut f32,
-            out_stride: usize,
-        ) {
-            let c = kcall::<$w>(8, w, rows, a, stride, side, n, out, out_stride);
-            run_avx2::<$k, $gemm4>(c)
-        }
-
-        /// # Safety
-        /// See [`crate::contract::TileIntoFn`]; AVX2 and AVX-512 VNNI/VL available.
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $vnni(
-            w: &[u8],
-            rows: usize,
-            a: &[u8],
-            stride: usize,
-            side: ActSide<'_>,
-            n: usize,
-            out: *mut f32,
-            out_stride: usize,
-        ) {
-            let c = kcall::<$w>(8, w, rows, a, stride, side, n, out, out_stride);
-            run_vnni::<$k, $gemm4>(c)
-        }
-
-        /// # Safety
-        /// See [`crate::contract::TileIntoFn`]; AVX-512 F/BW/DQ/VL/VNNI available.
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $z(
-            w: &[u8],
-            rows: usize,
-            a: &[u8],
-            stride: usize,
-            side: ActSide<'_>,
-            n: usize,
-            out: *mut f32,
-            out_stride: usize,
-        ) {
-            let c = kcall::<$w>(PACKED512_ROWS, w, rows, a, stride, side, n, out, out_stride);
-            if rows == 8 {
-                run_vnni::<$k, $gemm4>(c)
-            } else if c.n <= 2 {
-                // Decode streams each group through the ymm kernel in turn: one ascending
-                // stream at a time (the sixteen-row pass reads two groups at once and
-                // measured 5.5-5.8 vs 7.7-8.6 t/s on the 8B model's tg32, Zen 4).
-                run_vnni::<$k, $gemm4>(c);
-                run_vnni::<$k, $gemm4>(KCall {
-                    w: c.w.add(c.group),
-                    out: c.out.add(8),
-                    ..c
-                })
-            } else {
-                run_512::<$k, $gemm4>(c)
-            }
-        }
-    };
-}
+/// The x86 levels a packed entry runs at (its `LEVEL`).
+const AVX2: u8 = 0;
+const VNNI: u8 = 1;
+const AVX512: u8 = 2;
 
 /// Rows of one AVX-512 packed call: two groups.
 pub(super) const PACKED512_ROWS: usize = 16;
 
-packed_entries!(
-    q4_k_packed_avx2,
-    q4_k_packed_vnni,
-    q4_k_packed_512,
-    BlockQ4K,
-    Q4K,
-    false
-);
-packed_entries!(
-    q4_k_gemm4_packed_avx2,
-    q4_k_gemm4_packed_vnni,
-    q4_k_gemm4_packed_512,
-    BlockQ4K,
-    Q4K,
-    true
-);
-packed_entries!(
-    q6_k_packed_avx2,
-    q6_k_packed_vnni,
-    q6_k_packed_512,
-    BlockQ6K,
-    Q6K,
-    false
-);
-packed_entries!(
-    q6_k_single_packed_avx2,
-    q6_k_single_packed_vnni,
-    q6_k_single_packed_512,
-    BlockQ6K,
-    Q6K,
-    true
-);
+/// A packed tile (`crate::contract::TileIntoFn`) of format `K` (`ALT`: its second order)
+/// at `LEVEL`: AVX2 and AVX2+VNNI take one group of eight rows, AVX-512 sixteen rows (or
+/// one group, through the VNNI ymm kernel).
+///
+/// # Safety
+/// See [`crate::contract::TileIntoFn`]; the features of `LEVEL` available.
+#[allow(clippy::too_many_arguments)]
+unsafe fn packed<K: KFormat, const ALT: bool, const LEVEL: u8>(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: ActSide<'_>,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let max_rows = if LEVEL == AVX512 { PACKED512_ROWS } else { 8 };
+    let c = kcall::<K::Block>(max_rows, w, rows, a, stride, side, n, out, out_stride);
+    match LEVEL {
+        AVX2 => run_avx2::<K, ALT>(c),
+        VNNI => run_vnni::<K, ALT>(c),
+        _ if rows == 8 => run_vnni::<K, ALT>(c),
+        _ if c.n <= 2 => {
+            // Decode streams each group through the ymm kernel in turn: one ascending
+            // stream at a time (the sixteen-row pass reads two groups at once and
+            // measured 5.5-5.8 vs 7.7-8.6 t/s on the 8B model's tg32, Zen 4).
+            run_vnni::<K, ALT>(c);
+            run_vnni::<K, ALT>(KCall {
+                w: c.w.add(c.group),
+                out: c.out.add(8),
+                ..c
+            })
+        }
+        _ => run_512::<K, ALT>(c),
+    }
+}
+
+/// The packed tiles of one format and order at each x86 level.
+pub(super) struct Tiles {
+    avx2: TileIntoFn,
+    vnni: TileIntoFn,
+    avx512: TileIntoFn,
+}
+
+impl Tiles {
+    const fn of<K: KFormat, const ALT: bool>() -> Tiles {
+        Tiles {
+            avx2: packed::<K, ALT, AVX2>,
+            vnni: packed::<K, ALT, VNNI>,
+            avx512: packed::<K, ALT, AVX512>,
+        }
+    }
+
+    /// The tile written for `isa` and the rows it takes per call at most.
+    pub(super) const fn at(&self, isa: Isa) -> (TileIntoFn, usize) {
+        match isa {
+            Isa::Avx512 => (self.avx512, PACKED512_ROWS),
+            Isa::Avx2Vnni => (self.vnni, 8),
+            _ => (self.avx2, 8),
+        }
+    }
+}
+
+/// Q4_K in its `Single` order (also its fast order) and its `Gemm4` order.
+pub(super) const Q4_K_SINGLE: Tiles = Tiles::of::<Q4K, false>();
+pub(super) const Q4_K_GEMM4: Tiles = Tiles::of::<Q4K, true>();
+/// Q6_K in its `Tiled` order (also its fast order) and its `Single` order.
+pub(super) const Q6_K_TILED: Tiles = Tiles::of::<Q6K, false>();
+pub(super) const Q6_K_SINGLE: Tiles = Tiles::of::<Q6K, true>();

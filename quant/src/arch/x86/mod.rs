@@ -116,16 +116,16 @@ const fn exact_packed(r: KernelRow, packed: TileIntoFn) -> KernelRow {
     }
 }
 
-/// A K-quant row with a packed tile (`packed_rows` rows per call): the one-row and tile
-/// kernels over the file's rows are the AVX2 ones of the same order at every level.
-/// Q4_K's llama.cpp orders have one (its repacked matrices, rows a multiple of eight),
-/// and the K-quants' fast orders, which sum like one of llama.cpp's (`DotOrder::Fast`).
+/// A K-quant row with a packed tile (`tiles` at `isa`): the one-row and tile kernels over
+/// the file's rows are the AVX2 ones of the same order at every level. Q4_K's and Q6_K's
+/// llama.cpp orders have one, and their fast orders, which sum like one of llama.cpp's
+/// (`DotOrder::Fast`).
 const fn packed_row_k(
     (ty, order, isa): (GgmlType, DotOrder, Isa),
     (dot, tile): (DotFn, TileFn),
-    packed: TileIntoFn,
-    packed_rows: usize,
+    tiles: &kpacked::Tiles,
 ) -> KernelRow {
+    let (packed, packed_rows) = tiles.at(isa);
     KernelRow {
         packed_into: Some(packed),
         packed_rows,
@@ -144,7 +144,6 @@ pub(crate) const ROWS: &[KernelRow] = {
     use Isa::{Avx2, Avx2Vnni, Avx512};
     use kpacked as p;
     use kquants as k;
-    const P16: usize = p::PACKED512_ROWS;
     const Q4K_SINGLE: (DotFn, TileFn) = (k::q4_k_q8_k, k::q4_k_many_entry);
     const Q4K_GEMM4: (DotFn, TileFn) = (k::q4_k_q8_k_gemm4, k::q4_k_gemm4_many_entry);
     const Q6K_TILED: (DotFn, TileFn) = (k::q6_k_q8_k_tiled, k::q6_k_tiled_many_entry);
@@ -162,19 +161,19 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
         exact_packed(row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false), l::q5_1_packed_vnni),
         row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
-        packed_row_k((T::Q4_K, Single, Avx2), Q4K_SINGLE, p::q4_k_packed_avx2, 8),
-        packed_row_k((T::Q4_K, Single, Avx2Vnni), Q4K_SINGLE, p::q4_k_packed_vnni, 8),
-        packed_row_k((T::Q4_K, Single, Avx512), Q4K_SINGLE, p::q4_k_packed_512, P16),
+        packed_row_k((T::Q4_K, Single, Avx2), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q4_K, Single, Avx2Vnni), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q4_K, Single, Avx512), Q4K_SINGLE, &p::Q4_K_SINGLE),
         row(T::Q4_K, Tiled, Avx2, k::q4_k_q8_k_tiled, Some(k::q4_k_tiled_many_entry), false),
-        packed_row_k((T::Q4_K, Gemm4, Avx2), Q4K_GEMM4, p::q4_k_gemm4_packed_avx2, 8),
-        packed_row_k((T::Q4_K, Gemm4, Avx2Vnni), Q4K_GEMM4, p::q4_k_gemm4_packed_vnni, 8),
-        packed_row_k((T::Q4_K, Gemm4, Avx512), Q4K_GEMM4, p::q4_k_gemm4_packed_512, P16),
-        packed_row_k((T::Q6_K, Single, Avx2), Q6K_SINGLE, p::q6_k_single_packed_avx2, 8),
-        packed_row_k((T::Q6_K, Single, Avx2Vnni), Q6K_SINGLE, p::q6_k_single_packed_vnni, 8),
-        packed_row_k((T::Q6_K, Single, Avx512), Q6K_SINGLE, p::q6_k_single_packed_512, P16),
-        packed_row_k((T::Q6_K, Tiled, Avx2), Q6K_TILED, p::q6_k_packed_avx2, 8),
-        packed_row_k((T::Q6_K, Tiled, Avx2Vnni), Q6K_TILED, p::q6_k_packed_vnni, 8),
-        packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, p::q6_k_packed_512, P16),
+        packed_row_k((T::Q4_K, Gemm4, Avx2), Q4K_GEMM4, &p::Q4_K_GEMM4),
+        packed_row_k((T::Q4_K, Gemm4, Avx2Vnni), Q4K_GEMM4, &p::Q4_K_GEMM4),
+        packed_row_k((T::Q4_K, Gemm4, Avx512), Q4K_GEMM4, &p::Q4_K_GEMM4),
+        packed_row_k((T::Q6_K, Single, Avx2), Q6K_SINGLE, &p::Q6_K_SINGLE),
+        packed_row_k((T::Q6_K, Single, Avx2Vnni), Q6K_SINGLE, &p::Q6_K_SINGLE),
+        packed_row_k((T::Q6_K, Single, Avx512), Q6K_SINGLE, &p::Q6_K_SINGLE),
+        packed_row_k((T::Q6_K, Tiled, Avx2), Q6K_TILED, &p::Q6_K_TILED),
+        packed_row_k((T::Q6_K, Tiled, Avx2Vnni), Q6K_TILED, &p::Q6_K_TILED),
+        packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, &p::Q6_K_TILED),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
         row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
@@ -196,11 +195,11 @@ pub(crate) const ROWS: &[KernelRow] = {
         fast_row512(T::Q5_1, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed512_into), false),
         fast_row512(T::Q8_0, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed512_into), true),
         // The K-quants' fast orders (Q4_K: `Single`, Q6_K: `Tiled`) on packed rows.
-        packed_row_k((T::Q4_K, Fast, Avx2), Q4K_SINGLE, p::q4_k_packed_avx2, 8),
-        packed_row_k((T::Q4_K, Fast, Avx2Vnni), Q4K_SINGLE, p::q4_k_packed_vnni, 8),
-        packed_row_k((T::Q4_K, Fast, Avx512), Q4K_SINGLE, p::q4_k_packed_512, P16),
-        packed_row_k((T::Q6_K, Fast, Avx2), Q6K_TILED, p::q6_k_packed_avx2, 8),
-        packed_row_k((T::Q6_K, Fast, Avx2Vnni), Q6K_TILED, p::q6_k_packed_vnni, 8),
-        packed_row_k((T::Q6_K, Fast, Avx512), Q6K_TILED, p::q6_k_packed_512, P16),
+        packed_row_k((T::Q4_K, Fast, Avx2), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q4_K, Fast, Avx2Vnni), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q4_K, Fast, Avx512), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q6_K, Fast, Avx2), Q6K_TILED, &p::Q6_K_TILED),
+        packed_row_k((T::Q6_K, Fast, Avx2Vnni), Q6K_TILED, &p::Q6_K_TILED),
+        packed_row_k((T::Q6_K, Fast, Avx512), Q6K_TILED, &p::Q6_K_TILED),
     ]
 };
