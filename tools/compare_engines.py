@@ -15,26 +15,11 @@ Only same-run ratios mean anything on a shared machine; the medians are printed 
 context.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-
-def run_json(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout)
-
-
-def model_path(m):
-    if os.path.isfile(m):
-        return m
-    base = os.environ.get("RLLAMA_MODELS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rllama", "models")
-    return os.path.join(base, m + ".gguf")
+from native_vs_intool import model_path, run_json
 
 
 def test_name(o):
