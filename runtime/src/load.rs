@@ -85,14 +85,20 @@ impl ModelFile {
         })
     }
 
-    /// Builds the model (weights stay in the mapped file).
+    /// Builds the model (weights stay in the mapped file, the packable ones packed for
+    /// its numerics).
     pub fn model(&self) -> Result<Model, LoadError> {
-        let mut m = Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
-            path: self.path.clone(),
-            source,
-        })?;
+        let mut m = self.unpacked()?;
         m.set_numerics(self.numerics);
         Ok(m)
+    }
+
+    /// The model over the mapped file, nothing packed yet.
+    fn unpacked(&self) -> Result<Model, LoadError> {
+        Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     /// Builds the model with its weights placed as `weights` says, for `threads` compute

@@ -227,9 +227,16 @@ fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
 }
 
 impl Model {
+    /// Opens and builds the model in the exact numerics, its packable matrices packed.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        Model::from_gguf(Arc::new(GgufFile::open(path)?))
+        let mut m = Model::from_gguf(Arc::new(GgufFile::open(path)?))?;
+        m.set_numerics(Numerics::Exact);
+        Ok(m)
     }
+
+    /// Builds the model over the mapped file, exact numerics, nothing packed yet: the
+    /// caller packs once its numerics and weight placement are final
+    /// ([`Model::set_numerics`]), so no packing is done twice.
 
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = Config::from_gguf(&file)?;
@@ -344,7 +351,7 @@ impl Model {
                 },
             });
         }
-        let mut m = Model {
+        Ok(Model {
             config,
             file,
             tok_embd,
@@ -357,10 +364,7 @@ impl Model {
             numerics: Numerics::Exact,
             packed: None,
             device: None,
-        };
-        // The exact mode's packed matrices (Q4_K) are packed at load.
-        m.set_numerics(Numerics::Exact);
-        Ok(m)
+        })
     }
 
     pub fn file(&self) -> &GgufFile {
@@ -393,12 +397,12 @@ impl Model {
 
     /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
     ///
-    /// The matrices with packed kernels for these numerics are repacked once here (eight
-    /// rows interleaved block by block, `crate::packed`; Q4_K in both modes, the other
-    /// formats of the fast order in it), unless `RLLAMA_NO_PACK` is set or the weights were
-    /// placed in node memory: the same bits, read as one stream. Packing is only a
-    /// speed-up: where its memory cannot be had the model says so and multiplies the
-    /// file's rows.
+    /// The matrices with packed kernels for these numerics are repacked here, once per
+    /// change of numerics (eight rows interleaved block by block, `crate::packed`: Q4_1,
+    /// Q5_1, Q4_K and Q6_K in both modes, Q4_0, Q5_0 and Q8_0 in the fast one), unless
+    /// `RLLAMA_NO_PACK` is set or the weights were placed in node memory: the same bits,
+    /// read as one stream. Packing is only a speed-up: where its memory cannot be had the
+    /// model says so and multiplies the file's rows.
     pub fn set_numerics(&mut self, numerics: Numerics) {
         self.numerics = numerics;
         if self.copies.is_some()
