@@ -771,6 +771,16 @@ impl AnonMap {
         }
     }
 
+    /// Asks for small pages only: a huge page is placed whole on one node, which would
+    /// make an interleaved copy alternate in 2 MiB steps instead of page by page.
+    pub fn advise_small_pages(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: advice on our own mapping.
+        unsafe {
+            libc::madvise(self.ptr.cast(), self.len, libc::MADV_NOHUGEPAGE);
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -869,6 +879,12 @@ impl NodeMemory {
                     std::io::Error::last_os_error()
                 )));
             }
+        }
+        // Interleaving is page by page: with transparent huge pages the kernel would
+        // place 2 MiB at a time, and a small copy would split unevenly between nodes
+        // (seen in the lab: 2467 / 1955 pages of an 18 MB model).
+        if matches!(mem.policy, Policy::Interleave(_)) {
+            mem.mem.advise_small_pages();
         }
         fill(mem.bytes_mut());
         Ok(mem)
