@@ -237,7 +237,6 @@ impl Model {
     /// Builds the model over the mapped file, exact numerics, nothing packed yet: the
     /// caller packs once its numerics and weight placement are final
     /// ([`Model::set_numerics`]), so no packing is done twice.
-
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
         let config = Config::from_gguf(&file)?;
         let c = &config;
