@@ -5,6 +5,9 @@
 //! Workers spin briefly on the job generation, then yield, then park on a condvar: the many
 //! small ops of one decode step do not pay a futex wake-up each, and a machine with more
 //! runnable threads than cores is not starved by spinners (yielding hands the core over).
+//! A worker takes part in a job only if it arrives before the caller has seen every task
+//! handed out: the caller never waits for a worker that is off its CPU (a shared machine)
+//! unless that worker holds a task.
 //!
 //! By default each worker is pinned to its own CPU (Linux): worker i (the caller being
 //! thread 0) gets the i-th CPU the caller is allowed to run on, so `taskset` and `numactl`
@@ -30,18 +33,47 @@ use crate::numa::{self, NumaError, NumaMode, ThreadPlan};
 type Task = dyn Fn(usize) + Sync;
 
 struct Job {
-    /// Lifetime erased; `run` does not return before every worker has left the job.
+    /// Lifetime erased; `run` does not return before every worker that entered the job
+    /// has left it, and no worker enters a closed job.
     f: *const Task,
     n: usize,
     next: AtomicUsize,
+    /// [`CLOSED`] once the caller has seen every task handed out, plus the number of
+    /// workers inside the job.
+    state: AtomicUsize,
+}
+
+/// The bit of [`Job::state`] that closes a job to workers that have not entered it yet.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+impl Job {
+    /// A worker joins the job, unless the caller has already closed it.
+    fn enter(&self) -> bool {
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            if s & CLOSED != 0 {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Workers still inside the job.
+    fn inside(&self) -> usize {
+        self.state.load(Ordering::Acquire) & !CLOSED
+    }
 }
 
 struct Shared {
     generation: AtomicU64,
     job: Mutex<Option<Arc<JobHandle>>>,
     wake: Condvar,
-    /// Workers still inside the current job.
-    busy: AtomicUsize,
     done_lock: Mutex<()>,
     done: Condvar,
     shutdown: AtomicBool,
@@ -52,6 +84,8 @@ struct Shared {
     /// The caller is (about to be) waiting on `done`: the last worker out skips the
     /// notification syscall otherwise.
     caller_waiting: AtomicBool,
+    #[cfg(test)]
+    arrival_delay_ms: AtomicU64,
 }
 
 struct JobHandle(Job);
@@ -208,13 +242,14 @@ impl ThreadPool {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
             wake: Condvar::new(),
-            busy: AtomicUsize::new(0),
             done_lock: Mutex::new(()),
             done: Condvar::new(),
             shutdown: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             parked: AtomicUsize::new(0),
             caller_waiting: AtomicBool::new(false),
+            #[cfg(test)]
+            arrival_delay_ms: AtomicU64::new(0),
         });
         // Workers place themselves first thing and report whether it took.
         let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<bool>();
@@ -323,8 +358,8 @@ impl ThreadPool {
             (0..n).for_each(f);
             return;
         }
-        // SAFETY: erase the closure's lifetime; we wait below until `busy` is zero, after
-        // which no worker touches the job again.
+        // SAFETY: erase the closure's lifetime; below we close the job and wait until no
+        // worker is inside it, after which no worker calls the closure again.
         let f_static: *const Task = unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Task>(f as *const _)
         };
@@ -332,8 +367,8 @@ impl ThreadPool {
             f: f_static,
             n,
             next: AtomicUsize::new(0),
+            state: AtomicUsize::new(0),
         }));
-        self.shared.busy.store(self.workers.len(), Ordering::SeqCst);
         {
             // Bumped under the lock a parking worker checks it under: no lost wake-up.
             let mut slot = self.shared.job.lock().unwrap();
@@ -348,12 +383,16 @@ impl ThreadPool {
 
         let caller = catch_unwind(AssertUnwindSafe(|| work(&job.0)));
 
+        // Every task is handed out (or the caller's task panicked). Workers that have not
+        // entered yet are not waited for: on a busy machine a worker that is off its CPU
+        // would otherwise hold up a job that is already done, once per operation.
+        job.0.state.fetch_or(CLOSED, Ordering::AcqRel);
         let mut step = 0u32;
-        while self.shared.busy.load(Ordering::Acquire) != 0 {
+        while job.0.inside() != 0 {
             if !backoff(&mut step) {
                 let g = self.shared.done_lock.lock().unwrap();
                 self.shared.caller_waiting.store(true, Ordering::SeqCst);
-                if self.shared.busy.load(Ordering::SeqCst) != 0 {
+                if job.0.inside() != 0 {
                     let _g = self
                         .shared
                         .done
@@ -415,15 +454,18 @@ fn worker(shared: Arc<Shared>) {
                 }
             }
         }
+        #[cfg(test)]
+        tests::late_arrival(&shared);
         let job = shared.job.lock().unwrap().clone();
-        if let Some(job) = job {
-            if catch_unwind(AssertUnwindSafe(|| work(&job.0))).is_err() {
-                shared.panicked.store(true, Ordering::SeqCst);
-            }
+        let Some(job) = job else { continue };
+        if !job.0.enter() {
+            continue;
         }
-        if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1
-            && shared.caller_waiting.load(Ordering::SeqCst)
-        {
+        if catch_unwind(AssertUnwindSafe(|| work(&job.0))).is_err() {
+            shared.panicked.store(true, Ordering::SeqCst);
+        }
+        let before = job.0.state.fetch_sub(1, Ordering::AcqRel);
+        if before & !CLOSED == 1 && shared.caller_waiting.load(Ordering::SeqCst) {
             let _g = shared.done_lock.lock().unwrap();
             shared.done.notify_all();
         }
@@ -472,6 +514,46 @@ impl<T> SharedMut<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A worker sleeps `arrival_delay_ms` between seeing a job and entering it (a worker
+    /// that a busy machine keeps off its CPU), for the test below.
+    pub(super) fn late_arrival(shared: &Shared) {
+        let ms = shared.arrival_delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+
+    #[test]
+    fn caller_does_not_wait_for_a_worker_that_has_not_arrived() {
+        let pool = ThreadPool::new(2);
+        pool.run(4, &|_| {}); // the worker is up
+        std::thread::sleep(std::time::Duration::from_millis(50)); // and parked
+        pool.shared.arrival_delay_ms.store(400, Ordering::SeqCst);
+        let calls = AtomicUsize::new(0);
+        let t0 = std::time::Instant::now();
+        pool.run(16, &|_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+        });
+        let took = t0.elapsed();
+        pool.shared.arrival_delay_ms.store(0, Ordering::SeqCst);
+        assert_eq!(calls.load(Ordering::SeqCst), 16);
+        assert!(
+            took < std::time::Duration::from_millis(300),
+            "the caller ran every task itself and returned without the late worker: {took:?}"
+        );
+        // The late worker finds the job closed and takes nothing from it, nor from the
+        // ones after.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(calls.load(Ordering::SeqCst), 16);
+        let total = AtomicUsize::new(0);
+        for _ in 0..100 {
+            pool.run(8, &|i| {
+                total.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 100 * 28);
+    }
 
     #[test]
     fn runs_every_index_once() {
