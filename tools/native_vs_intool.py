@@ -7,6 +7,7 @@ then prints medians (tokens/s) and ratios to the best native configuration.
   tools/native_vs_intool.py --llama-bench BUILD/bin/llama-bench \\
       --rbench after=target/release/rbench --rbench before=/tmp/rbench-old \\
       -m smollm2-135m -m gemma3-270m -p 512 -n 128 -t 2 --rounds 3
+  ... --ours --numerics exact,fast     # our engine too, in both numerics
 
 A native llama-bench: cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON on a llama.cpp
 checkout (llama.cpp's own defaults otherwise: OpenMP, repacking, llamafile sgemm).
@@ -45,6 +46,8 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ours", action="store_true", help="also run our engine (with every rbench build)")
+    ap.add_argument("--numerics", default="exact",
+                    help="our engine's numerics with --ours: exact, fast, or exact,fast (both)")
     ap.add_argument("--no-intool", action="store_true",
                     help="skip rbench's llama.cpp (its pp at depth > 0 is not supported yet)")
     a = ap.parse_args()
@@ -68,7 +71,9 @@ def main():
                 jobs.append((f"in-tool {label}", [exe, "--engine", "llamacpp", "-m", path] + common))
             if a.ours:
                 for label, exe in rbenches:
-                    jobs.append((f"ours {label}", [exe, "--engine", "rllama", "-m", path] + common))
+                    for num in a.numerics.split(","):
+                        jobs.append((f"ours {label} {num}", [exe, "--engine", "rllama", "--numerics",
+                                                              num, "-m", path] + common))
             if rnd % 2:
                 jobs.reverse()
             for who, cmd in jobs:

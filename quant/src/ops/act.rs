@@ -11,7 +11,9 @@ fn c(bits: u32) -> f32 {
     f32::from_bits(bits)
 }
 
-/// ggml's `ggml_v_expf` for one element (the vector code is element-wise).
+/// ggml's `ggml_v_expf` for one element (the vector code is element-wise). Written
+/// without branches (every case computed, then selected) so that loops over it
+/// vectorize.
 #[inline(always)]
 pub fn expf(fl: Flavor, x: f32) -> f32 {
     let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
@@ -24,29 +26,32 @@ pub fn expf(fl: Flavor, x: f32) -> f32 {
     match fl {
         Flavor::Avx512 => {
             let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-            if n.abs() > 192.0 {
-                return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-            }
             // vscalefps: j * 2^n rounded once. Both halves of n keep the intermediate
             // normal, so the first product is exact and only the second rounds.
             let ni = n as i32;
-            let (n1, n2) = (ni >> 1, ni - (ni >> 1));
-            j * pow2(n1) * pow2(n2)
+            let (n1, n2) = (ni >> 1, ni.wrapping_sub(ni >> 1));
+            let scaled = j * pow2(n1) * pow2(n2);
+            let edge = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+            if n.abs() > 192.0 {
+                edge
+            } else {
+                scaled
+            }
         }
         Flavor::Avx2 => {
             let j = poly.mul_add(u, c(0x3f7f_fff6) * b);
             let e = z.to_bits() << 23;
             let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
-            if n.abs() <= 126.0 {
-                return j.mul_add(k, k);
-            }
             let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
             let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
             let s2 = f32::from_bits(e.wrapping_sub(g));
-            if n.abs() > 192.0 {
-                s1 * s1
+            let (inside, huge, between) = (j.mul_add(k, k), s1 * s1, s2.mul_add(j, s2) * s1);
+            if n.abs() <= 126.0 {
+                inside
+            } else if n.abs() > 192.0 {
+                huge
             } else {
-                s2.mul_add(j, s2) * s1
+                between
             }
         }
     }
@@ -54,7 +59,7 @@ pub fn expf(fl: Flavor, x: f32) -> f32 {
 
 #[inline(always)]
 fn pow2(k: i32) -> f32 {
-    f32::from_bits(((k + 127) as u32) << 23)
+    f32::from_bits((k.wrapping_add(127) as u32) << 23)
 }
 
 fma_twin! {
@@ -130,6 +135,73 @@ impl Gelu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ggml_v_expf` case by case, with branches (the form `expf` had before it was made
+    /// branch-free).
+    fn expf_branchy(fl: Flavor, x: f32) -> f32 {
+        let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
+        let n = z - SHIFT;
+        let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+        let u = b * b;
+        let poly = c(0x3c07_2010)
+            .mul_add(b, c(0x3d2b_9f17))
+            .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+        match fl {
+            Flavor::Avx512 => {
+                let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+                if n.abs() > 192.0 {
+                    return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+                }
+                let ni = n as i32;
+                let (n1, n2) = (ni >> 1, ni - (ni >> 1));
+                j * pow2(n1) * pow2(n2)
+            }
+            Flavor::Avx2 => {
+                let j = poly.mul_add(u, c(0x3f7f_fff6) * b);
+                let e = z.to_bits() << 23;
+                let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
+                if n.abs() <= 126.0 {
+                    return j.mul_add(k, k);
+                }
+                let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+                let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+                let s2 = f32::from_bits(e.wrapping_sub(g));
+                if n.abs() > 192.0 {
+                    s1 * s1
+                } else {
+                    s2.mul_add(j, s2) * s1
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn branch_free_expf_gives_the_case_by_case_bits() {
+        let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 0.0075).collect();
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            1e-30,
+            -88.7,
+            88.7,
+            -103.9,
+            -132.0,
+            133.0,
+        ]);
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for &x in &xs {
+                assert_eq!(
+                    expf(fl, x).to_bits(),
+                    expf_branchy(fl, x).to_bits(),
+                    "{fl:?} exp({x})"
+                );
+            }
+        }
+    }
 
     #[test]
     fn expf_is_close_to_libm() {

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::f16::{scores_f16, weighted_rows_f16};
+use super::f16::{round_to_f16, scores_f16, weighted_rows_f16};
 use super::softmax::softmax;
 use crate::order::{F16Order, Flavor};
 
@@ -64,7 +64,8 @@ pub fn attend_head(
         let mut s = s.borrow_mut();
         let (scores, q16) = &mut *s;
         q16.clear();
-        q16.extend(q.iter().map(|&v| f16::from_f32(v).to_f32()));
+        q16.extend_from_slice(q);
+        round_to_f16(q16);
         scores_f16(
             p.flavor,
             p.order,
@@ -77,9 +78,7 @@ pub fn attend_head(
             scores,
         );
         softmax(p.flavor, scores, first_cell);
-        scores
-            .iter_mut()
-            .for_each(|p| *p = f16::from_f32(*p).to_f32());
+        round_to_f16(scores);
         weighted_rows_f16(
             p.flavor,
             p.order,

@@ -98,6 +98,22 @@ pub fn scores_f16(
     }
 }
 
+/// Rounds every value to f16 and back (round to nearest even), in place: what ggml does
+/// to the query and the probabilities before their f16 products.
+pub fn round_to_f16(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2 and F16C.
+        return unsafe { crate::arch::x86::f16::round_to_f16(x) };
+    }
+    round_to_f16_scalar(x)
+}
+
+/// Scalar twin of [`round_to_f16`].
+pub fn round_to_f16_scalar(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32());
+}
+
 /// Panics unless there is one weight per slot and every row read lies inside `cache`
 /// (what the SIMD [`sum_rows_f16`] relies on).
 fn check_rows(n: usize, ps: &[f32], cache: &[f16], slots: &[usize], stride: usize, offset: usize) {
@@ -277,6 +293,33 @@ pub fn weighted_rows_f16(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_to_f16_matches_its_twin() {
+        let mut x: Vec<f32> = (0..1000)
+            .map(|i| ((i as f32) * 0.7311).sin() * 10f32.powi(i % 13 - 6))
+            .collect();
+        x.extend([
+            0.0,
+            -0.0,
+            65504.0,
+            65520.0,
+            1e9,
+            -1e9,
+            6e-8,
+            3e-8,
+            f32::INFINITY,
+        ]);
+        for n in [0, 1, 7, 8, 9, 31, x.len()] {
+            let (mut a, mut b) = (x[..n].to_vec(), x[..n].to_vec());
+            round_to_f16(&mut a);
+            round_to_f16_scalar(&mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
 
     #[test]
     fn f16_orders_are_dot_products() {

@@ -303,3 +303,18 @@ pub(crate) unsafe fn scores_f16_keys(
         out[s] = dot_f16(fl, ord, a, r) * scale;
     }
 }
+
+/// [`crate::ops::f16::round_to_f16`], eight values per conversion.
+///
+/// # Safety
+/// AVX2 and F16C must be available.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn round_to_f16(x: &mut [f32]) {
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        let v = _mm256_loadu_ps(c.as_ptr());
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+        _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+    }
+    crate::ops::f16::round_to_f16_scalar(chunks.into_remainder());
+}
