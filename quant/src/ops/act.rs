@@ -16,13 +16,7 @@ fn c(bits: u32) -> f32 {
 /// vectorize.
 #[inline(always)]
 pub fn expf(fl: Flavor, x: f32) -> f32 {
-    let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
-    let n = z - SHIFT;
-    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
-    let u = b * b;
-    let poly = c(0x3c07_2010)
-        .mul_add(b, c(0x3d2b_9f17))
-        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    let Reduced { z, n, b, u, poly } = reduce(x);
     match fl {
         Flavor::Avx512 => {
             let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
@@ -55,6 +49,29 @@ pub fn expf(fl: Flavor, x: f32) -> f32 {
             }
         }
     }
+}
+
+/// The steps of `ggml_v_expf` that both flavors share: `z` (x·log2 e plus the rounding
+/// shift), `n` (x·log2 e rounded), the reduced argument `b`, `u = b²` and the polynomial's
+/// shared part.
+struct Reduced {
+    z: f32,
+    n: f32,
+    b: f32,
+    u: f32,
+    poly: f32,
+}
+
+#[inline(always)]
+fn reduce(x: f32) -> Reduced {
+    let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let u = b * b;
+    let poly = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    Reduced { z, n, b, u, poly }
 }
 
 #[inline(always)]
@@ -139,13 +156,7 @@ mod tests {
     /// `ggml_v_expf` case by case, with branches (the form `expf` had before it was made
     /// branch-free).
     fn expf_branchy(fl: Flavor, x: f32) -> f32 {
-        let z = x.mul_add(c(0x3fb8_aa3b), SHIFT);
-        let n = z - SHIFT;
-        let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
-        let u = b * b;
-        let poly = c(0x3c07_2010)
-            .mul_add(b, c(0x3d2b_9f17))
-            .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+        let Reduced { z, n, b, u, poly } = reduce(x);
         match fl {
             Flavor::Avx512 => {
                 let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
