@@ -288,9 +288,11 @@ pub fn matmul_many(
         p.has_tile = sets.iter().all(|k| k.tile.is_some());
         // For token tiles, the per-block activation data (scales widened to f32, offset
         // sums) is computed once here instead of in every weight row's kernel call (same
-        // bits).
+        // bits); for one token too where the kernels want offset sums (each call of 8-16
+        // rows would otherwise sum the token's lanes again).
         p.side.clear();
-        p.with_side = p.has_tile && (n_tok > 1 || p.fast);
+        p.with_side =
+            p.has_tile && (n_tok > 1 || p.fast || sets.iter().any(|k| k.uses_offset_sums()));
         if p.with_side {
             let a = &xq[p.xq.0..p.xq.1];
             for t in 0..n_tok {

@@ -1324,6 +1324,54 @@ single_from_many!(q8_0_fast_vnni, BlockQ8_0, BlockQ8_0, q8_0_fast_many_vnni);
 /// Rows of one AVX-512 packed call: two groups.
 pub(super) const PACKED512_ROWS: usize = 16;
 
+/// Block `pa` of one packed group and block `pb` of another (`pa` again for a call of one
+/// group): the sixteen rows' quants as unsigned bytes (register k = elements 4k..4k+4 of
+/// every row; Q8_0's signed bytes flipped to `q + 128`), their scales and (unsigned
+/// formats) mins.
+///
+/// # Safety
+/// AVX-512 F/BW available; `pa` and `pb` point to whole blocks of packed groups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn stage512<T: Legacy>(
+    pa: *const u8,
+    pb: *const u8,
+    prefetch: bool,
+) -> ([__m512i; 8], __m512, __m512) {
+    let heads = if T::SIGNED { 1 } else { 2 };
+    if prefetch {
+        prefetch_block(pa, 8 * T::WB);
+        if pb != pa {
+            prefetch_block(pb, 8 * T::WB);
+        }
+    }
+    let ta = packed_regs::<T>(pa.add(16 * heads));
+    let tb = packed_regs::<T>(pb.add(16 * heads));
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    let t: [__m512i; 8] = core::array::from_fn(|k| {
+        let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ta[k]), tb[k]);
+        // Q8_0 is stored signed; VNNI wants the weights unsigned (`q + 128`).
+        if T::EIGHT_BIT {
+            _mm512_xor_si512(v, flip)
+        } else {
+            v
+        }
+    });
+    let h16 = |off: usize| {
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(ld128(pa.add(off))),
+            ld128(pb.add(off)),
+        ))
+    };
+    let dx = h16(0);
+    let mx = if T::SIGNED {
+        _mm512_setzero_ps()
+    } else {
+        h16(16)
+    };
+    (t, dx, mx)
+}
+
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI available; `f` was validated by `fast_call_rows` with `rows` 16 of
 /// rows packed by `crate::pack8` (two consecutive groups) and `out_row` 1.
@@ -1348,42 +1396,12 @@ unsafe fn fast_vnni512_packed<T: Legacy>(f: FastCall) {
     debug_assert!(rows == PACKED512_ROWS && out_row == 1);
     let group = 8 * wstride;
     let per = if T::SIGNED { 1 } else { 2 };
-    let heads = if T::SIGNED { 1 } else { 2 };
     // Block i of both groups: the sixteen rows' quants as unsigned bytes (register k =
     // elements 4k..4k+4 of every row), their scales and mins.
     let block = |i: usize| -> ([__m512i; 8], __m512, __m512) {
         // SAFETY (this closure): block i < nb of both groups is inside `w`.
         let pa = w.add(i * 8 * T::WB);
-        let pb = pa.add(group);
-        if n <= 2 {
-            prefetch_block(pa, 8 * T::WB);
-            prefetch_block(pb, 8 * T::WB);
-        }
-        let ta = packed_regs::<T>(pa.add(16 * heads));
-        let tb = packed_regs::<T>(pb.add(16 * heads));
-        let flip = _mm512_set1_epi8(0x80u8 as i8);
-        let t: [__m512i; 8] = core::array::from_fn(|k| {
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ta[k]), tb[k]);
-            // Q8_0 is stored signed; VNNI wants the weights unsigned (`q + 128`).
-            if T::EIGHT_BIT {
-                _mm512_xor_si512(v, flip)
-            } else {
-                v
-            }
-        });
-        let h16 = |off: usize| {
-            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(ld128(pa.add(off))),
-                ld128(pb.add(off)),
-            ))
-        };
-        let dx = h16(0);
-        let mx = if T::SIGNED {
-            _mm512_setzero_ps()
-        } else {
-            h16(16)
-        };
-        (t, dx, mx)
+        stage512::<T>(pa, pa.add(group), n <= 2)
     };
     // Where token c's block i starts, and its integer sum's starting value.
     let act = |c: usize, i: usize| -> (*const u8, i32) {
@@ -1773,3 +1791,262 @@ exact_packed_entry!(q4_1_packed_avx2, Q4_1, BlockQ4_1, exact_packed_avx2);
 exact_packed_entry!(q5_1_packed_avx2, Q5_1, BlockQ5_1, exact_packed_avx2);
 exact_packed_entry!(q4_1_packed_vnni, Q4_1, BlockQ4_1, exact_packed_vnni);
 exact_packed_entry!(q5_1_packed_vnni, Q5_1, BlockQ5_1, exact_packed_vnni);
+
+// ---------------------------------------------------------------------------------------
+// llama.cpp's order on packed rows with AVX-512: sixteen rows (two groups) in the lanes of
+// a 512-bit register, every format.
+//
+// The same lane sums as `exact_packed_body`: register `k` of a block holds elements
+// `4k..4k+4` of each row, so one `vpdpbusd` forms ggml's i32 lane `k` for sixteen rows
+// and each lane keeps its own float accumulator (`acc[k]`), folded by `hsum_float_8`'s
+// additions at the end. The signed formats take their weights unsigned (`q + offset`,
+// Q8_0's sign bit flipped) and start each lane's integer sum at `-offset * Σ y` of the
+// lane's four activations (`crate::contract::offset_sums`), so the lane holds exactly
+// `Σ q·y`: no per-row sign work at all, where ggml signs the activations for every row.
+
+/// One token's products with one staged block of sixteen rows, into `acc` (and the
+/// unsigned formats' min term into `summs`).
+#[inline(always)]
+unsafe fn exact512_block<T: Legacy>(
+    t: &[__m512i; 8],
+    (dx, mx): (__m512, __m512),
+    yq: *const u8,
+    init: impl Fn(usize) -> __m512i,
+    (dy, sy): (f32, f32),
+    acc: &mut [__m512; 8],
+    summs: &mut __m512,
+) {
+    let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy));
+    for k in 0..8 {
+        let y = _mm512_set1_epi32(yq.add(4 * k).cast::<i32>().read_unaligned());
+        let isum = _mm512_dpbusd_epi32(init(k), t[k], y);
+        acc[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[k]);
+    }
+    if !T::SIGNED {
+        *summs = _mm512_fmadd_ps(mx, _mm512_set1_ps(sy), *summs);
+    }
+}
+
+/// Token pairs (`M` = 2) or one token (`M` = 1) at `c0` against the `nc` staged blocks
+/// starting at block `i0`, continuing the accumulators in `acc` / `summs`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn exact512_tokens<T: Legacy, const M: usize>(
+    f: &FastCall,
+    c0: usize,
+    i0: usize,
+    staged: impl Fn(usize) -> ([__m512i; 8], __m512, __m512),
+    nc: usize,
+    acc: &mut [[__m512; 8]],
+    summs: &mut [__m512],
+) {
+    let mut a: [[__m512; 8]; M] = core::array::from_fn(|q| acc[c0 + q]);
+    let mut s: [__m512; M] = core::array::from_fn(|q| summs[c0 + q]);
+    for j in 0..nc {
+        let i = i0 + j;
+        let (t, dx, mx) = staged(j);
+        for q in 0..M {
+            let c = c0 + q;
+            // SAFETY: token c < n and block i < nb of the validated call.
+            let ab = f.a.add(c * f.stride + i * T::AB);
+            let yq = ab.add(T::A_QS);
+            let ys = exact512_scales::<T>(f, c, i, ab);
+            let sums = f.sums.add((c * f.nb + i) * 8);
+            let init = |k: usize| {
+                if !T::SIGNED {
+                    _mm512_setzero_si512()
+                } else if f.use_sums {
+                    _mm512_set1_epi32(*sums.add(k))
+                } else {
+                    _mm512_set1_epi32(-T::OFFSET * lane_sum(yq.add(4 * k)))
+                }
+            };
+            exact512_block::<T>(&t, (dx, mx), yq, init, ys, &mut a[q], &mut s[q]);
+        }
+    }
+    acc[c0..c0 + M].copy_from_slice(&a);
+    summs[c0..c0 + M].copy_from_slice(&s);
+}
+
+/// The sum of the four signed activation bytes at `p` (a lane's sum, for calls without
+/// precomputed offset sums).
+#[inline(always)]
+unsafe fn lane_sum(p: *const u8) -> i32 {
+    (0..4).map(|e| *p.add(e) as i8 as i32).sum()
+}
+
+/// Token c's block i scale and (Q8_1) sum, from the side scales or the block itself.
+#[inline(always)]
+unsafe fn exact512_scales<T: Legacy>(
+    f: &FastCall,
+    c: usize,
+    i: usize,
+    ab: *const u8,
+) -> (f32, f32) {
+    if f.ad_stride > 0 {
+        let q =
+            f.ad.add(c * f.ad_stride + i * if T::SIGNED { 1 } else { 2 });
+        (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+    } else {
+        let h = |o: usize| crate::f16::f16_to_f32(u16::from_le_bytes([*ab.add(o), *ab.add(o + 1)]));
+        (h(0), if T::SIGNED { 0.0 } else { h(2) })
+    }
+}
+
+/// llama.cpp's order over one or two packed groups (8 or 16 rows) with AVX-512.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI available; `f` validated for 8 or 16 packed rows with `out_row`
+/// 1 and, when `use_sums`, eight offset sums per block (`offset_sums`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
+    let FastCall {
+        w,
+        wstride,
+        rows,
+        n,
+        nb,
+        out,
+        out_col,
+        ..
+    } = f;
+    debug_assert!((rows == 8 || rows == PACKED512_ROWS) && f.out_row == 1);
+    // A call of one group runs it in both halves and stores one.
+    let group = if rows == PACKED512_ROWS {
+        8 * wstride
+    } else {
+        0
+    };
+    let block = |i: usize| {
+        // SAFETY (this closure): block i < nb of the groups is inside `w`.
+        let pa = w.add(i * 8 * T::WB);
+        stage512::<T>(pa, pa.add(group), n <= 2)
+    };
+    // Accumulators for the call's n tokens only (zeroing all 64 tokens' 36 KiB cost a
+    // decode call more than its products).
+    let mut acc_m =
+        core::mem::MaybeUninit::<[[__m512; 8]; crate::contract::FAST_TILE_TOKENS]>::uninit();
+    let mut summs_m =
+        core::mem::MaybeUninit::<[__m512; crate::contract::FAST_TILE_TOKENS]>::uninit();
+    for c in 0..n {
+        acc_m
+            .as_mut_ptr()
+            .cast::<[__m512; 8]>()
+            .add(c)
+            .write([_mm512_setzero_ps(); 8]);
+        summs_m
+            .as_mut_ptr()
+            .cast::<__m512>()
+            .add(c)
+            .write(_mm512_setzero_ps());
+    }
+    // SAFETY: entries 0..n were written above; the kernels touch no others.
+    let acc = core::slice::from_raw_parts_mut(acc_m.as_mut_ptr().cast::<[__m512; 8]>(), n);
+    let summs = core::slice::from_raw_parts_mut(summs_m.as_mut_ptr().cast::<__m512>(), n);
+    if n <= 2 {
+        // Decode: the groups stream, nothing to stage.
+        let staged = |j: usize| block(j);
+        if n == 2 {
+            exact512_tokens::<T, 2>(&f, 0, 0, staged, nb, acc, summs);
+        } else {
+            exact512_tokens::<T, 1>(&f, 0, 0, staged, nb, acc, summs);
+        }
+    } else {
+        // Staged quants, scales and mins of one chunk of blocks. Uninitialized: entries
+        // 0..nc are written (through raw pointers) before any is read.
+        type Staged = ([__m512i; 8], __m512, __m512);
+        let mut tq_m = core::mem::MaybeUninit::<[Staged; FAST_CHUNK]>::uninit();
+        let tq = tq_m.as_mut_ptr().cast::<Staged>();
+        let mut i0 = 0;
+        while i0 < nb {
+            let nc = (nb - i0).min(FAST_CHUNK);
+            for j in 0..nc {
+                tq.add(j).write(block(i0 + j));
+            }
+            // SAFETY: entry j < nc was written above.
+            let staged = |j: usize| *tq.add(j);
+            let mut c0 = 0;
+            while c0 + 2 <= n {
+                exact512_tokens::<T, 2>(&f, c0, i0, staged, nc, acc, summs);
+                c0 += 2;
+            }
+            if c0 < n {
+                exact512_tokens::<T, 1>(&f, c0, i0, staged, nc, acc, summs);
+            }
+            i0 += nc;
+        }
+    }
+    let mask: __mmask16 = if rows == PACKED512_ROWS {
+        0xffff
+    } else {
+        0x00ff
+    };
+    for c in 0..n {
+        // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3);
+        // then the mins' sum for the unsigned formats.
+        let x = &acc[c];
+        let v: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(x[i + 4], x[i]));
+        let mut r = _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
+        if !T::SIGNED {
+            r = _mm512_add_ps(r, summs[c]);
+        }
+        _mm512_mask_storeu_ps(out.add(c * out_col), mask, r);
+    }
+}
+
+macro_rules! exact_packed512_entry {
+    ($name:ident, $ty:ident, $w:ty, $a:ty) => {
+        /// llama.cpp's order on one or two packed groups (8 or 16 rows), AVX-512.
+        ///
+        /// # Safety
+        /// See [`crate::contract::TileIntoFn`]; AVX-512 F/BW/VL/VNNI available.
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn $name(
+            w: &[u8],
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            side: ActSide<'_>,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            assert!(
+                rows == 8 || rows == PACKED512_ROWS,
+                "packed tile: {rows} rows, not one or two groups of eight"
+            );
+            let k = crate::contract::check_tile_rows::<$w, $a>(
+                w,
+                rows,
+                a,
+                stride,
+                side,
+                rows * n,
+                (PACKED512_ROWS, crate::contract::FAST_TILE_TOKENS),
+                8,
+            );
+            exact_vnni512_packed::<$ty>(FastCall {
+                w: w.as_ptr(),
+                wstride: k.wstride,
+                rows: k.rows,
+                a: a.as_ptr(),
+                stride,
+                n: k.cols,
+                ad: side.scales.as_ptr(),
+                ad_stride: k.ad_stride,
+                sums: k.sums,
+                use_sums: k.use_sums,
+                nb: k.nb,
+                out,
+                out_row: 1,
+                out_col: out_stride,
+            })
+        }
+    };
+}
+
+exact_packed512_entry!(q4_0_packed512, Q4_0, BlockQ4_0, BlockQ8_0);
+exact_packed512_entry!(q4_1_packed512, Q4_1, BlockQ4_1, BlockQ8_1);
+exact_packed512_entry!(q5_0_packed512, Q5_0, BlockQ5_0, BlockQ8_0);
+exact_packed512_entry!(q5_1_packed512, Q5_1, BlockQ5_1, BlockQ8_1);
+exact_packed512_entry!(q8_0_packed512, Q8_0, BlockQ8_0, BlockQ8_0);

@@ -116,6 +116,16 @@ const fn exact_packed(r: KernelRow, packed: TileIntoFn) -> KernelRow {
     }
 }
 
+/// `r` at AVX-512 with a packed tile of up to sixteen rows (two groups in the lanes of one
+/// 512-bit register, llama.cpp's order).
+const fn exact_packed512(r: KernelRow, packed: TileIntoFn) -> KernelRow {
+    KernelRow {
+        isa: Isa::Avx512,
+        packed_rows: legacy::PACKED512_ROWS,
+        ..exact_packed(r, packed)
+    }
+}
+
 /// A K-quant row with a packed tile (`tiles` at `isa`): the one-row and tile kernels over
 /// the file's rows are the AVX2 ones of the same order at every level. Q4_K's and Q6_K's
 /// llama.cpp orders have one, and their fast orders, which sum like one of llama.cpp's
@@ -161,6 +171,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
         exact_packed(row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false), l::q5_1_packed_vnni),
         row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
+        // AVX-512: the VNNI kernels over the file's rows, sixteen packed rows per register.
+        exact_packed512(row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true), l::q4_0_packed512),
+        exact_packed512(row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false), l::q4_1_packed512),
+        exact_packed512(row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true), l::q5_0_packed512),
+        exact_packed512(row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false), l::q5_1_packed512),
+        exact_packed512(row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true), l::q8_0_packed512),
         packed_row_k((T::Q4_K, Single, Avx2), Q4K_SINGLE, &p::Q4_K_SINGLE),
         packed_row_k((T::Q4_K, Single, Avx2Vnni), Q4K_SINGLE, &p::Q4_K_SINGLE),
         packed_row_k((T::Q4_K, Single, Avx512), Q4K_SINGLE, &p::Q4_K_SINGLE),
