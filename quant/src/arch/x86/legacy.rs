@@ -634,7 +634,9 @@ macro_rules! legacy_fast {
             const INT: FastInt = $int;
             let sign_trick = INT == FastInt::Avx2Sign;
             let per = if T::SIGNED { 1 } else { 2 };
-            let mut acc = [_mm256_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
+            let mut acc_m =
+                core::mem::MaybeUninit::<[__m256; crate::contract::FAST_TILE_TOKENS]>::uninit();
+            let acc = init_prefix(&mut acc_m, n, _mm256_setzero_ps());
             // One block of the eight rows, as the products want it: the transposed quants
             // (|q| with the sign trick), their signs, the rows' scales and mins.
             let block = |i: usize| -> ([__m256i; 8], [__m256i; 8], __m256, __m256) {
@@ -1447,7 +1449,8 @@ unsafe fn fast_vnni512_packed<T: Legacy>(f: FastCall) {
         }
         fold(c, i, ab, _mm512_add_epi32(s0, s1), dx, mx, acc)
     };
-    let mut acc = [_mm512_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
+    let mut acc_m = core::mem::MaybeUninit::<[__m512; crate::contract::FAST_TILE_TOKENS]>::uninit();
+    let acc = init_prefix(&mut acc_m, n, _mm512_setzero_ps());
     if n <= 2 {
         // Decode: the two groups stream, nothing to stage.
         for i in 0..nb {
@@ -1701,8 +1704,12 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
         };
         exact_block::<VNNI>(t, ab.add(T::A_QS), dm, ys, acc, summs);
     };
-    let mut acc = [[_mm256_setzero_ps(); 8]; crate::contract::FAST_TILE_TOKENS];
-    let mut summs = [_mm256_setzero_ps(); crate::contract::FAST_TILE_TOKENS];
+    let mut acc_m =
+        core::mem::MaybeUninit::<[[__m256; 8]; crate::contract::FAST_TILE_TOKENS]>::uninit();
+    let mut summs_m =
+        core::mem::MaybeUninit::<[__m256; crate::contract::FAST_TILE_TOKENS]>::uninit();
+    let acc = init_prefix(&mut acc_m, n, [_mm256_setzero_ps(); 8]);
+    let summs = init_prefix(&mut summs_m, n, _mm256_setzero_ps());
     if n <= 2 {
         for i in 0..nb {
             let (t, dx, mx) = block(i);
@@ -1922,27 +1929,13 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
         let pa = w.add(i * 8 * T::WB);
         stage512::<T>(pa, pa.add(group), n <= 2)
     };
-    // Accumulators for the call's n tokens only (zeroing all 64 tokens' 36 KiB cost a
-    // decode call more than its products).
+    // Accumulators for the call's n tokens only.
     let mut acc_m =
         core::mem::MaybeUninit::<[[__m512; 8]; crate::contract::FAST_TILE_TOKENS]>::uninit();
     let mut summs_m =
         core::mem::MaybeUninit::<[__m512; crate::contract::FAST_TILE_TOKENS]>::uninit();
-    for c in 0..n {
-        acc_m
-            .as_mut_ptr()
-            .cast::<[__m512; 8]>()
-            .add(c)
-            .write([_mm512_setzero_ps(); 8]);
-        summs_m
-            .as_mut_ptr()
-            .cast::<__m512>()
-            .add(c)
-            .write(_mm512_setzero_ps());
-    }
-    // SAFETY: entries 0..n were written above; the kernels touch no others.
-    let acc = core::slice::from_raw_parts_mut(acc_m.as_mut_ptr().cast::<[__m512; 8]>(), n);
-    let summs = core::slice::from_raw_parts_mut(summs_m.as_mut_ptr().cast::<__m512>(), n);
+    let acc = init_prefix(&mut acc_m, n, [_mm512_setzero_ps(); 8]);
+    let summs = init_prefix(&mut summs_m, n, _mm512_setzero_ps());
     if n <= 2 {
         // Decode: the groups stream, nothing to stage.
         let staged = |j: usize| block(j);

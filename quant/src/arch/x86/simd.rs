@@ -166,3 +166,22 @@ pub(super) unsafe fn hsum_ps(x: __m256) -> f32 {
     let r = _mm_add_ss(r, _mm_movehdup_ps(r));
     _mm_cvtss_f32(r)
 }
+
+/// The first `n` entries of `m` set to `v`, the rest left uninitialized and untouched: a
+/// kernel's per-token accumulators for the call's tokens only (zeroing the whole array of
+/// 64 tokens cost a decode call more than its products).
+#[inline(always)]
+pub(super) fn init_prefix<T: Copy, const N: usize>(
+    m: &mut core::mem::MaybeUninit<[T; N]>,
+    n: usize,
+    v: T,
+) -> &mut [T] {
+    assert!(n <= N, "{n} accumulators of {N}");
+    let p = m.as_mut_ptr().cast::<T>();
+    for i in 0..n {
+        // SAFETY: i < n <= N is inside the array.
+        unsafe { p.add(i).write(v) };
+    }
+    // SAFETY: entries 0..n were written above.
+    unsafe { core::slice::from_raw_parts_mut(p, n) }
+}
