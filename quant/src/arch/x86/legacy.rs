@@ -1835,7 +1835,12 @@ unsafe fn exact512_block<T: Legacy>(
 }
 
 /// Token pairs (`M` = 2) or one token (`M` = 1) at `c0` against the `nc` staged blocks
-/// starting at block `i0`, continuing the accumulators in `acc` / `summs`.
+/// starting at block `i0`: from zero at block 0, else continuing the accumulators in
+/// `acc` / `summs` (entries `c0..c0 + M`, written here either way).
+///
+/// # Safety
+/// As the kernel's; entries `c0..c0 + M` of `acc` and `summs` are valid for writes, and
+/// for reads when `i0 > 0`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn exact512_tokens<T: Legacy, const M: usize>(
@@ -1844,11 +1849,17 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
     i0: usize,
     staged: impl Fn(usize) -> ([__m512i; 8], __m512, __m512),
     nc: usize,
-    acc: &mut [[__m512; 8]],
-    summs: &mut [__m512],
+    acc: *mut [__m512; 8],
+    summs: *mut __m512,
 ) {
-    let mut a: [[__m512; 8]; M] = core::array::from_fn(|q| acc[c0 + q]);
-    let mut s: [__m512; M] = core::array::from_fn(|q| summs[c0 + q]);
+    let (mut a, mut s): ([[__m512; 8]; M], [__m512; M]) = if i0 == 0 {
+        ([[_mm512_setzero_ps(); 8]; M], [_mm512_setzero_ps(); M])
+    } else {
+        (
+            core::array::from_fn(|q| acc.add(c0 + q).read()),
+            core::array::from_fn(|q| summs.add(c0 + q).read()),
+        )
+    };
     for j in 0..nc {
         let i = i0 + j;
         let (t, dx, mx) = staged(j);
@@ -1871,8 +1882,10 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
             exact512_block::<T>(&t, (dx, mx), yq, init, ys, &mut a[q], &mut s[q]);
         }
     }
-    acc[c0..c0 + M].copy_from_slice(&a);
-    summs[c0..c0 + M].copy_from_slice(&s);
+    for q in 0..M {
+        acc.add(c0 + q).write(a[q]);
+        summs.add(c0 + q).write(s[q]);
+    }
 }
 
 /// The sum of the four signed activation bytes at `p` (a lane's sum, for calls without
@@ -1929,13 +1942,16 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
         let pa = w.add(i * 8 * T::WB);
         stage512::<T>(pa, pa.add(group), n <= 2)
     };
-    // Accumulators for the call's n tokens only.
+    // Accumulators, uninitialized: the first chunk of blocks writes entries 0..n (from
+    // zero), nothing reads others. (Zeroing all 64 tokens' 36 KiB cost a decode call more
+    // than its products, and even a memset of one token's was 10% of gemma3's tg.)
     let mut acc_m =
         core::mem::MaybeUninit::<[[__m512; 8]; crate::contract::FAST_TILE_TOKENS]>::uninit();
     let mut summs_m =
         core::mem::MaybeUninit::<[__m512; crate::contract::FAST_TILE_TOKENS]>::uninit();
-    let acc = init_prefix(&mut acc_m, n, [_mm512_setzero_ps(); 8]);
-    let summs = init_prefix(&mut summs_m, n, _mm512_setzero_ps());
+    debug_assert!(n <= crate::contract::FAST_TILE_TOKENS);
+    let acc = acc_m.as_mut_ptr().cast::<[__m512; 8]>();
+    let summs = summs_m.as_mut_ptr().cast::<__m512>();
     if n <= 2 {
         // Decode: the groups stream, nothing to stage.
         let staged = |j: usize| block(j);
@@ -1977,11 +1993,12 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
     for c in 0..n {
         // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3);
         // then the mins' sum for the unsigned formats.
-        let x = &acc[c];
+        // SAFETY: entries 0..n were written by the first chunk.
+        let x = &*acc.add(c);
         let v: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(x[i + 4], x[i]));
         let mut r = _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
         if !T::SIGNED {
-            r = _mm512_add_ps(r, summs[c]);
+            r = _mm512_add_ps(r, *summs.add(c));
         }
         _mm512_mask_storeu_ps(out.add(c * out_col), mask, r);
     }

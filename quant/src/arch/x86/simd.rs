@@ -178,9 +178,19 @@ pub(super) fn init_prefix<T: Copy, const N: usize>(
 ) -> &mut [T] {
     assert!(n <= N, "{n} accumulators of {N}");
     let p = m.as_mut_ptr().cast::<T>();
-    for i in 0..n {
-        // SAFETY: i < n <= N is inside the array.
-        unsafe { p.add(i).write(v) };
+    // SAFETY (the writes): i < n <= N is inside the array. Decode's one or two tokens are
+    // two plain stores, not a call to `memset` (which the loop becomes).
+    match n {
+        1 => unsafe { p.write(v) },
+        2 => unsafe {
+            p.write(v);
+            p.add(1).write(v);
+        },
+        _ => {
+            for i in 0..n {
+                unsafe { p.add(i).write(v) };
+            }
+        }
     }
     // SAFETY: entries 0..n were written above.
     unsafe { core::slice::from_raw_parts_mut(p, n) }
