@@ -349,6 +349,22 @@ impl ThreadPool {
         self.n_threads
     }
 
+    /// Runs `f(r0, r1)` over contiguous ranges covering rows `0..n`, in parallel when
+    /// there are at least `2 * min_rows` rows (at most four ranges per thread), else as
+    /// one call here. For row-wise steps (norms, activations, RoPE) whose results do not
+    /// depend on how the rows are split: serial, they left the workers idle for 9% of
+    /// gemma3's prompt processing.
+    pub fn run_rows(&self, n: usize, min_rows: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let tasks = (n / min_rows.max(1)).min(4 * self.n_threads);
+        if tasks <= 1 {
+            if n > 0 {
+                f(0, n);
+            }
+            return;
+        }
+        self.run(tasks, &|k| f(n * k / tasks, n * (k + 1) / tasks));
+    }
+
     /// Runs `f(0..n)` in parallel and waits for completion. Panics in `f` are re-raised here.
     pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
         if n == 0 {

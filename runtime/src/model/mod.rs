@@ -23,7 +23,7 @@ use crate::numa::{
 };
 use crate::offload::{DeviceBatch, DeviceLayers, OffloadError, OffloadSpec};
 use crate::packed::{PackSource, PackedWeights};
-use crate::pool::ThreadPool;
+use crate::pool::{SharedMut, ThreadPool};
 use attention::{attention, AttnShape, AttnTokens};
 
 pub use config::{Arch, Config};
@@ -189,7 +189,6 @@ pub struct Workspace {
     gate: Vec<f32>,
     up: Vec<f32>,
     xq: Vec<u8>,
-    rope_cache: Vec<f32>,
     tok_pos: Vec<usize>,
     tok_seq: Vec<usize>,
     seq_slots: Vec<Vec<usize>>,
@@ -841,7 +840,7 @@ impl Model {
         let v_dim = c.n_head_kv * hv;
 
         ws.xn.resize(n_tok * d, 0.0);
-        rms_norm_rows(&mut ws.xn, &ws.x, &l.attn_norm, c.rms_eps);
+        rms_norm_rows_par(pool, &mut ws.xn, &ws.x, &l.attn_norm, c.rms_eps);
         trace!(ws, "attn_norm", il, xn);
         ws.q.resize(n_tok * q_dim, 0.0);
         ws.k.resize(n_tok * k_dim, 0.0);
@@ -862,27 +861,42 @@ impl Model {
         trace!(ws, "Kcur", il, k);
         trace!(ws, "Vcur", il, v);
 
-        ws.rope_cache.resize(c.n_rot.max(2), 0.0);
+        // Per token: the Q/K norms and RoPE (tokens split over the pool), then its K and V
+        // into the cache.
+        let (qs, ks) = (SharedMut::new(&mut ws.q), SharedMut::new(&mut ws.k));
+        let tok_pos = &ws.tok_pos;
+        pool.run_rows(n_tok, ROWS_PER_TASK, &|t0, t1| {
+            let mut rope_cache = vec![0.0f32; c.n_rot.max(2)];
+            // SAFETY: the row ranges of the tasks are disjoint.
+            let (q, k) = unsafe {
+                (
+                    qs.slice(t0 * q_dim, (t1 - t0) * q_dim),
+                    ks.slice(t0 * k_dim, (t1 - t0) * k_dim),
+                )
+            };
+            for (t, (q, k)) in
+                (t0..t1).zip(q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(k_dim)))
+            {
+                l.rope.cache(tok_pos[t], &mut rope_cache);
+                for qh in q.chunks_exact_mut(hk) {
+                    if let Some(w) = &l.q_norm {
+                        rms_norm(qh, w, c.rms_eps);
+                    }
+                    l.rope.apply(qh, &rope_cache);
+                    if c.arch == Arch::Gemma3 {
+                        qh.iter_mut().for_each(|v| *v *= c.attn_scale);
+                    }
+                }
+                for kh in k.chunks_exact_mut(hk) {
+                    if let Some(w) = &l.k_norm {
+                        rms_norm(kh, w, c.rms_eps);
+                    }
+                    l.rope.apply(kh, &rope_cache);
+                }
+            }
+        });
         for t in 0..n_tok {
             let pos = ws.tok_pos[t];
-            l.rope.cache(pos, &mut ws.rope_cache);
-            for h in 0..c.n_head {
-                let qh = &mut ws.q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
-                if let Some(w) = &l.q_norm {
-                    rms_norm(qh, w, c.rms_eps);
-                }
-                l.rope.apply(qh, &ws.rope_cache);
-                if c.arch == Arch::Gemma3 {
-                    qh.iter_mut().for_each(|v| *v *= c.attn_scale);
-                }
-            }
-            for h in 0..c.n_head_kv {
-                let kh = &mut ws.k[t * k_dim + h * hk..t * k_dim + (h + 1) * hk];
-                if let Some(w) = &l.k_norm {
-                    rms_norm(kh, w, c.rms_eps);
-                }
-                l.rope.apply(kh, &ws.rope_cache);
-            }
             let slot = ws.seq_slots[ws.tok_seq[t]][pos];
             kv.write(
                 il,
@@ -947,16 +961,16 @@ impl Model {
         };
         let ffn_ub = if last { &ws.out_ub } else { &ws.tok_ub };
         if let Some(w) = &l.post_attn_norm {
-            ws.proj
-                .chunks_exact_mut(d)
-                .for_each(|r| rms_norm(r, w, c.rms_eps));
+            rows_par(pool, &mut ws.proj[..n_tok * d], d, &|_, r| {
+                rms_norm(r, w, c.rms_eps)
+            });
             trace!(ws, "attn_post_norm", il, proj);
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
         trace!(ws, "ffn_inp", il, x);
 
         // Feed-forward.
-        rms_norm_rows(&mut ws.xn[..n_tok * d], &ws.x, &l.ffn_norm, c.rms_eps);
+        rms_norm_rows_par(pool, &mut ws.xn[..n_tok * d], &ws.x, &l.ffn_norm, c.rms_eps);
         trace!(ws, "ffn_norm", il, xn);
         ws.gate.resize(n_tok * c.n_ff, 0.0);
         ws.up.resize(n_tok * c.n_ff, 0.0);
@@ -970,14 +984,17 @@ impl Model {
         );
         trace!(ws, "ffn_gate", il, gate);
         trace!(ws, "ffn_up", il, up);
+        let (up, nf) = (&ws.up, c.n_ff);
         if c.arch == Arch::Gemma3 {
-            self.gelu.geglu(&mut ws.gate, &ws.up);
+            let gelu = &self.gelu;
+            rows_par(pool, &mut ws.gate, nf, &|t, g| {
+                gelu.geglu(g, &up[t * nf..(t + 1) * nf])
+            });
         } else {
             let fl = flavor();
-            ws.gate
-                .chunks_exact_mut(c.n_ff)
-                .zip(ws.up.chunks_exact(c.n_ff))
-                .for_each(|(g, u)| swiglu(fl, g, u));
+            rows_par(pool, &mut ws.gate, nf, &|t, g| {
+                swiglu(fl, g, &up[t * nf..(t + 1) * nf])
+            });
         }
         trace!(ws, "ffn_act", il, gate);
         matmul(
@@ -990,14 +1007,46 @@ impl Model {
         );
         trace!(ws, "ffn_out", il, proj);
         if let Some(w) = &l.post_ffn_norm {
-            ws.proj
-                .chunks_exact_mut(d)
-                .for_each(|r| rms_norm(r, w, c.rms_eps));
+            rows_par(pool, &mut ws.proj[..n_tok * d], d, &|_, r| {
+                rms_norm(r, w, c.rms_eps)
+            });
             trace!(ws, "ffn_post_norm", il, proj);
         }
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
         trace!(ws, "l_out", il, x);
     }
+}
+
+/// Rows per pool task, at least, for the row-wise steps of a forward pass.
+const ROWS_PER_TASK: usize = 4;
+
+/// `f(r, row)` for each `width`-element row `r` of `data`, the rows split over the pool
+/// (each row's result is its own, whichever task runs it).
+fn rows_par(
+    pool: &ThreadPool,
+    data: &mut [f32],
+    width: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    debug_assert_eq!(data.len() % width, 0);
+    let n = data.len() / width;
+    let rows = SharedMut::new(data);
+    pool.run_rows(n, ROWS_PER_TASK, &|r0, r1| {
+        // SAFETY: the row ranges of the tasks are disjoint.
+        let chunk = unsafe { rows.slice(r0 * width, (r1 - r0) * width) };
+        for (r, row) in (r0..).zip(chunk.chunks_exact_mut(width)) {
+            f(r, row);
+        }
+    });
+}
+
+/// [`rms_norm_rows`] with the rows split over the pool.
+fn rms_norm_rows_par(pool: &ThreadPool, dst: &mut [f32], src: &[f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    rows_par(pool, dst, d, &|r, row| {
+        row.copy_from_slice(&src[r * d..(r + 1) * d]);
+        rms_norm(row, w, eps);
+    });
 }
 
 /// Undoes `forward`'s reservations (`starts`: each sequence's new start, its length
