@@ -866,34 +866,37 @@ impl Model {
         let (qs, ks) = (SharedMut::new(&mut ws.q), SharedMut::new(&mut ws.k));
         let tok_pos = &ws.tok_pos;
         pool.run_rows(n_tok, ROWS_PER_TASK, &|t0, t1| {
-            let mut rope_cache = vec![0.0f32; c.n_rot.max(2)];
-            // SAFETY: the row ranges of the tasks are disjoint.
-            let (q, k) = unsafe {
-                (
-                    qs.slice(t0 * q_dim, (t1 - t0) * q_dim),
-                    ks.slice(t0 * k_dim, (t1 - t0) * k_dim),
-                )
-            };
-            for (t, (q, k)) in
-                (t0..t1).zip(q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(k_dim)))
-            {
-                l.rope.cache(tok_pos[t], &mut rope_cache);
-                for qh in q.chunks_exact_mut(hk) {
-                    if let Some(w) = &l.q_norm {
-                        rms_norm(qh, w, c.rms_eps);
+            ROPE_CACHE.with(|rc| {
+                let mut rope_cache = rc.borrow_mut();
+                rope_cache.resize(c.n_rot.max(2), 0.0);
+                // SAFETY: the row ranges of the tasks are disjoint.
+                let (q, k) = unsafe {
+                    (
+                        qs.slice(t0 * q_dim, (t1 - t0) * q_dim),
+                        ks.slice(t0 * k_dim, (t1 - t0) * k_dim),
+                    )
+                };
+                for (t, (q, k)) in
+                    (t0..t1).zip(q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(k_dim)))
+                {
+                    l.rope.cache(tok_pos[t], &mut rope_cache);
+                    for qh in q.chunks_exact_mut(hk) {
+                        if let Some(w) = &l.q_norm {
+                            rms_norm(qh, w, c.rms_eps);
+                        }
+                        l.rope.apply(qh, &rope_cache);
+                        if c.arch == Arch::Gemma3 {
+                            qh.iter_mut().for_each(|v| *v *= c.attn_scale);
+                        }
                     }
-                    l.rope.apply(qh, &rope_cache);
-                    if c.arch == Arch::Gemma3 {
-                        qh.iter_mut().for_each(|v| *v *= c.attn_scale);
+                    for kh in k.chunks_exact_mut(hk) {
+                        if let Some(w) = &l.k_norm {
+                            rms_norm(kh, w, c.rms_eps);
+                        }
+                        l.rope.apply(kh, &rope_cache);
                     }
                 }
-                for kh in k.chunks_exact_mut(hk) {
-                    if let Some(w) = &l.k_norm {
-                        rms_norm(kh, w, c.rms_eps);
-                    }
-                    l.rope.apply(kh, &rope_cache);
-                }
-            }
+            });
         });
         for t in 0..n_tok {
             let pos = ws.tok_pos[t];
@@ -1015,6 +1018,11 @@ impl Model {
         ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
         trace!(ws, "l_out", il, x);
     }
+}
+
+thread_local! {
+    /// One token's RoPE angles (cos/sin), per thread: the RoPE step runs on the pool.
+    static ROPE_CACHE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Rows per pool task, at least, for the row-wise steps of a forward pass.
