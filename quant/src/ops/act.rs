@@ -22,7 +22,10 @@ pub fn expf(fl: Flavor, x: f32) -> f32 {
             let j = poly.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
             // vscalefps: j * 2^n rounded once. Both halves of n keep the intermediate
             // normal, so the first product is exact and only the second rounds.
-            let ni = n as i32;
+            // n from z's bits (z = 1.5·2^23 + n exactly while |n| < 2^22, and beyond 192
+            // the edge value is selected): `n as i32` saturates, which the compiler does
+            // one lane at a time.
+            let ni = (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
             let (n1, n2) = (ni >> 1, ni.wrapping_sub(ni >> 1));
             let scaled = j * pow2(n1) * pow2(n2);
             let edge = if n <= 0.0 { 0.0 } else { f32::INFINITY };

@@ -15,33 +15,135 @@ fma_twin! {
 /// Scalar twin of [`softmax`].
 #[inline(always)]
 pub fn softmax_scalar(fl: Flavor, x: &mut [f32], first_cell: usize) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = row_max(x);
     for v in x.iter_mut() {
         *v = expf(fl, *v - max);
     }
-    let n = fl.lanes();
-    let mut sum = 0.0f64;
-    let mut lanes = [0.0f32; 16];
-    let mut lane = first_cell % n;
-    for &v in x.iter() {
-        lanes[lane] = v;
-        lane += 1;
-        if lane == n {
-            sum += hsum(fl, &mut lanes) as f64;
-            lanes = [0.0; 16];
-            lane = 0;
-        }
-    }
-    if lane != 0 {
-        sum += hsum(fl, &mut lanes) as f64;
-    }
+    let sum = match fl.lanes() {
+        16 => cell_vector_sum::<16>(fl, x, first_cell),
+        _ => cell_vector_sum::<8>(fl, x, first_cell),
+    };
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The row's maximum, NaNs ignored, as a left fold of `f32::max` gives it, but with
+/// sixteen independent lanes (a maximum does not depend on the order it is taken in; a
+/// fold is one dependent chain of 4-cycle steps, which was most of a 4096-cell row's
+/// soft-max).
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in m.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    m.iter().copied().fold(tail, f32::max)
+}
+
+/// ggml's sum of the soft-max numerators: the cells in vectors of `N` lanes aligned at
+/// cell 0 (`x[0]` is cell `first_cell`; lanes outside the row are zero), each vector
+/// reduced by [`hsum`] and added to an f64 in cell order.
+#[inline(always)]
+fn cell_vector_sum<const N: usize>(fl: Flavor, x: &[f32], first_cell: usize) -> f64 {
+    debug_assert_eq!(fl.lanes(), N);
+    let vector = |cells: &[f32], lane: usize| {
+        let mut l = [0.0f32; 16];
+        l[lane..lane + cells.len()].copy_from_slice(cells);
+        hsum(fl, &mut l) as f64
+    };
+    let mut sum = 0.0f64;
+    let lane = first_cell % N;
+    let head = if lane == 0 {
+        0
+    } else {
+        (N - lane).min(x.len())
+    };
+    if head > 0 {
+        sum += vector(&x[..head], lane);
+    }
+    let mut chunks = x[head..].chunks_exact(N);
+    for c in &mut chunks {
+        sum += vector(c, 0);
+    }
+    if !chunks.remainder().is_empty() {
+        sum += vector(chunks.remainder(), 0);
+    }
+    sum
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The soft-max as first written, one cell at a time (a fold for the maximum, lanes
+    /// filled one by one): the reference for the vectorised maximum and sums.
+    fn softmax_cell_by_cell(fl: Flavor, x: &mut [f32], first_cell: usize) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for v in x.iter_mut() {
+            *v = expf(fl, *v - max);
+        }
+        let n = fl.lanes();
+        let mut sum = 0.0f64;
+        let mut lanes = [0.0f32; 16];
+        let mut lane = first_cell % n;
+        for &v in x.iter() {
+            lanes[lane] = v;
+            lane += 1;
+            if lane == n {
+                sum += hsum(fl, &mut lanes) as f64;
+                lanes = [0.0; 16];
+                lane = 0;
+            }
+        }
+        if lane != 0 {
+            sum += hsum(fl, &mut lanes) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+
+    #[test]
+    fn softmax_gives_the_cell_by_cell_bits() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [0usize, 1, 5, 15, 16, 17, 31, 33, 100, 257, 4096] {
+            for first in [0usize, 1, 7, 8, 15, 16, 23, 4000] {
+                for fl in [Flavor::Avx2, Flavor::Avx512] {
+                    let x0: Vec<f32> = (0..len)
+                        .map(|i| match rnd() % 97 {
+                            0 => f32::NEG_INFINITY,
+                            1 => -0.0,
+                            2 => 0.0,
+                            _ => ((rnd() % 20001) as f32 - 10000.0) * 1e-3 * (1 + i % 3) as f32,
+                        })
+                        .collect();
+                    let (mut a, mut b) = (x0.clone(), x0);
+                    softmax(fl, &mut a, first);
+                    softmax_cell_by_cell(fl, &mut b, first);
+                    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{fl:?} len {len} first {first} cell {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn softmax_sums_to_one_and_matches_its_twin() {
