@@ -11,8 +11,9 @@ use half::f16;
 use super::simd::f16x8_at;
 use crate::order::{hsum, reduce4, F16Order, Flavor};
 
-/// `ops::f16::sum_rows_f16_scalar`: 32 output elements stay in registers while every
-/// slot's row adds into them (multiply, then add, slot order), then the next 32.
+/// `ops::f16::sum_rows_f16_scalar` over slots `0, step, 2 * step, ..`: 32 output elements
+/// stay in registers while every such slot's row adds into them (multiply, then add, slot
+/// order), then the next 32.
 ///
 /// # Safety
 /// Every `slots[s] * stride + offset + out.len() <= cache.len()`, `ps.len() == slots.len()`.
@@ -23,6 +24,7 @@ pub(crate) unsafe fn sum_rows_f16(
     slots: &[usize],
     stride: usize,
     offset: usize,
+    step: usize,
 ) {
     let n = out.len();
     let cp = cache.as_ptr().cast::<u16>();
@@ -31,7 +33,8 @@ pub(crate) unsafe fn sum_rows_f16(
     let mut i = 0;
     while i + 32 <= n {
         let mut acc = [vdupq_n_f32(0.0); 8];
-        for (s, &p) in ps.iter().enumerate() {
+        for s in (0..ps.len()).step_by(step) {
+            let p = ps[s];
             let r = row(s).add(i);
             for k in 0..4 {
                 let (lo, hi) = f16x8_at(r.add(8 * k));
@@ -46,7 +49,8 @@ pub(crate) unsafe fn sum_rows_f16(
     }
     while i + 8 <= n {
         let mut acc = [vdupq_n_f32(0.0); 2];
-        for (s, &p) in ps.iter().enumerate() {
+        for s in (0..ps.len()).step_by(step) {
+            let p = ps[s];
             let (lo, hi) = f16x8_at(row(s).add(i));
             acc[0] = vaddq_f32(acc[0], vmulq_n_f32(lo, p));
             acc[1] = vaddq_f32(acc[1], vmulq_n_f32(hi, p));
@@ -57,8 +61,8 @@ pub(crate) unsafe fn sum_rows_f16(
     }
     for j in i..n {
         let mut acc = 0.0f32;
-        for (s, &p) in ps.iter().enumerate() {
-            acc += p * f16::from_bits(*row(s).add(j)).to_f32();
+        for s in (0..ps.len()).step_by(step) {
+            acc += ps[s] * f16::from_bits(*row(s).add(j)).to_f32();
         }
         *op.add(j) = acc;
     }

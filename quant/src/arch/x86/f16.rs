@@ -8,8 +8,9 @@ use half::f16;
 use super::simd::hsum_ps;
 use crate::order::{hsum, F16Order, Flavor};
 
-/// `ops::f16::sum_rows_f16_scalar`, vectorised: 64 output elements stay in registers while
-/// every slot's row adds into them (multiply, then add, slot order), then the next 64.
+/// `ops::f16::sum_rows_f16_scalar` over slots `0, step, 2 * step, ..`, vectorised: 64 output
+/// elements stay in registers while every such slot's row adds into them (multiply, then
+/// add, slot order), then the next 64.
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; every `slots[s] * stride + offset + out.len() <= cache.len()`.
@@ -21,6 +22,7 @@ pub(crate) unsafe fn sum_rows_f16(
     slots: &[usize],
     stride: usize,
     offset: usize,
+    step: usize,
 ) {
     let n = out.len();
     let cp = cache.as_ptr().cast::<u8>();
@@ -30,21 +32,21 @@ pub(crate) unsafe fn sum_rows_f16(
     // 64 elements (eight add chains) at a time, then 32, 8 and single ones: each element
     // is the same multiply-then-add sequence over the slots whatever block holds it.
     while i + 64 <= n {
-        sum_rows_block::<8>(ps, &row, op, i);
+        sum_rows_block::<8>(ps, step, &row, op, i);
         i += 64;
     }
     while i + 32 <= n {
-        sum_rows_block::<4>(ps, &row, op, i);
+        sum_rows_block::<4>(ps, step, &row, op, i);
         i += 32;
     }
     while i + 8 <= n {
-        sum_rows_block::<1>(ps, &row, op, i);
+        sum_rows_block::<1>(ps, step, &row, op, i);
         i += 8;
     }
     for j in i..n {
         let mut acc = 0.0f32;
-        for (s, &p) in ps.iter().enumerate() {
-            acc += p * (*row(s).add(2 * j).cast::<f16>()).to_f32();
+        for s in (0..ps.len()).step_by(step) {
+            acc += ps[s] * (*row(s).add(2 * j).cast::<f16>()).to_f32();
         }
         *op.add(j) = acc;
     }
@@ -59,12 +61,14 @@ pub(crate) unsafe fn sum_rows_f16(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn sum_rows_block<const R: usize>(
     ps: &[f32],
+    step: usize,
     row: &impl Fn(usize) -> *const u8,
     op: *mut f32,
     i: usize,
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
-    for (s, &p) in ps.iter().enumerate() {
+    for s in (0..ps.len()).step_by(step) {
+        let p = *ps.get_unchecked(s);
         let r = row(s).add(2 * i);
         let pv = _mm256_set1_ps(p);
         for (k, acc) in acc.iter_mut().enumerate() {
