@@ -179,14 +179,7 @@ unsafe fn sum_rows_f16_every(
             out, ps, cache, slots, stride, offset, step,
         );
     }
-    let n = out.len();
-    out.fill(0.0);
-    for s in (0..ps.len()).step_by(step) {
-        let row = &cache[slots[s] * stride + offset..slots[s] * stride + offset + n];
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o += ps[s] * v.to_f32();
-        }
-    }
+    sum_rows_every_scalar(out, ps, cache, slots, stride, offset, step)
 }
 
 /// Scalar twin of [`sum_rows_f16`].
@@ -199,12 +192,25 @@ pub fn sum_rows_f16_scalar(
     offset: usize,
 ) {
     assert_eq!(ps.len(), slots.len(), "sum_rows_f16: one weight per slot");
+    sum_rows_every_scalar(out, ps, cache, slots, stride, offset, 1)
+}
+
+/// [`sum_rows_f16_scalar`] over slots `0, step, 2 * step, ..`.
+fn sum_rows_every_scalar(
+    out: &mut [f32],
+    ps: &[f32],
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+    step: usize,
+) {
     let n = out.len();
     out.fill(0.0);
-    for (&p, &slot) in ps.iter().zip(slots) {
-        let row = &cache[slot * stride + offset..slot * stride + offset + n];
+    for s in (0..ps.len()).step_by(step) {
+        let row = &cache[slots[s] * stride + offset..slots[s] * stride + offset + n];
         for (o, &v) in out.iter_mut().zip(row) {
-            *o += p * v.to_f32();
+            *o += ps[s] * v.to_f32();
         }
     }
 }

@@ -1052,8 +1052,7 @@ fn rows_par(
 fn rms_norm_rows_par(pool: &ThreadPool, dst: &mut [f32], src: &[f32], w: &[f32], eps: f32) {
     let d = w.len();
     rows_par(pool, dst, d, &|r, row| {
-        row.copy_from_slice(&src[r * d..(r + 1) * d]);
-        rms_norm(row, w, eps);
+        rms_norm_rows(row, &src[r * d..(r + 1) * d], w, eps)
     });
 }
 

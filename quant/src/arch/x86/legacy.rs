@@ -602,6 +602,31 @@ struct FastCall {
     out_col: usize,
 }
 
+/// Token `c`'s block `i` scale and (Q8_1) sum, as f32: from the side scales where the
+/// call has them, else from the activation block at `ab` (its first two f16 fields; the
+/// sum is 0 for the signed formats, whose activations have none).
+///
+/// # Safety
+/// Token `c` and block `i` of a validated call; `ab` that block; F16C available.
+#[inline(always)]
+unsafe fn act_scales<T: Legacy>(f: &FastCall, c: usize, i: usize, ab: *const u8) -> (f32, f32) {
+    if f.ad_stride > 0 {
+        let q =
+            f.ad.add(c * f.ad_stride + i * if T::SIGNED { 1 } else { 2 });
+        (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
+    } else {
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+            ab.cast::<u32>().read_unaligned().to_le() as i32
+        ));
+        let sy = if T::SIGNED {
+            0.0
+        } else {
+            _mm_cvtss_f32(_mm_movehdup_ps(v))
+        };
+        (_mm_cvtss_f32(v), sy)
+    }
+}
+
 /// Weight rows the decode kernels read together.
 const DECODE_ROWS: usize = 2;
 
@@ -622,18 +647,16 @@ macro_rules! legacy_fast {
                 a,
                 stride,
                 n,
-                ad,
-                ad_stride,
                 sums,
                 use_sums,
                 nb,
                 out,
                 out_row,
                 out_col,
+                ..
             } = f;
             const INT: FastInt = $int;
             let sign_trick = INT == FastInt::Avx2Sign;
-            let per = if T::SIGNED { 1 } else { 2 };
             let mut acc_m =
                 core::mem::MaybeUninit::<[__m256; crate::contract::FAST_TILE_TOKENS]>::uninit();
             let acc = init_prefix(&mut acc_m, n, _mm256_setzero_ps());
@@ -726,15 +749,7 @@ macro_rules! legacy_fast {
             // the scales, plus the mins term for the unsigned formats.
             let fold = |c: usize, i: usize, ab: *const u8, isum: __m256i, dx, mx, acc_c| {
                 // SAFETY (this closure): as `act`.
-                let (dy, sy) = if ad_stride > 0 {
-                    let q = ad.add(c * ad_stride + i * per);
-                    (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
-                } else {
-                    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                        ab.cast::<u32>().read_unaligned().to_le() as i32,
-                    ));
-                    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-                };
+                let (dy, sy) = act_scales::<T>(&f, c, i, ab);
                 let d = _mm256_mul_ps(dx, _mm256_set1_ps(dy));
                 let mut acc_c = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc_c);
                 if !T::SIGNED {
@@ -913,17 +928,15 @@ macro_rules! legacy_fast {
                 a,
                 stride,
                 n,
-                ad,
-                ad_stride,
                 sums,
                 use_sums,
                 nb,
                 out,
                 out_row,
                 out_col,
+                ..
             } = f;
             const INT: FastInt = $int;
-            let per = if T::SIGNED { 1 } else { 2 };
             let ones = _mm256_set1_epi16(1);
             let mut r0 = 0;
             while r0 < rows {
@@ -986,15 +999,7 @@ macro_rules! legacy_fast {
                             };
                             s4 = _mm_add_epi32(s4, _mm_set1_epi32(init));
                         }
-                        let (dy, sy) = if ad_stride > 0 {
-                            let q = ad.add(c * ad_stride + i * per);
-                            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
-                        } else {
-                            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                ab.cast::<u32>().read_unaligned().to_le() as i32,
-                            ));
-                            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-                        };
+                        let (dy, sy) = act_scales::<T>(&f, c, i, ab);
                         let d = _mm_mul_ps(dx, _mm_set1_ps(dy));
                         *acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(s4), *acc);
                         if !T::SIGNED {
@@ -1058,10 +1063,12 @@ unsafe fn fast_call<W: Block, A: Block>(
     imp: unsafe fn(FastCall),
     dec: Option<unsafe fn(FastCall)>,
 ) {
-    fast_call_rows::<W, A>(8, wa, side, n, out, sums, imp, dec)
+    fast_call_rows::<W, A>(8, wa, side, n, out, usize::from(sums), imp, dec)
 }
 
-/// [`fast_call`] for kernels of up to `max_rows` weight rows.
+/// [`fast_call`] for kernels of up to `max_rows` weight rows that read `sums` offset sums
+/// per activation block (0: none; 1: the fast order's per-block sum; 8: llama.cpp's
+/// order's per-lane sums).
 ///
 /// # Safety
 /// As [`fast_call`].
@@ -1072,7 +1079,7 @@ unsafe fn fast_call_rows<W: Block, A: Block>(
     side: ActSide<'_>,
     n: usize,
     (out, out_row, out_col): (*mut f32, usize, usize),
-    sums: bool,
+    sums: usize,
     imp: unsafe fn(FastCall),
     dec: Option<unsafe fn(FastCall)>,
 ) {
@@ -1084,7 +1091,7 @@ unsafe fn fast_call_rows<W: Block, A: Block>(
         side,
         rows * n,
         (max_rows, crate::contract::FAST_TILE_TOKENS),
-        1,
+        sums.max(1),
     );
     let call = FastCall {
         w: w.as_ptr(),
@@ -1096,7 +1103,7 @@ unsafe fn fast_call_rows<W: Block, A: Block>(
         ad: side.scales.as_ptr(),
         ad_stride: k.ad_stride,
         sums: k.sums,
-        use_sums: sums && k.use_sums,
+        use_sums: sums > 0 && k.use_sums,
         nb: k.nb,
         out,
         out_row,
@@ -1386,18 +1393,16 @@ unsafe fn fast_vnni512_packed<T: Legacy>(f: FastCall) {
         a,
         stride,
         n,
-        ad,
-        ad_stride,
         sums,
         use_sums,
         nb,
         out,
         out_row,
         out_col,
+        ..
     } = f;
     debug_assert!(rows == PACKED512_ROWS && out_row == 1);
     let group = 8 * wstride;
-    let per = if T::SIGNED { 1 } else { 2 };
     // Block i of both groups: the sixteen rows' quants as unsigned bytes (register k =
     // elements 4k..4k+4 of every row), their scales and mins.
     let block = |i: usize| -> ([__m512i; 8], __m512, __m512) {
@@ -1421,15 +1426,7 @@ unsafe fn fast_vnni512_packed<T: Legacy>(f: FastCall) {
     let bcast = |p: *const u8| _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
     let fold = |c: usize, i: usize, ab: *const u8, isum: __m512i, dx, mx, acc: __m512| {
         // SAFETY (this closure): as `act`.
-        let (dy, sy) = if ad_stride > 0 {
-            let q = ad.add(c * ad_stride + i * per);
-            (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
-        } else {
-            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                ab.cast::<u32>().read_unaligned().to_le() as i32
-            ));
-            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-        };
+        let (dy, sy) = act_scales::<T>(&f, c, i, ab);
         let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy));
         let mut acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc);
         if !T::SIGNED {
@@ -1567,7 +1564,7 @@ macro_rules! fast_packed512 {
                 side,
                 n,
                 (out, 1, out_stride),
-                $sums,
+                usize::from($sums),
                 fast_vnni512_packed::<$ty>,
                 None,
             )
@@ -1667,8 +1664,6 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
         a,
         stride,
         n,
-        ad,
-        ad_stride,
         nb,
         out,
         out_col,
@@ -1694,14 +1689,7 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
                  summs: &mut __m256| {
         // SAFETY (this closure): token c < n, block i < nb of the checked call.
         let ab = a.add(c * stride + i * T::AB);
-        let ys = if ad_stride > 0 {
-            let q = ad.add(c * ad_stride + i * 2);
-            (*q, *q.add(1))
-        } else {
-            let h =
-                |o: usize| crate::f16::f16_to_f32(u16::from_le_bytes([*ab.add(o), *ab.add(o + 1)]));
-            (h(0), h(2))
-        };
+        let ys = act_scales::<T>(&f, c, i, ab);
         exact_block::<VNNI>(t, ab.add(T::A_QS), dm, ys, acc, summs);
     };
     let mut acc_m =
@@ -1868,7 +1856,7 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
             // SAFETY: token c < n and block i < nb of the validated call.
             let ab = f.a.add(c * f.stride + i * T::AB);
             let yq = ab.add(T::A_QS);
-            let ys = exact512_scales::<T>(f, c, i, ab);
+            let ys = act_scales::<T>(f, c, i, ab);
             let sums = f.sums.add((c * f.nb + i) * 8);
             let init = |k: usize| {
                 if !T::SIGNED {
@@ -1893,24 +1881,6 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
 #[inline(always)]
 unsafe fn lane_sum(p: *const u8) -> i32 {
     (0..4).map(|e| *p.add(e) as i8 as i32).sum()
-}
-
-/// Token c's block i scale and (Q8_1) sum, from the side scales or the block itself.
-#[inline(always)]
-unsafe fn exact512_scales<T: Legacy>(
-    f: &FastCall,
-    c: usize,
-    i: usize,
-    ab: *const u8,
-) -> (f32, f32) {
-    if f.ad_stride > 0 {
-        let q =
-            f.ad.add(c * f.ad_stride + i * if T::SIGNED { 1 } else { 2 });
-        (*q, if T::SIGNED { 0.0 } else { *q.add(1) })
-    } else {
-        let h = |o: usize| crate::f16::f16_to_f32(u16::from_le_bytes([*ab.add(o), *ab.add(o + 1)]));
-        (h(0), if T::SIGNED { 0.0 } else { h(2) })
-    }
 }
 
 /// llama.cpp's order over one or two packed groups (8 or 16 rows) with AVX-512.
@@ -2025,32 +1995,17 @@ macro_rules! exact_packed512_entry {
                 rows == 8 || rows == PACKED512_ROWS,
                 "packed tile: {rows} rows, not one or two groups of eight"
             );
-            let k = crate::contract::check_tile_rows::<$w, $a>(
-                w,
-                rows,
-                a,
-                stride,
+            // Eight offset sums per block: one per lane (`offset_sums`).
+            fast_call_rows::<$w, $a>(
+                PACKED512_ROWS,
+                (w, rows, a, stride),
                 side,
-                rows * n,
-                (PACKED512_ROWS, crate::contract::FAST_TILE_TOKENS),
+                n,
+                (out, 1, out_stride),
                 8,
-            );
-            exact_vnni512_packed::<$ty>(FastCall {
-                w: w.as_ptr(),
-                wstride: k.wstride,
-                rows: k.rows,
-                a: a.as_ptr(),
-                stride,
-                n: k.cols,
-                ad: side.scales.as_ptr(),
-                ad_stride: k.ad_stride,
-                sums: k.sums,
-                use_sums: k.use_sums,
-                nb: k.nb,
-                out,
-                out_row: 1,
-                out_col: out_stride,
-            })
+                exact_vnni512_packed::<$ty>,
+                None,
+            )
         }
     };
 }
