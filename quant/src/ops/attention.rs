@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::f16::{round_to_f16, scores_f16, weighted_rows_f16};
+use super::f16::{check_slots, round_to_f16, scores_f16, weighted_rows_f16};
 use super::softmax::softmax;
 use crate::order::{F16Order, Flavor};
 
@@ -93,6 +93,150 @@ pub fn attend_head(
     });
 }
 
+thread_local! {
+    /// A tile's rounded queries, its score rows and its V partial sums.
+    static TILE: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// [`attend_head`] for several query heads that read the same KV head, each with its own
+/// cells `ranges[i] = (first, last)` of one sequence whose cell `c` is held by
+/// `slots[c]`: `out[i * hv..][..hv]` is query `qs[i * hk..][..hk]`'s attention, the same
+/// bits as `attend_head(p, q_i, kv, &slots[first..=last], first, out_i)`.
+///
+/// Prefill gives each token's heads of a KV group, and the next few tokens, nearly the
+/// same cells: on AVX-512 with llama.cpp's GEMM order (`p.order`) the tile reads each key
+/// and V row once for four queries, the cost that bounds attention at depth. Other
+/// flavors, orders and head sizes take one [`attend_head`] per query.
+pub fn attend_tile(
+    p: &AttnParams,
+    qs: &[f32],
+    ranges: &[(usize, usize)],
+    kv: &KvHead<'_>,
+    slots: &[usize],
+    out: &mut [f32],
+) {
+    let m = ranges.len();
+    if m == 0 {
+        return;
+    }
+    assert!(
+        qs.len().is_multiple_of(m) && out.len().is_multiple_of(m),
+        "attend_tile: one query and one output row per range"
+    );
+    let (hk, hv) = (qs.len() / m, out.len() / m);
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let (j0, j1) = (
+        ranges.iter().map(|r| r.0).max().unwrap_or(0),
+        ranges.iter().map(|r| r.1).min().unwrap_or(0),
+    );
+    assert!(
+        ranges.iter().all(|&(f, l)| f <= l) && hi < slots.len(),
+        "attend_tile: a range is empty or outside the sequence's cells"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if p.flavor == Flavor::Avx512
+        && p.order == F16Order::Gemm
+        && crate::isa::active().includes(crate::isa::Isa::Avx512)
+        && hk.is_multiple_of(16)
+        && hv.is_multiple_of(16)
+        && j0 <= j1
+    {
+        let cells = &slots[lo..=hi];
+        check_slots("attend_tile", hk, kv.k, cells, kv.k_stride, kv.k_off);
+        check_slots("attend_tile", hv, kv.v, cells, kv.v_stride, kv.v_off);
+        TILE.with(|t| {
+            let mut t = t.borrow_mut();
+            let (q16, sc, parts) = &mut *t;
+            q16.clear();
+            q16.extend_from_slice(qs);
+            round_to_f16(q16);
+            let n = hi + 1 - lo;
+            sc.clear();
+            sc.resize(m * n, 0.0);
+            let kp = kv.k.as_ptr().cast::<u16>();
+            let vp = kv.v.as_ptr().cast::<u16>();
+            // SAFETY: AVX-512 F is active; head sizes are whole registers; every row
+            // read was bounds-checked above; `sc` holds m x n scores.
+            unsafe {
+                let key = |s: usize| kp.add(cells[s] * kv.k_stride + kv.k_off);
+                crate::arch::x86::attn::scores_tile(q16, m, hk, n, &key, p.kq_scale, sc);
+            }
+            for (i, &(f, l)) in ranges.iter().enumerate() {
+                let row = &mut sc[i * n + f - lo..=i * n + l - lo];
+                softmax(p.flavor, row, f);
+                round_to_f16(row);
+            }
+            // Partial sum `c` of query i (cells ≡ c mod 16) at parts[(i * 16 + c) * hv..].
+            const P: usize = 16;
+            parts.clear();
+            parts.resize(m * P * hv, 0.0);
+            let v_row = |c: usize| &kv.v[slots[c] * kv.v_stride + kv.v_off..][..hv];
+            // Each partial sum runs in cell order: the cells only some queries see
+            // (before j0 and after j1) one query at a time, those all see four at a time.
+            let alone = |parts: &mut [f32], i: usize, cells: std::ops::Range<usize>| {
+                for c in cells {
+                    let pr = sc[i * n + c - lo];
+                    let dst = &mut parts[(i * P + c % P) * hv..][..hv];
+                    for (o, x) in dst.iter_mut().zip(v_row(c)) {
+                        *o += pr * x.to_f32();
+                    }
+                }
+            };
+            for (i, &(f, _)) in ranges.iter().enumerate() {
+                alone(parts, i, f..j0);
+            }
+            let pp = parts.as_mut_ptr();
+            let sp = sc.as_ptr();
+            for i0 in (0..m).step_by(4) {
+                let nq = (m - i0).min(4);
+                for c in 0..P {
+                    let start = j0 + (c + P - j0 % P) % P;
+                    if start > j1 {
+                        continue;
+                    }
+                    let dst: [*mut f32; 4] =
+                        // SAFETY: in parts (i < m, c < P).
+                        std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * P + c) * hv) });
+                    // SAFETY: AVX-512 F; hv is whole registers; the V rows of cells
+                    // j0..=j1 were checked; probabilities inside sc.
+                    unsafe {
+                        crate::arch::x86::attn::vsum_tile(
+                            &dst[..nq],
+                            hv,
+                            (start..=j1).step_by(P),
+                            &|k, cell| sp.add((i0 + k) * n + cell - lo),
+                            &|cell| vp.add(slots[cell] * kv.v_stride + kv.v_off),
+                        )
+                    };
+                }
+            }
+            for (i, &(_, l)) in ranges.iter().enumerate() {
+                alone(parts, i, j1 + 1..l + 1);
+            }
+            // The partials' halving tree, element by element as `order::hsum` does it.
+            for (i, o) in out.chunks_exact_mut(hv).enumerate() {
+                let q = &mut parts[i * P * hv..(i + 1) * P * hv];
+                let mut w = P / 2;
+                while w > 0 {
+                    let (a, b) = q.split_at_mut(w * hv);
+                    for (x, &y) in a.iter_mut().zip(&b[..w * hv]) {
+                        *x += y;
+                    }
+                    w /= 2;
+                }
+                o.copy_from_slice(&q[..hv]);
+            }
+        });
+        return;
+    }
+    let _ = (lo, j0, j1);
+    for ((i, &(f, l)), o) in ranges.iter().enumerate().zip(out.chunks_exact_mut(hv)) {
+        attend_head(p, &qs[i * hk..(i + 1) * hk], kv, &slots[f..=l], f, o);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +290,88 @@ mod tests {
                     (o as f64 - want).abs() < 2e-3,
                     "{order:?} {d}: {o} vs {want}"
                 );
+            }
+        }
+    }
+    /// A tile gives each query the bits of its own `attend_head`: query counts that are
+    /// not whole quads, key counts that are not whole quads, sliding windows (ranges that
+    /// start apart), scattered slots, both flavors and orders.
+    #[test]
+    fn tiles_attend_like_one_head_at_a_time() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for &(hk, hv, n_cells, m, spread, window) in &[
+            (64, 64, 70, 12, 3, 0),
+            (64, 64, 301, 14, 1, 0),
+            (256, 256, 45, 16, 3, 0),
+            (64, 32, 130, 5, 4, 40),
+            (32, 48, 19, 3, 2, 0),
+            (64, 64, 200, 7, 3, 17),
+            (24, 40, 33, 6, 2, 0),
+        ] {
+            let n_kv = 2;
+            let n_slots = n_cells + 9;
+            let k: Vec<f16> = (0..n_slots * n_kv * hk)
+                .map(|_| f16::from_f32(rnd() * 2.0))
+                .collect();
+            let v: Vec<f16> = (0..n_slots * n_kv * hv)
+                .map(|_| f16::from_f32(rnd()))
+                .collect();
+            // Cell c lives in a scattered slot.
+            let slots: Vec<usize> = (0..n_cells).map(|c| (c * 7 + 3) % n_slots).collect();
+            let kv = KvHead {
+                k: &k,
+                v: &v,
+                k_stride: n_kv * hk,
+                v_stride: n_kv * hv,
+                k_off: hk,
+                v_off: hv,
+            };
+            let qs: Vec<f32> = (0..m * hk).map(|_| rnd() * 3.0).collect();
+            // Queries in groups of 3 per token, tokens `spread` apart at the end.
+            let ranges: Vec<(usize, usize)> = (0..m)
+                .map(|i| {
+                    let last = n_cells - 1 - (i / 3) % spread;
+                    let first = if window > 0 {
+                        (last + 1).saturating_sub(window)
+                    } else {
+                        0
+                    };
+                    (first, last)
+                })
+                .collect();
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for order in [F16Order::Gemm, F16Order::VecDot] {
+                    let p = AttnParams {
+                        flavor: fl,
+                        order,
+                        kq_scale: 0.125,
+                    };
+                    let mut got = vec![0.0; m * hv];
+                    attend_tile(&p, &qs, &ranges, &kv, &slots, &mut got);
+                    for (i, &(f, l)) in ranges.iter().enumerate() {
+                        let mut want = vec![0.0; hv];
+                        attend_head(
+                            &p,
+                            &qs[i * hk..(i + 1) * hk],
+                            &kv,
+                            &slots[f..=l],
+                            f,
+                            &mut want,
+                        );
+                        let g = &got[i * hv..(i + 1) * hv];
+                        assert_eq!(
+                            g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} query {i}"
+                        );
+                    }
+                }
             }
         }
     }

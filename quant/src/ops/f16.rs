@@ -123,7 +123,14 @@ fn check_rows(n: usize, ps: &[f32], cache: &[f16], slots: &[usize], stride: usiz
 
 /// Panics (naming `who`) unless every row `cache[slots[s] * stride + offset..][..n]` lies
 /// inside `cache`, what the SIMD kernels over cache rows rely on.
-fn check_slots(who: &str, n: usize, cache: &[f16], slots: &[usize], stride: usize, offset: usize) {
+pub(crate) fn check_slots(
+    who: &str,
+    n: usize,
+    cache: &[f16],
+    slots: &[usize],
+    stride: usize,
+    offset: usize,
+) {
     for &s in slots {
         assert!(
             s * stride + offset + n <= cache.len(),

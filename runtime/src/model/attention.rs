@@ -1,10 +1,13 @@
-//! The attention step of one layer for a whole batch: one pool task per (token, query
-//! head), each attending over its own sequence's KV slots with
-//! [`quant::ops::attention::attend_head`]. A token reads only its sequence's slots, so
+//! The attention step of one layer for a whole batch: in decode one pool task per query
+//! head ([`quant::ops::attention::attend_head`]), in prefill one per KV head and tile of
+//! a few consecutive tokens ([`quant::ops::attention::attend_tile`]), each attending over
+//! its own sequence's KV slots. A token reads only its sequence's slots, so
 //! its result never depends on the other sequences of the batch.
 
 use half::f16;
-use quant::ops::attention::{attend_head, AttnParams, KvHead};
+use std::cell::RefCell;
+
+use quant::ops::attention::{attend_head, attend_tile, AttnParams, KvHead};
 use quant::order::flavor;
 
 use crate::matmul::UbPos;
@@ -52,35 +55,100 @@ pub(super) fn attention(
     let n_tok = tok.pos.len();
     debug_assert_eq!(out.len(), n_tok * s.n_head * hv);
     let fl = flavor();
-    let out = SharedMut::new(out);
-    pool.run(n_tok * s.n_head, &|task| {
-        let (t, h) = (task / s.n_head, task % s.n_head);
-        let g = h / group;
+    let params = |t: usize| AttnParams {
+        flavor: fl,
+        // llama.cpp multiplies f16 operands with its tiled GEMM when the micro-batch has
+        // several tokens and with vec_dot_f16 for one: the same order per token.
+        order: AttnParams::order_for(tok.ub[t].n as usize),
+        kq_scale: s.kq_scale,
+    };
+    let kv_head = |g: usize| KvHead {
+        k: k_cache,
+        v: v_cache,
+        k_stride: k_dim,
+        v_stride: v_dim,
+        k_off: g * hk,
+        v_off: g * hv,
+    };
+    let first = |t: usize| {
         let pos = tok.pos[t];
-        let first = if s.window > 0 {
+        if s.window > 0 {
             (pos + 1).saturating_sub(s.window)
         } else {
             0
-        };
-        let slots = &tok.seq_slots[tok.seq[t]][first..=pos];
-        let qh = &tok.q[t * q_dim + h * hk..t * q_dim + (h + 1) * hk];
-        // SAFETY: each task writes its own (token, head) output row.
-        let o = unsafe { out.slice((t * s.n_head + h) * hv, hv) };
-        let p = AttnParams {
-            flavor: fl,
-            // llama.cpp multiplies f16 operands with its tiled GEMM when the micro-batch
-            // has several tokens and with vec_dot_f16 for one: the same order per token.
-            order: AttnParams::order_for(tok.ub[t].n as usize),
-            kq_scale: s.kq_scale,
-        };
-        let kv = KvHead {
-            k: k_cache,
-            v: v_cache,
-            k_stride: k_dim,
-            v_stride: v_dim,
-            k_off: g * hk,
-            v_off: g * hv,
-        };
-        attend_head(&p, qh, &kv, slots, first, o);
+        }
+    };
+    let out = SharedMut::new(out);
+    if n_tok == 1 {
+        // Decode: one task per query head.
+        pool.run(s.n_head, &|h| {
+            let slots = &tok.seq_slots[tok.seq[0]][first(0)..=tok.pos[0]];
+            // SAFETY: each task writes its own head's output row.
+            let o = unsafe { out.slice(h * hv, hv) };
+            attend_head(
+                &params(0),
+                &tok.q[h * hk..(h + 1) * hk],
+                &kv_head(h / group),
+                slots,
+                first(0),
+                o,
+            );
+        });
+        return;
+    }
+    // Prefill: one task per KV head and tile of consecutive tokens of one sequence (and
+    // one f16 order), all of the group's query heads together, so the tile reads each
+    // cache row once for up to TILE_QUERIES queries (`attend_tile`).
+    let per_tile = (TILE_QUERIES / group).max(1);
+    let mut tiles: Vec<(usize, usize)> = Vec::with_capacity(n_tok.div_ceil(per_tile));
+    let mut t0 = 0;
+    for t in 1..=n_tok {
+        if t == n_tok
+            || t - t0 == per_tile
+            || tok.seq[t] != tok.seq[t0]
+            || params(t).order != params(t0).order
+        {
+            tiles.push((t0, t));
+            t0 = t;
+        }
+    }
+    pool.run(tiles.len() * s.n_head_kv, &|task| {
+        let ((t0, t1), g) = (tiles[task / s.n_head_kv], task % s.n_head_kv);
+        let m = (t1 - t0) * group;
+        TILE_IO.with(|io| {
+            let mut io = io.borrow_mut();
+            let (qs, ranges, o) = &mut *io;
+            qs.clear();
+            ranges.clear();
+            for t in t0..t1 {
+                let q = &tok.q[t * q_dim + g * group * hk..t * q_dim + (g + 1) * group * hk];
+                qs.extend_from_slice(q);
+                ranges.extend(std::iter::repeat_n((first(t), tok.pos[t]), group));
+            }
+            o.clear();
+            o.resize(m * hv, 0.0);
+            attend_tile(
+                &params(t0),
+                qs,
+                ranges,
+                &kv_head(g),
+                &tok.seq_slots[tok.seq[t0]],
+                o,
+            );
+            for (j, t) in (t0..t1).enumerate() {
+                // SAFETY: the task writes the rows of its tokens' heads of KV head g only.
+                let dst = unsafe { out.slice((t * s.n_head + g * group) * hv, group * hv) };
+                dst.copy_from_slice(&o[j * group * hv..(j + 1) * group * hv]);
+            }
+        });
     });
+}
+
+/// Query heads a prefill task attends together (a KV group times a few tokens).
+const TILE_QUERIES: usize = 16;
+
+thread_local! {
+    /// A tile's gathered queries, their cell ranges and their outputs.
+    static TILE_IO: RefCell<(Vec<f32>, Vec<(usize, usize)>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }

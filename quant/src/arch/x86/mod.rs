@@ -39,6 +39,7 @@ macro_rules! single_from_many {
     };
 }
 
+pub(crate) mod attn;
 pub(crate) mod f16;
 mod kpacked;
 mod kquants;

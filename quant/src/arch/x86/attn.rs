@@ -1,0 +1,200 @@
+//! Prefill attention for several queries of one KV head at once (`ops::attention::
+//! attend_tile`), in llama.cpp's GEMM order for the AVX-512 flavor: each (query, key)
+//! score is one 16-lane FMA chain over the head dimension reduced by the halving tree,
+//! and each V partial sum (`cell % 16`) one chain in cell order, exactly as the per-query
+//! kernels compute them. What changes is how often the cache is read: a key row or a V
+//! row is converted once for four queries instead of once per query, and the sixteen
+//! scores of a 4 x 4 tile are reduced together by shuffles (the same additions, lane for
+//! lane) instead of one horizontal sum each.
+
+use core::arch::x86_64::*;
+
+/// Queries (and keys) per register tile.
+const QUAD: usize = 4;
+
+/// `out[i * n + s] = (q_i · key_s) * scale` for the `m` queries `q16[i * hk..]` (already
+/// rounded to f16 values) and the `n` keys `key(s)` (f16 rows of `hk` values), in the GEMM
+/// order of the 16-lane flavor.
+///
+/// # Safety
+/// AVX-512 F; `hk % 16 == 0`; `q16.len() >= m * hk`; `out.len() >= m * n`; every
+/// `key(s)` for `s < n` points at `hk` readable f16 values.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn scores_tile(
+    q16: &[f32],
+    m: usize,
+    hk: usize,
+    n: usize,
+    key: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    out: &mut [f32],
+) {
+    debug_assert!(hk.is_multiple_of(16) && q16.len() >= m * hk && out.len() >= m * n);
+    let sc = _mm512_set1_ps(scale);
+    let qp = q16.as_ptr();
+    let op = out.as_mut_ptr();
+    let mut s = 0;
+    while s < n {
+        let nk = (n - s).min(QUAD);
+        // A short last quad repeats its last key; those lanes are never stored.
+        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        let mut i = 0;
+        while i < m {
+            let nq = (m - i).min(QUAD);
+            let qs: [*const f32; QUAD] = core::array::from_fn(|k| qp.add((i + k.min(nq - 1)) * hk));
+            // acc[4 * key + query]: after the transposed reduction, lane 4 * query + key.
+            let mut acc = [_mm512_setzero_ps(); 16];
+            let mut d = 0;
+            while d < hk {
+                let kv: [__m512; QUAD] = core::array::from_fn(|k| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(rows[k].add(d).cast()))
+                });
+                for (qi, &q) in qs.iter().enumerate() {
+                    let qv = _mm512_loadu_ps(q.add(d));
+                    for (ki, &k) in kv.iter().enumerate() {
+                        acc[4 * ki + qi] = _mm512_fmadd_ps(qv, k, acc[4 * ki + qi]);
+                    }
+                }
+                d += 16;
+            }
+            let f = _mm512_mul_ps(reduce16(&acc), sc);
+            if nk == QUAD && nq == QUAD {
+                _mm_storeu_ps(op.add(i * n + s), _mm512_castps512_ps128(f));
+                _mm_storeu_ps(op.add((i + 1) * n + s), _mm512_extractf32x4_ps::<1>(f));
+                _mm_storeu_ps(op.add((i + 2) * n + s), _mm512_extractf32x4_ps::<2>(f));
+                _mm_storeu_ps(op.add((i + 3) * n + s), _mm512_extractf32x4_ps::<3>(f));
+            } else {
+                let mut lanes = [0.0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), f);
+                for qi in 0..nq {
+                    let dst = op.add((i + qi) * n + s);
+                    for k in 0..nk {
+                        *dst.add(k) = lanes[4 * qi + k];
+                    }
+                }
+            }
+            i += QUAD;
+        }
+        s += QUAD;
+    }
+}
+
+/// The sixteen halving-tree sums of `acc` (each: lane `l` plus lane `l + 8`, then `+ 4`,
+/// `+ 2`, `+ 1`, the order of `_mm512_reduce_add_ps` and of the 16-lane `order::hsum`),
+/// with the sum of `acc[j]` in lane `4 * (j % 4) + j / 4`. Every lane sees exactly the
+/// additions the one-register reduction does; the shuffles only move operands.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce16(acc: &[__m512; 16]) -> __m512 {
+    // y: quarters [a: l0..4 + l8..12, a: l4..8 + l12..16, b: .., b: ..] per pair (a, b).
+    let y: [__m512; 8] = core::array::from_fn(|p| {
+        let (a, b) = (acc[2 * p], acc[2 * p + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    });
+    // r: quarter j holds acc[4p + j]'s four sums of y_i + y_{i+4}.
+    let r: [__m512; 4] = core::array::from_fn(|p| {
+        let (a, b) = (y[2 * p], y[2 * p + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        )
+    });
+    // Within each quarter: r_i + r_{i+2}, for two registers side by side.
+    let s01 = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x44>(r[0], r[1]),
+        _mm512_shuffle_ps::<0xEE>(r[0], r[1]),
+    );
+    let s23 = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x44>(r[2], r[3]),
+        _mm512_shuffle_ps::<0xEE>(r[2], r[3]),
+    );
+    // s_0 + s_1: quarter j, element e is acc[4e + j]'s sum.
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(s01, s23),
+        _mm512_shuffle_ps::<0xDD>(s01, s23),
+    )
+}
+
+/// One V partial sum for up to four queries over the cells `cells` (a class: every
+/// 16th cell): `parts[i][d] += p_i(cell) * v(cell)[d]` in cell order, multiply then add
+/// (the products of two f16 values are exact in f32, so the FMA is the same operation),
+/// with `parts[i]` held in registers 64 elements at a time.
+///
+/// `prob(i, cell)` is query `i`'s probability, `v(cell)` the cell's V row (`hv` f16
+/// values), `parts[i]` its `hv` partial sums.
+///
+/// # Safety
+/// AVX-512 F; `hv % 16 == 0`; every pointer valid for `hv` elements.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn vsum_tile(
+    parts: &[*mut f32],
+    hv: usize,
+    cells: impl Iterator<Item = usize> + Clone,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    debug_assert!(hv.is_multiple_of(16) && parts.len() <= QUAD);
+    match parts.len() {
+        4 => vsum_queries::<4>(parts, hv, cells, prob, v),
+        3 => vsum_queries::<3>(parts, hv, cells, prob, v),
+        2 => vsum_queries::<2>(parts, hv, cells, prob, v),
+        1 => vsum_queries::<1>(parts, hv, cells, prob, v),
+        _ => {}
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn vsum_queries<const Q: usize>(
+    parts: &[*mut f32],
+    hv: usize,
+    cells: impl Iterator<Item = usize> + Clone,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    let mut d = 0;
+    while d + 64 <= hv {
+        vsum_block::<Q, 4>(parts, d, cells.clone(), prob, v);
+        d += 64;
+    }
+    while d < hv {
+        vsum_block::<Q, 1>(parts, d, cells.clone(), prob, v);
+        d += 16;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn vsum_block<const Q: usize, const R: usize>(
+    parts: &[*mut f32],
+    d: usize,
+    cells: impl Iterator<Item = usize>,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    let mut acc = [[_mm512_setzero_ps(); R]; Q];
+    for (i, acc) in acc.iter_mut().enumerate() {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(parts[i].add(d + 16 * j));
+        }
+    }
+    for cell in cells {
+        let r = v(cell).add(d);
+        let vv: [__m512; R] =
+            core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(r.add(16 * j).cast())));
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(*prob(i, cell));
+            for (a, &x) in acc.iter_mut().zip(&vv) {
+                *a = _mm512_fmadd_ps(p, x, *a);
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        for (j, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(parts[i].add(d + 16 * j), *a);
+        }
+    }
+}
