@@ -147,8 +147,9 @@ pub(super) fn attention(
 /// Query heads a prefill task attends together (a KV group times a few tokens).
 const TILE_QUERIES: usize = 16;
 
+/// A tile's gathered queries, their cell ranges and their outputs.
+type TileIo = (Vec<f32>, Vec<(usize, usize)>, Vec<f32>);
+
 thread_local! {
-    /// A tile's gathered queries, their cell ranges and their outputs.
-    static TILE_IO: RefCell<(Vec<f32>, Vec<(usize, usize)>, Vec<f32>)> =
-        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static TILE_IO: RefCell<TileIo> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
