@@ -93,6 +93,44 @@ pub fn attend_head(
     });
 }
 
+/// Which x86 kernels a tile runs on.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+enum TileKernel {
+    /// AVX-512, the 16-lane flavor.
+    Zmm,
+    /// AVX2 registers, the 8-lane flavor.
+    Ymm8,
+    /// AVX2 registers, the 16-lane flavor (each chain in two halves).
+    Ymm16,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileKernel {
+    /// Whether these kernels compute GEMM-order tiles of `p`'s flavor with these head
+    /// sizes, and the ISA level `isa` runs them.
+    fn fits(self, p: &AttnParams, hk: usize, hv: usize, isa: crate::isa::Isa) -> bool {
+        use crate::isa::Isa;
+        let (flavor, level, hv_step) = match self {
+            TileKernel::Zmm => (Flavor::Avx512, Isa::Avx512, 16),
+            TileKernel::Ymm8 => (Flavor::Avx2, Isa::Avx2, 8),
+            TileKernel::Ymm16 => (Flavor::Avx512, Isa::Avx2, 8),
+        };
+        p.order == F16Order::Gemm
+            && p.flavor == flavor
+            && isa.includes(level)
+            && hk.is_multiple_of(flavor.lanes())
+            && hv.is_multiple_of(hv_step)
+    }
+
+    /// The fastest kernels that fit on the active ISA level, if any.
+    fn pick(p: &AttnParams, hk: usize, hv: usize) -> Option<TileKernel> {
+        [TileKernel::Zmm, TileKernel::Ymm16, TileKernel::Ymm8]
+            .into_iter()
+            .find(|k| k.fits(p, hk, hv, crate::isa::active()))
+    }
+}
+
 thread_local! {
     /// A tile's rounded queries, its score rows and its V partial sums.
     static TILE: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
@@ -105,10 +143,37 @@ thread_local! {
 /// bits as `attend_head(p, q_i, kv, &slots[first..=last], first, out_i)`.
 ///
 /// Prefill gives each token's heads of a KV group, and the next few tokens, nearly the
-/// same cells: on AVX-512 with llama.cpp's GEMM order (`p.order`) the tile reads each key
-/// and V row once for four queries, the cost that bounds attention at depth. Other
-/// flavors, orders and head sizes take one [`attend_head`] per query.
+/// same cells: with llama.cpp's GEMM order (`p.order`) on AVX2 or AVX-512 the tile reads
+/// each key and V row once for two to four queries, the cost that bounds attention at
+/// depth. The VecDot order, head sizes that are not whole registers and other ISAs take
+/// one [`attend_head`] per query.
 pub fn attend_tile(
+    p: &AttnParams,
+    qs: &[f32],
+    ranges: &[(usize, usize)],
+    kv: &KvHead<'_>,
+    slots: &[usize],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    let kernel = {
+        let m = ranges.len().max(1);
+        TileKernel::pick(p, qs.len() / m, out.len() / m)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let kernel = None;
+    attend_tile_on(kernel, p, qs, ranges, kv, slots, out)
+}
+
+/// The kernels a tile runs on (`None`: one [`attend_head`] per query).
+#[cfg(target_arch = "x86_64")]
+type Kernel = Option<TileKernel>;
+#[cfg(not(target_arch = "x86_64"))]
+type Kernel = Option<std::convert::Infallible>;
+
+/// [`attend_tile`] on the given kernels.
+fn attend_tile_on(
+    kernel: Kernel,
     p: &AttnParams,
     qs: &[f32],
     ranges: &[(usize, usize)],
@@ -136,13 +201,7 @@ pub fn attend_tile(
         "attend_tile: a range is empty or outside the sequence's cells"
     );
     #[cfg(target_arch = "x86_64")]
-    if p.flavor == Flavor::Avx512
-        && p.order == F16Order::Gemm
-        && crate::isa::active().includes(crate::isa::Isa::Avx512)
-        && hk.is_multiple_of(16)
-        && hv.is_multiple_of(16)
-        && j0 <= j1
-    {
+    if let Some(kernel) = kernel.filter(|_| j0 <= j1) {
         let cells = &slots[lo..=hi];
         check_slots("attend_tile", hk, kv.k, cells, kv.k_stride, kv.k_off);
         check_slots("attend_tile", hv, kv.v, cells, kv.v_stride, kv.v_off);
@@ -161,24 +220,33 @@ pub fn attend_tile(
             // read was bounds-checked above; `sc` holds m x n scores.
             unsafe {
                 let key = |s: usize| kp.add(cells[s] * kv.k_stride + kv.k_off);
-                crate::arch::x86::attn::scores_tile(q16, m, hk, n, &key, p.kq_scale, sc);
+                use crate::arch::x86::attn::{scores_tile, scores_tile_avx2};
+                match kernel {
+                    TileKernel::Zmm => scores_tile(q16, m, hk, n, &key, p.kq_scale, sc),
+                    TileKernel::Ymm8 => {
+                        scores_tile_avx2::<1>(q16, m, hk, n, &key, p.kq_scale, sc)
+                    }
+                    TileKernel::Ymm16 => {
+                        scores_tile_avx2::<2>(q16, m, hk, n, &key, p.kq_scale, sc)
+                    }
+                }
             }
             for (i, &(f, l)) in ranges.iter().enumerate() {
                 let row = &mut sc[i * n + f - lo..=i * n + l - lo];
                 softmax(p.flavor, row, f);
                 round_to_f16(row);
             }
-            // Partial sum `c` of query i (cells ≡ c mod 16) at parts[(i * 16 + c) * hv..].
-            const P: usize = 16;
+            // Partial sum `c` of query i (cells ≡ c mod P) at parts[(i * P + c) * hv..].
+            let pl = p.flavor.lanes();
             parts.clear();
-            parts.resize(m * P * hv, 0.0);
+            parts.resize(m * pl * hv, 0.0);
             let v_row = |c: usize| &kv.v[slots[c] * kv.v_stride + kv.v_off..][..hv];
             // Each partial sum runs in cell order: the cells only some queries see
             // (before j0 and after j1) one query at a time, those all see four at a time.
             let alone = |parts: &mut [f32], i: usize, cells: std::ops::Range<usize>| {
                 for c in cells {
                     let pr = sc[i * n + c - lo];
-                    let dst = &mut parts[(i * P + c % P) * hv..][..hv];
+                    let dst = &mut parts[(i * pl + c % pl) * hv..][..hv];
                     for (o, x) in dst.iter_mut().zip(v_row(c)) {
                         *o += pr * x.to_f32();
                     }
@@ -191,24 +259,25 @@ pub fn attend_tile(
             let sp = sc.as_ptr();
             for i0 in (0..m).step_by(4) {
                 let nq = (m - i0).min(4);
-                for c in 0..P {
-                    let start = j0 + (c + P - j0 % P) % P;
+                for c in 0..pl {
+                    let start = j0 + (c + pl - j0 % pl) % pl;
                     if start > j1 {
                         continue;
                     }
                     let dst: [*mut f32; 4] =
-                        // SAFETY: in parts (i < m, c < P).
-                        std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * P + c) * hv) });
+                        // SAFETY: in parts (i < m, c < pl).
+                        std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * pl + c) * hv) });
                     // SAFETY: AVX-512 F; hv is whole registers; the V rows of cells
                     // j0..=j1 were checked; probabilities inside sc.
                     unsafe {
-                        crate::arch::x86::attn::vsum_tile(
-                            &dst[..nq],
-                            hv,
-                            (start..=j1).step_by(P),
-                            &|k, cell| sp.add((i0 + k) * n + cell - lo),
-                            &|cell| vp.add(slots[cell] * kv.v_stride + kv.v_off),
-                        )
+                        let cells = (start..=j1).step_by(pl);
+                        let prob = |k: usize, cell: usize| sp.add((i0 + k) * n + cell - lo);
+                        let v = |cell: usize| vp.add(slots[cell] * kv.v_stride + kv.v_off);
+                        use crate::arch::x86::attn::{vsum_tile, vsum_tile_avx2};
+                        match kernel {
+                            TileKernel::Zmm => vsum_tile(&dst[..nq], hv, cells, &prob, &v),
+                            _ => vsum_tile_avx2(&dst[..nq], hv, cells, &prob, &v),
+                        }
                     };
                 }
             }
@@ -217,8 +286,8 @@ pub fn attend_tile(
             }
             // The partials' halving tree, element by element as `order::hsum` does it.
             for (i, o) in out.chunks_exact_mut(hv).enumerate() {
-                let q = &mut parts[i * P * hv..(i + 1) * P * hv];
-                let mut w = P / 2;
+                let q = &mut parts[i * pl * hv..(i + 1) * pl * hv];
+                let mut w = pl / 2;
                 while w > 0 {
                     let (a, b) = q.split_at_mut(w * hv);
                     for (x, &y) in a.iter_mut().zip(&b[..w * hv]) {
@@ -231,7 +300,7 @@ pub fn attend_tile(
         });
         return;
     }
-    let _ = (lo, j0, j1);
+    let _ = (lo, j0, j1, kernel);
     for ((i, &(f, l)), o) in ranges.iter().enumerate().zip(out.chunks_exact_mut(hv)) {
         attend_head(p, &qs[i * hk..(i + 1) * hk], kv, &slots[f..=l], f, o);
     }
@@ -352,24 +421,37 @@ mod tests {
                         order,
                         kq_scale: 0.125,
                     };
-                    let mut got = vec![0.0; m * hv];
-                    attend_tile(&p, &qs, &ranges, &kv, &slots, &mut got);
-                    for (i, &(f, l)) in ranges.iter().enumerate() {
-                        let mut want = vec![0.0; hv];
-                        attend_head(
-                            &p,
-                            &qs[i * hk..(i + 1) * hk],
-                            &kv,
-                            &slots[f..=l],
-                            f,
-                            &mut want,
-                        );
-                        let g = &got[i * hv..(i + 1) * hv];
-                        assert_eq!(
+                    // Every kernel this CPU can run, forced, and the automatic pick.
+                    let mut kernels: Vec<Option<Kernel>> = vec![None];
+                    #[cfg(target_arch = "x86_64")]
+                    for k in [TileKernel::Zmm, TileKernel::Ymm16, TileKernel::Ymm8] {
+                        if k.fits(&p, hk, hv, crate::isa::detected()) {
+                            kernels.push(Some(Some(k)));
+                        }
+                    }
+                    for kernel in kernels {
+                        let mut got = vec![0.0; m * hv];
+                        match kernel {
+                            None => attend_tile(&p, &qs, &ranges, &kv, &slots, &mut got),
+                            Some(k) => attend_tile_on(k, &p, &qs, &ranges, &kv, &slots, &mut got),
+                        }
+                        for (i, &(f, l)) in ranges.iter().enumerate() {
+                            let mut want = vec![0.0; hv];
+                            attend_head(
+                                &p,
+                                &qs[i * hk..(i + 1) * hk],
+                                &kv,
+                                &slots[f..=l],
+                                f,
+                                &mut want,
+                            );
+                            let g = &got[i * hv..(i + 1) * hv];
+                            assert_eq!(
                             g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} query {i}"
+                            "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} {kernel:?} query {i}"
                         );
+                        }
                     }
                 }
             }

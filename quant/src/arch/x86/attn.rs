@@ -198,3 +198,178 @@ unsafe fn vsum_block<const Q: usize, const R: usize>(
         }
     }
 }
+
+/// [`scores_tile`] on 256-bit registers for either flavor (`REGS` = the flavor's lanes /
+/// 8): tiles of two queries by four keys; with 16 lanes the chains' low and high halves
+/// (dims `l` and `l + 8` mod 16) are run one after the other and added before the
+/// reduction, as the one-key kernel adds its two registers.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `hk % (8 * REGS) == 0`; otherwise as [`scores_tile`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scores_tile_avx2<const REGS: usize>(
+    q16: &[f32],
+    m: usize,
+    hk: usize,
+    n: usize,
+    key: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    out: &mut [f32],
+) {
+    debug_assert!(hk.is_multiple_of(8 * REGS) && q16.len() >= m * hk && out.len() >= m * n);
+    let sc = _mm256_set1_ps(scale);
+    let qp = q16.as_ptr();
+    let op = out.as_mut_ptr();
+    let mut s = 0;
+    while s < n {
+        let nk = (n - s).min(QUAD);
+        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        let mut i = 0;
+        while i < m {
+            let nq = (m - i).min(2);
+            let qs: [*const f32; 2] = core::array::from_fn(|k| qp.add((i + k.min(nq - 1)) * hk));
+            // acc[2 * key + query]: after the reduction, lane 4 * query + key.
+            let mut sum = [_mm256_setzero_ps(); 8];
+            for h in 0..REGS {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut d = 8 * h;
+                while d < hk {
+                    let kv: [__m256; QUAD] = core::array::from_fn(|k| {
+                        _mm256_cvtph_ps(_mm_loadu_si128(rows[k].add(d).cast()))
+                    });
+                    for (qi, &q) in qs.iter().enumerate() {
+                        let qv = _mm256_loadu_ps(q.add(d));
+                        for (ki, &k) in kv.iter().enumerate() {
+                            acc[2 * ki + qi] = _mm256_fmadd_ps(qv, k, acc[2 * ki + qi]);
+                        }
+                    }
+                    d += 8 * REGS;
+                }
+                for (s, a) in sum.iter_mut().zip(acc) {
+                    *s = if h == 0 { a } else { _mm256_add_ps(*s, a) };
+                }
+            }
+            let f = _mm256_mul_ps(reduce8(&sum), sc);
+            if nk == QUAD && nq == 2 {
+                _mm_storeu_ps(op.add(i * n + s), _mm256_castps256_ps128(f));
+                _mm_storeu_ps(op.add((i + 1) * n + s), _mm256_extractf128_ps::<1>(f));
+            } else {
+                let mut lanes = [0.0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), f);
+                for qi in 0..nq {
+                    let dst = op.add((i + qi) * n + s);
+                    for k in 0..nk {
+                        *dst.add(k) = lanes[4 * qi + k];
+                    }
+                }
+            }
+            i += 2;
+        }
+        s += QUAD;
+    }
+}
+
+/// The eight `hsum_float_8` sums of `acc` (high half plus low half, then `+ 2`, then
+/// `+ 1`), the sum of `acc[j]` in lane `j / 2 + 4 * (j % 2)`: the same additions lane for
+/// lane, the shuffles only move operands.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reduce8(acc: &[__m256; 8]) -> __m256 {
+    // y: [a: l0..4 + l4..8 | b: the same] per pair (a, b).
+    let y: [__m256; 4] = core::array::from_fn(|p| {
+        let (a, b) = (acc[2 * p], acc[2 * p + 1]);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    });
+    // r_i + r_{i+2}: [a s0, a s1, c s0, c s1 | b s0, b s1, d s0, d s1].
+    let s01 = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(y[0], y[1]),
+        _mm256_shuffle_ps::<0xEE>(y[0], y[1]),
+    );
+    let s23 = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x44>(y[2], y[3]),
+        _mm256_shuffle_ps::<0xEE>(y[2], y[3]),
+    );
+    // s0 + s1: [acc0, acc2, acc4, acc6 | acc1, acc3, acc5, acc7].
+    _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(s01, s23),
+        _mm256_shuffle_ps::<0xDD>(s01, s23),
+    )
+}
+
+/// [`vsum_tile`] on 256-bit registers: up to four queries, 16 elements at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `hv % 8 == 0`; every pointer valid for `hv` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn vsum_tile_avx2(
+    parts: &[*mut f32],
+    hv: usize,
+    cells: impl Iterator<Item = usize> + Clone,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    debug_assert!(hv.is_multiple_of(8) && parts.len() <= QUAD);
+    match parts.len() {
+        4 => vsum_queries_avx2::<4>(parts, hv, cells, prob, v),
+        3 => vsum_queries_avx2::<3>(parts, hv, cells, prob, v),
+        2 => vsum_queries_avx2::<2>(parts, hv, cells, prob, v),
+        1 => vsum_queries_avx2::<1>(parts, hv, cells, prob, v),
+        _ => {}
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vsum_queries_avx2<const Q: usize>(
+    parts: &[*mut f32],
+    hv: usize,
+    cells: impl Iterator<Item = usize> + Clone,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    let mut d = 0;
+    while d + 16 <= hv {
+        vsum_block_avx2::<Q, 2>(parts, d, cells.clone(), prob, v);
+        d += 16;
+    }
+    while d < hv {
+        vsum_block_avx2::<Q, 1>(parts, d, cells.clone(), prob, v);
+        d += 8;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vsum_block_avx2<const Q: usize, const R: usize>(
+    parts: &[*mut f32],
+    d: usize,
+    cells: impl Iterator<Item = usize>,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    let mut acc = [[_mm256_setzero_ps(); R]; Q];
+    for (i, acc) in acc.iter_mut().enumerate() {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(parts[i].add(d + 8 * j));
+        }
+    }
+    for cell in cells {
+        let r = v(cell).add(d);
+        let vv: [__m256; R] =
+            core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(r.add(8 * j).cast())));
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let p = _mm256_set1_ps(*prob(i, cell));
+            for (a, &x) in acc.iter_mut().zip(&vv) {
+                *a = _mm256_fmadd_ps(p, x, *a);
+            }
+        }
+    }
+    for (i, acc) in acc.iter().enumerate() {
+        for (j, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(parts[i].add(d + 8 * j), *a);
+        }
+    }
+}
