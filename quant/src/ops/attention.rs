@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::f16::{check_slots, round_to_f16, scores_f16, weighted_rows_f16};
+use super::f16::{check_slots, reduce_partials, round_to_f16, scores_f16, weighted_rows_f16};
 use super::softmax::softmax;
 use crate::order::{F16Order, Flavor};
 
@@ -91,6 +91,199 @@ pub fn attend_head(
             first_cell,
         );
     });
+}
+
+/// One layer's f16 KV cache: K of KV head `g` at slot `s` is `k[s * n_head_kv * hk + g *
+/// hk..][..hk]`, V likewise with `hv`.
+#[derive(Clone, Copy, Debug)]
+pub struct KvLayer<'a> {
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub n_head_kv: usize,
+    pub hk: usize,
+    pub hv: usize,
+}
+
+impl<'a> KvLayer<'a> {
+    /// KV head `g`'s rows.
+    pub fn head(&self, g: usize) -> KvHead<'a> {
+        KvHead {
+            k: self.k,
+            v: self.v,
+            k_stride: self.n_head_kv * self.hk,
+            v_stride: self.n_head_kv * self.hv,
+            k_off: g * self.hk,
+            v_off: g * self.hv,
+        }
+    }
+}
+
+/// Runs tasks `0..n` (on a thread pool), returning when all are done.
+pub type ParallelFor<'a> = &'a dyn Fn(usize, &(dyn Fn(usize) + Sync));
+
+/// Cells one score task covers in [`attend_heads`].
+const SCORE_CELLS: usize = 256;
+
+/// Partial sums one V task of [`attend_heads`] covers (of the order's `4 * lanes`).
+const CLASS_BLOCK: usize = 16;
+
+/// A pointer tasks write through, each to its own part.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: the tasks that share it write disjoint elements, and the caller waits for them.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not its field).
+    fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+thread_local! {
+    /// [`attend_heads`]' rounded queries, score rows and V partial sums.
+    static HEADS: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// Every query head of one token (`q`: `n_head x hk`) attending over the cells
+/// `first_cell..first_cell + slots.len()` (cell `first_cell + i` in slot `slots[i]`),
+/// `out[h * hv..][..hv]` for head h: the bits of one [`attend_head`] per head.
+///
+/// Decode at depth reads the whole cache per token. One task per head read each K and V
+/// row once per query head, and the V partial sums of the VecDot order (every 64th row
+/// per partial) in an order the prefetchers do not follow. With the VecDot order on
+/// AVX-512 this runs three steps on `run` instead: scores of a KV group's heads for a
+/// block of cells (each key row read once per group), the soft-max per head, then the V
+/// partial sums for a block of partials of a group's heads in one pass over the cells
+/// (each V row read once per group). Otherwise, one [`attend_head`] per head on `run`.
+#[allow(clippy::too_many_arguments)] // the query, the cache, the cells, where to run
+pub fn attend_heads(
+    p: &AttnParams,
+    run: ParallelFor<'_>,
+    q: &[f32],
+    n_head: usize,
+    kv: &KvLayer<'_>,
+    slots: &[usize],
+    first_cell: usize,
+    out: &mut [f32],
+) {
+    let (hk, hv, n_kv) = (kv.hk, kv.hv, kv.n_head_kv);
+    assert!(
+        n_kv > 0
+            && n_head.is_multiple_of(n_kv)
+            && q.len() == n_head * hk
+            && out.len() == n_head * hv,
+        "attend_heads: shapes do not match"
+    );
+    let group = n_head / n_kv;
+    let n = slots.len();
+    #[cfg(target_arch = "x86_64")]
+    let fits = p.order == F16Order::VecDot
+        && p.flavor == Flavor::Avx512
+        && crate::isa::active().includes(crate::isa::Isa::Avx512)
+        && hk.is_multiple_of(64)
+        && hv.is_multiple_of(16)
+        && group <= 16
+        && n > 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let fits = false;
+    if !fits {
+        let o = Shared(out.as_mut_ptr());
+        run(n_head, &|h| {
+            // SAFETY: each task writes its own head's row of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(o.at(h * hv), hv) };
+            attend_head(
+                p,
+                &q[h * hk..(h + 1) * hk],
+                &kv.head(h / group),
+                slots,
+                first_cell,
+                o,
+            );
+        });
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        check_slots("attend_heads", hk, kv.k, slots, n_kv * hk, (n_kv - 1) * hk);
+        check_slots("attend_heads", hv, kv.v, slots, n_kv * hv, (n_kv - 1) * hv);
+        let np = 4 * p.flavor.lanes();
+        HEADS.with(|t| {
+            let mut t = t.borrow_mut();
+            let (q16, sc, parts) = &mut *t;
+            q16.clear();
+            q16.extend_from_slice(q);
+            round_to_f16(q16);
+            sc.clear();
+            sc.resize(n_head * n, 0.0);
+            parts.clear();
+            // Each head's partials one cache line further than a whole multiple of 4 KiB:
+            // a head's load must not wait for the previous head's store to the same page
+            // offset (4K aliasing), which made the pass twice as slow.
+            let hs = np * hv + 16;
+            parts.resize(n_head * hs, 0.0);
+            let (scp, pp) = (Shared(sc.as_mut_ptr()), Shared(parts.as_mut_ptr()));
+            let chunks = n.div_ceil(SCORE_CELLS);
+            let q16 = &q16[..];
+            run(n_kv * chunks, &|task| {
+                let (g, c) = (task / chunks, task % chunks);
+                let (s0, s1) = (c * SCORE_CELLS, ((c + 1) * SCORE_CELLS).min(n));
+                let kp = kv.k.as_ptr().cast::<u16>();
+                // SAFETY: AVX-512 F is active, hk whole steps; every key row read was
+                // checked above; the task writes columns s0..s1 of its group's rows.
+                unsafe {
+                    let (stride, off, cells) = (n_kv * hk, g * hk, &slots[s0..s1]);
+                    let key = move |s: usize| kp.add(*cells.get_unchecked(s) * stride + off);
+                    crate::arch::x86::attn::scores_tile_vecdot(
+                        &q16[g * group * hk..],
+                        group,
+                        hk,
+                        s1 - s0,
+                        &key,
+                        p.kq_scale,
+                        scp.at(g * group * n + s0),
+                        n,
+                    )
+                }
+            });
+            run(n_head, &|h| {
+                // SAFETY: each task owns its head's row.
+                let row = unsafe { std::slice::from_raw_parts_mut(scp.at(h * n), n) };
+                softmax(p.flavor, row, first_cell);
+                round_to_f16(row);
+            });
+            let blocks = np / CLASS_BLOCK;
+            run(n_kv * blocks, &|task| {
+                let (g, b) = (task / blocks, task % blocks);
+                let vp = kv.v.as_ptr().cast::<u16>();
+                let (stride, off) = (n_kv * hv, g * hv);
+                let heads: [*mut f32; 16] =
+                    // SAFETY: in `parts` (h < n_head).
+                    std::array::from_fn(|i| pp.at((g * group + i.min(group - 1)) * hs));
+                // SAFETY: AVX-512 F; V rows checked above; the task writes the partials of
+                // its block for its group's heads only; probabilities inside `sc`.
+                unsafe {
+                    crate::arch::x86::attn::vsum_cells(
+                        &heads[..group],
+                        hv,
+                        np,
+                        b * CLASS_BLOCK..(b + 1) * CLASS_BLOCK,
+                        first_cell,
+                        n,
+                        &|i| scp.at((g * group + i) * n).cast_const(),
+                        &move |c: usize| vp.add(*slots.get_unchecked(c) * stride + off),
+                    )
+                }
+            });
+            for (h, o) in out.chunks_exact_mut(hv).enumerate() {
+                let part = &mut parts[h * hs..h * hs + np * hv];
+                reduce_partials(p.flavor, p.order, part, hv);
+                o.copy_from_slice(&part[..hv]);
+            }
+        });
+    }
 }
 
 /// Which x86 kernels a tile runs on.
@@ -452,6 +645,82 @@ mod tests {
                             "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} {kernel:?} query {i}"
                         );
                         }
+                    }
+                }
+            }
+        }
+    }
+    /// All heads of a token at once give each head the bits of its own `attend_head`,
+    /// whatever the order, flavor, group size, cell count or first cell, with the steps
+    /// run in order or on threads.
+    #[test]
+    fn heads_attend_like_one_head_at_a_time() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let serial = |n: usize, f: &(dyn Fn(usize) + Sync)| (0..n).for_each(f);
+        let threads = |n: usize, f: &(dyn Fn(usize) + Sync)| {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            std::thread::scope(|sc| {
+                for _ in 0..3 {
+                    sc.spawn(|| loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        f(i)
+                    });
+                }
+            })
+        };
+        for &(n_head, n_kv, hk, hv, n_cells, first) in &[
+            (9, 3, 64, 64, 700, 0),
+            (4, 1, 256, 256, 300, 17),
+            (14, 2, 64, 64, 65, 3),
+            (8, 8, 128, 128, 1, 0),
+            (6, 2, 64, 48, 259, 100),
+            (4, 2, 40, 32, 33, 0),
+        ] {
+            let n_slots = n_cells + first + 5;
+            let k: Vec<f16> = (0..n_slots * n_kv * hk)
+                .map(|_| f16::from_f32(rnd() * 2.0))
+                .collect();
+            let v: Vec<f16> = (0..n_slots * n_kv * hv)
+                .map(|_| f16::from_f32(rnd()))
+                .collect();
+            let slots: Vec<usize> = (0..n_cells).map(|c| (c * 5 + 2) % n_slots).collect();
+            let q: Vec<f32> = (0..n_head * hk).map(|_| rnd() * 3.0).collect();
+            let kv = KvLayer {
+                k: &k,
+                v: &v,
+                n_head_kv: n_kv,
+                hk,
+                hv,
+            };
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for order in [F16Order::Gemm, F16Order::VecDot] {
+                    let p = AttnParams {
+                        flavor: fl,
+                        order,
+                        kq_scale: 0.125,
+                    };
+                    let mut want = vec![0.0; n_head * hv];
+                    for (h, o) in want.chunks_exact_mut(hv).enumerate() {
+                        let qh = &q[h * hk..(h + 1) * hk];
+                        attend_head(&p, qh, &kv.head(h / (n_head / n_kv)), &slots, first, o);
+                    }
+                    for run in [&serial as ParallelFor<'_>, &threads] {
+                        let mut got = vec![0.0; n_head * hv];
+                        attend_heads(&p, run, &q, n_head, &kv, &slots, first, &mut got);
+                        assert_eq!(
+                            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            "{n_head}/{n_kv} hk {hk} hv {hv} cells {n_cells} first {first} {fl:?} {order:?}"
+                        );
                     }
                 }
             }

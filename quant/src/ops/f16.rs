@@ -283,49 +283,56 @@ pub fn weighted_rows_f16(
                 };
             }
         }
-        // The partials' reduction, done on whole rows: element d of each row op below is
-        // exactly the scalar operation of `hsum` / `reduce4` on element d's partials.
-        let add = |parts: &mut [f32], dst: usize, src: usize| {
-            let (lo, hi) = parts.split_at_mut(src * hv);
-            for (a, &b) in lo[dst * hv..(dst + 1) * hv].iter_mut().zip(&hi[..hv]) {
-                *a += b;
+        reduce_partials(fl, ord, parts, hv);
+        out.copy_from_slice(&parts[..hv]);
+    });
+}
+
+/// The reduction of `weighted_rows_f16`'s partial sums (`parts[k * hv..][..hv]` for
+/// partial `k`, as many as the order has lanes) into `parts[..hv]`, done on whole rows:
+/// element d of each row operation is exactly the scalar operation of `hsum` /
+/// `reduce4` on element d's partials.
+pub(crate) fn reduce_partials(fl: Flavor, ord: F16Order, parts: &mut [f32], hv: usize) {
+    let n = fl.lanes();
+    let add = |parts: &mut [f32], dst: usize, src: usize| {
+        let (lo, hi) = parts.split_at_mut(src * hv);
+        for (a, &b) in lo[dst * hv..(dst + 1) * hv].iter_mut().zip(&hi[..hv]) {
+            *a += b;
+        }
+    };
+    let halve = |parts: &mut [f32], base: usize| {
+        // `hsum` over rows base..base + n.
+        let mut w = n / 2;
+        while w > 0 {
+            for i in 0..w {
+                add(parts, base + i, base + i + w);
             }
-        };
-        let halve = |parts: &mut [f32], base: usize| {
-            // `hsum` over rows base..base + n.
-            let mut w = n / 2;
-            while w > 0 {
-                for i in 0..w {
-                    add(parts, base + i, base + i + w);
-                }
-                w /= 2;
+            w /= 2;
+        }
+    };
+    match ord {
+        F16Order::Gemm => halve(parts, 0),
+        F16Order::VecDot => {
+            // reduce4: registers 0+2, 1+3, 0+1 lane by lane, then register 0 reduced.
+            for l in 0..n {
+                add(parts, l, 2 * n + l);
+                add(parts, n + l, 3 * n + l);
+                add(parts, l, n + l);
             }
-        };
-        match ord {
-            F16Order::Gemm => halve(parts, 0),
-            F16Order::VecDot => {
-                // reduce4: registers 0+2, 1+3, 0+1 lane by lane, then register 0 reduced.
-                for l in 0..n {
-                    add(parts, l, 2 * n + l);
-                    add(parts, n + l, 3 * n + l);
-                    add(parts, l, n + l);
-                }
-                match fl {
-                    Flavor::Avx512 => halve(parts, 0),
-                    Flavor::Avx2 => {
-                        // t_i = l_i + l_{i+4}; (t0 + t1) + (t2 + t3).
-                        for i in 0..4 {
-                            add(parts, i, i + 4);
-                        }
-                        add(parts, 0, 1);
-                        add(parts, 2, 3);
-                        add(parts, 0, 2);
+            match fl {
+                Flavor::Avx512 => halve(parts, 0),
+                Flavor::Avx2 => {
+                    // t_i = l_i + l_{i+4}; (t0 + t1) + (t2 + t3).
+                    for i in 0..4 {
+                        add(parts, i, i + 4);
                     }
+                    add(parts, 0, 1);
+                    add(parts, 2, 3);
+                    add(parts, 0, 2);
                 }
             }
         }
-        out.copy_from_slice(&parts[..hv]);
-    });
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The attention step of one layer for a whole batch: in decode one pool task per query
-//! head ([`quant::ops::attention::attend_head`]), in prefill one per KV head and tile of
+//! The attention step of one layer for a whole batch: in decode all heads of the token
+//! together ([`quant::ops::attention::attend_heads`], pool tasks per KV group and block
+//! of cells), in prefill one per KV head and tile of
 //! a few consecutive tokens ([`quant::ops::attention::attend_tile`]), each attending over
 //! its own sequence's KV slots. A token reads only its sequence's slots, so
 //! its result never depends on the other sequences of the batch.
@@ -7,7 +8,7 @@
 use half::f16;
 use std::cell::RefCell;
 
-use quant::ops::attention::{attend_head, attend_tile, AttnParams, KvHead};
+use quant::ops::attention::{attend_heads, attend_tile, AttnParams, KvHead, KvLayer};
 use quant::order::flavor;
 
 use crate::matmul::UbPos;
@@ -80,20 +81,29 @@ pub(super) fn attention(
     };
     let out = SharedMut::new(out);
     if n_tok == 1 {
-        // Decode: one task per query head.
-        pool.run(s.n_head, &|h| {
-            let slots = &tok.seq_slots[tok.seq[0]][first(0)..=tok.pos[0]];
-            // SAFETY: each task writes its own head's output row.
-            let o = unsafe { out.slice(h * hv, hv) };
-            attend_head(
-                &params(0),
-                &tok.q[h * hk..(h + 1) * hk],
-                &kv_head(h / group),
-                slots,
-                first(0),
-                o,
-            );
-        });
+        // Decode: all heads of the token together (`attend_heads` splits them over the
+        // pool by KV group and block of cells).
+        let kv = KvLayer {
+            k: k_cache,
+            v: v_cache,
+            n_head_kv: s.n_head_kv,
+            hk,
+            hv,
+        };
+        let slots = &tok.seq_slots[tok.seq[0]][first(0)..=tok.pos[0]];
+        // SAFETY: the only writer of `out` during this call.
+        let o = unsafe { out.slice(0, s.n_head * hv) };
+        let run = |n: usize, f: &(dyn Fn(usize) + Sync)| pool.run(n, f);
+        attend_heads(
+            &params(0),
+            &run,
+            &tok.q[..q_dim],
+            s.n_head,
+            &kv,
+            slots,
+            first(0),
+            o,
+        );
         return;
     }
     // Prefill: one task per KV head and tile of consecutive tokens of one sequence (and

@@ -30,9 +30,48 @@ pub(crate) unsafe fn scores_tile(
     out: &mut [f32],
 ) {
     debug_assert!(hk.is_multiple_of(16) && q16.len() >= m * hk && out.len() >= m * n);
+    scores_tile_order::<false>(q16, m, hk, n, key, scale, out.as_mut_ptr(), n)
+}
+
+/// [`scores_tile`] in llama.cpp's VecDot order (`ggml_vec_dot_f16`, one token): four
+/// chains per score over steps of 64 (chain `j` takes dims `64 t + 16 j..`), added
+/// `(0 + 2) + (1 + 3)`, then the halving tree; `out[i * stride + s]`.
+///
+/// # Safety
+/// AVX-512 F; `hk % 64 == 0`; `q16.len() >= m * hk`; `out` valid for `(m - 1) * stride +
+/// n` values; every `key(s)` for `s < n` points at `hk` readable f16 values.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)] // scores_tile's, plus the output stride
+pub(crate) unsafe fn scores_tile_vecdot(
+    q16: &[f32],
+    m: usize,
+    hk: usize,
+    n: usize,
+    key: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    out: *mut f32,
+    stride: usize,
+) {
+    debug_assert!(hk.is_multiple_of(64) && q16.len() >= m * hk);
+    scores_tile_order::<true>(q16, m, hk, n, key, scale, out, stride)
+}
+
+/// The two orders' tile loop (`VECDOT`: four chains per score, else one).
+#[inline]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_tile_order<const VECDOT: bool>(
+    q16: &[f32],
+    m: usize,
+    hk: usize,
+    n: usize,
+    key: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    op: *mut f32,
+    stride: usize,
+) {
     let sc = _mm512_set1_ps(scale);
     let qp = q16.as_ptr();
-    let op = out.as_mut_ptr();
     let mut s = 0;
     while s < n {
         let nk = (n - s).min(QUAD);
@@ -43,31 +82,43 @@ pub(crate) unsafe fn scores_tile(
             let nq = (m - i).min(QUAD);
             let qs: [*const f32; QUAD] = core::array::from_fn(|k| qp.add((i + k.min(nq - 1)) * hk));
             // acc[4 * key + query]: after the transposed reduction, lane 4 * query + key.
-            let mut acc = [_mm512_setzero_ps(); 16];
-            let mut d = 0;
-            while d < hk {
-                let kv: [__m512; QUAD] = core::array::from_fn(|k| {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(rows[k].add(d).cast()))
-                });
-                for (qi, &q) in qs.iter().enumerate() {
-                    let qv = _mm512_loadu_ps(q.add(d));
-                    for (ki, &k) in kv.iter().enumerate() {
-                        acc[4 * ki + qi] = _mm512_fmadd_ps(qv, k, acc[4 * ki + qi]);
+            // One chain over all dims (GEMM), or chain j over dims 16 j mod 64 (VecDot).
+            let chain = |first: usize, step: usize| {
+                let mut acc = [_mm512_setzero_ps(); 16];
+                let mut d = first;
+                while d < hk {
+                    let kv: [__m512; QUAD] = core::array::from_fn(|k| {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(rows[k].add(d).cast()))
+                    });
+                    for (qi, &q) in qs.iter().enumerate() {
+                        let qv = _mm512_loadu_ps(q.add(d));
+                        for (ki, &k) in kv.iter().enumerate() {
+                            acc[4 * ki + qi] = _mm512_fmadd_ps(qv, k, acc[4 * ki + qi]);
+                        }
                     }
+                    d += step;
                 }
-                d += 16;
-            }
+                acc
+            };
+            let acc = if VECDOT {
+                let (c0, c2) = (chain(0, 64), chain(32, 64));
+                let a02: [__m512; 16] = core::array::from_fn(|j| _mm512_add_ps(c0[j], c2[j]));
+                let (c1, c3) = (chain(16, 64), chain(48, 64));
+                core::array::from_fn(|j| _mm512_add_ps(a02[j], _mm512_add_ps(c1[j], c3[j])))
+            } else {
+                chain(0, 16)
+            };
             let f = _mm512_mul_ps(reduce16(&acc), sc);
             if nk == QUAD && nq == QUAD {
-                _mm_storeu_ps(op.add(i * n + s), _mm512_castps512_ps128(f));
-                _mm_storeu_ps(op.add((i + 1) * n + s), _mm512_extractf32x4_ps::<1>(f));
-                _mm_storeu_ps(op.add((i + 2) * n + s), _mm512_extractf32x4_ps::<2>(f));
-                _mm_storeu_ps(op.add((i + 3) * n + s), _mm512_extractf32x4_ps::<3>(f));
+                _mm_storeu_ps(op.add(i * stride + s), _mm512_castps512_ps128(f));
+                _mm_storeu_ps(op.add((i + 1) * stride + s), _mm512_extractf32x4_ps::<1>(f));
+                _mm_storeu_ps(op.add((i + 2) * stride + s), _mm512_extractf32x4_ps::<2>(f));
+                _mm_storeu_ps(op.add((i + 3) * stride + s), _mm512_extractf32x4_ps::<3>(f));
             } else {
                 let mut lanes = [0.0f32; 16];
                 _mm512_storeu_ps(lanes.as_mut_ptr(), f);
                 for qi in 0..nq {
-                    let dst = op.add((i + qi) * n + s);
+                    let dst = op.add((i + qi) * stride + s);
                     for k in 0..nk {
                         *dst.add(k) = lanes[4 * qi + k];
                     }
@@ -195,6 +246,84 @@ unsafe fn vsum_block<const Q: usize, const R: usize>(
     for (i, acc) in acc.iter().enumerate() {
         for (j, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(parts[i].add(d + 16 * j), *a);
+        }
+    }
+}
+
+/// Sixteen V partial sums (`block`, of `np`) of each of up to sixteen queries: the cell
+/// at index `i` (cell `first_cell + i`, `n` of them) whose partial `(first_cell + i) %
+/// np` lies in `block` adds its row into that partial of each query (`parts[q].add(
+/// partial * hv)`), multiply then add, in cell order. The block's cells come in runs of
+/// sixteen consecutive rows, one per partial, so sixteen registers hold the block's
+/// partials of 16 elements while every run adds into them (no store per cell), query by
+/// query and 16 elements at a time; the rows stay in cache between the passes.
+///
+/// `prob(q)` is query `q`'s probabilities by cell index, `v(i)` cell index `i`'s row.
+///
+/// # Safety
+/// AVX-512 F; `hv % 16 == 0`; `block.len() == 16` inside `0..np`, `np % 16 == 0`;
+/// every pointer valid for what it indexes (`prob(q)` for `n` values).
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)] // the partials, the cells, the accessors
+pub(crate) unsafe fn vsum_cells(
+    parts: &[*mut f32],
+    hv: usize,
+    np: usize,
+    block: core::ops::Range<usize>,
+    first_cell: usize,
+    n: usize,
+    prob: &impl Fn(usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    debug_assert!(hv.is_multiple_of(16) && block.len() == 16 && block.end <= np);
+    let b0 = block.start;
+    let c0 = first_cell % np;
+    // Cells 0..head (partials c0.. of the block) if the first cell falls inside it.
+    let head = if c0 > b0 && c0 < b0 + 16 {
+        (b0 + 16 - c0).min(n)
+    } else {
+        0
+    };
+    // The first cell of partial b0; whole runs start every np cells from there.
+    let start = (b0 + np - c0) % np;
+    for (q, &dst) in parts.iter().enumerate() {
+        let pr = prob(q);
+        let mut d = 0;
+        while d < hv {
+            let at = |c: usize| dst.add(c * hv + d);
+            let add = |acc: __m512, i: usize| {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(v(i).add(d).cast()));
+                _mm512_fmadd_ps(_mm512_set1_ps(*pr.add(i)), x, acc)
+            };
+            let mut acc: [__m512; 16] = core::array::from_fn(|k| _mm512_loadu_ps(at(b0 + k)));
+            if head > 0 {
+                let mut mem = acc;
+                for i in 0..head {
+                    let k = c0 - b0 + i;
+                    mem[k] = add(mem[k], i);
+                }
+                acc = mem;
+            }
+            let mut i = start;
+            while i + 16 <= n {
+                // Unrolled so the sixteen partials stay in registers.
+                macro_rules! step {
+                    ($($k:literal)*) => { $( acc[$k] = add(acc[$k], i + $k); )* };
+                }
+                step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+                i += np;
+            }
+            if i < n {
+                let mut mem = acc;
+                for (k, m) in mem.iter_mut().enumerate().take(n - i) {
+                    *m = add(*m, i + k);
+                }
+                acc = mem;
+            }
+            for (k, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(at(b0 + k), *a);
+            }
+            d += 16;
         }
     }
 }
