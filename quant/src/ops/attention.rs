@@ -8,7 +8,9 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::f16::{check_slots, reduce_partials, round_to_f16, scores_f16, weighted_rows_f16};
+#[cfg(target_arch = "x86_64")]
+use super::f16::{check_slots, reduce_partials};
+use super::f16::{round_to_f16, scores_f16, weighted_rows_f16};
 use super::softmax::softmax;
 use crate::order::{F16Order, Flavor};
 
@@ -122,9 +124,11 @@ impl<'a> KvLayer<'a> {
 pub type ParallelFor<'a> = &'a dyn Fn(usize, &(dyn Fn(usize) + Sync));
 
 /// Cells one score task covers in [`attend_heads`].
+#[cfg(target_arch = "x86_64")]
 const SCORE_CELLS: usize = 256;
 
 /// Partial sums one V task of [`attend_heads`] covers (of the order's `4 * lanes`).
+#[cfg(target_arch = "x86_64")]
 const CLASS_BLOCK: usize = 16;
 
 /// A pointer tasks write through, each to its own part.
@@ -178,7 +182,6 @@ pub fn attend_heads(
         "attend_heads: shapes do not match"
     );
     let group = n_head / n_kv;
-    let n = slots.len();
     #[cfg(target_arch = "x86_64")]
     let fits = p.order == F16Order::VecDot
         && p.flavor == Flavor::Avx512
@@ -186,7 +189,7 @@ pub fn attend_heads(
         && hk.is_multiple_of(64)
         && hv.is_multiple_of(16)
         && group <= 16
-        && n > 0;
+        && !slots.is_empty();
     #[cfg(not(target_arch = "x86_64"))]
     let fits = false;
     if !fits {
@@ -207,6 +210,7 @@ pub fn attend_heads(
     }
     #[cfg(target_arch = "x86_64")]
     {
+        let n = slots.len();
         check_slots("attend_heads", hk, kv.k, slots, n_kv * hk, (n_kv - 1) * hk);
         check_slots("attend_heads", hv, kv.v, slots, n_kv * hv, (n_kv - 1) * hv);
         let np = 4 * p.flavor.lanes();
@@ -615,6 +619,7 @@ mod tests {
                         kq_scale: 0.125,
                     };
                     // Every kernel this CPU can run, forced, and the automatic pick.
+                    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
                     let mut kernels: Vec<Option<Kernel>> = vec![None];
                     #[cfg(target_arch = "x86_64")]
                     for k in [TileKernel::Zmm, TileKernel::Ymm16, TileKernel::Ymm8] {
