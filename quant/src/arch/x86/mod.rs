@@ -19,7 +19,7 @@
 //!
 //! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
 //! `kpacked` (K-quants on rows repacked by `crate::pack8`), `f16` (attention's f32 x f16
-//! products).
+//! products), `attn` (attention tiles: several queries per key and V row).
 
 use crate::contract::{DotFn, KernelRow, TileFn, TileIntoFn};
 use crate::isa::Isa;
