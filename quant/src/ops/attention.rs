@@ -158,15 +158,34 @@ thread_local! {
 /// Decode at depth reads the whole cache per token. One task per head read each K and V
 /// row once per query head, and the V partial sums of the VecDot order (every 64th row
 /// per partial) in an order the prefetchers do not follow. With the VecDot order on
-/// AVX-512 this runs three steps on `run` instead: scores of a KV group's heads for a
+/// AVX-512, from 512 cells on, this runs three steps on `run` instead: scores of a KV group's heads for a
 /// block of cells (each key row read once per group), the soft-max per head, then the V
 /// partial sums for a block of partials of a group's heads in one pass over the cells
 /// (each V row read once per group). Otherwise, one [`attend_head`] per head on `run`.
-// The query, the cache, the cells, where to run; without x86 the fallback is the whole
-// body, so its early return is the last statement.
+#[allow(clippy::too_many_arguments)] // the query, the cache, the cells, where to run
+pub fn attend_heads(
+    p: &AttnParams,
+    run: ParallelFor<'_>,
+    q: &[f32],
+    n_head: usize,
+    kv: &KvLayer<'_>,
+    slots: &[usize],
+    first_cell: usize,
+    out: &mut [f32],
+) {
+    attend_heads_from(SPLIT_CELLS, p, run, q, n_head, kv, slots, first_cell, out)
+}
+
+/// The fewest cells [`attend_heads`] splits into its three steps: below, the two extra
+/// pool dispatches per layer cost more than the cache reads they save.
+const SPLIT_CELLS: usize = 512;
+
+/// [`attend_heads`], split into its three steps from `min_cells` cells on.
+// Without x86 the fallback is the whole body, so its early return is the last statement.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(clippy::needless_return))]
-pub fn attend_heads(
+fn attend_heads_from(
+    min_cells: usize,
     p: &AttnParams,
     run: ParallelFor<'_>,
     q: &[f32],
@@ -192,9 +211,13 @@ pub fn attend_heads(
         && hk.is_multiple_of(64)
         && hv.is_multiple_of(16)
         && group <= 16
-        && !slots.is_empty();
+        && !slots.is_empty()
+        && slots.len() >= min_cells;
     #[cfg(not(target_arch = "x86_64"))]
-    let fits = false;
+    let fits = {
+        let _ = min_cells;
+        false
+    };
     if !fits {
         let o = Shared(out.as_mut_ptr());
         run(n_head, &|h| {
@@ -721,9 +744,14 @@ mod tests {
                         let qh = &q[h * hk..(h + 1) * hk];
                         attend_head(&p, qh, &kv.head(h / (n_head / n_kv)), &slots, first, o);
                     }
-                    for run in [&serial as ParallelFor<'_>, &threads] {
+                    for (run, min_cells) in [
+                        (&serial as ParallelFor<'_>, 0),
+                        (&threads, 0),
+                        (&threads, SPLIT_CELLS),
+                    ] {
                         let mut got = vec![0.0; n_head * hv];
-                        attend_heads(&p, run, &q, n_head, &kv, &slots, first, &mut got);
+                        let (nh, sl) = (n_head, &slots);
+                        attend_heads_from(min_cells, &p, run, &q, nh, &kv, sl, first, &mut got);
                         assert_eq!(
                             got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
