@@ -109,11 +109,17 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
                 chain(0, 16)
             };
             let f = _mm512_mul_ps(reduce16(&acc), sc);
-            if nk == QUAD && nq == QUAD {
-                _mm_storeu_ps(op.add(i * stride + s), _mm512_castps512_ps128(f));
-                _mm_storeu_ps(op.add((i + 1) * stride + s), _mm512_extractf32x4_ps::<1>(f));
-                _mm_storeu_ps(op.add((i + 2) * stride + s), _mm512_extractf32x4_ps::<2>(f));
-                _mm_storeu_ps(op.add((i + 3) * stride + s), _mm512_extractf32x4_ps::<3>(f));
+            if nk == QUAD {
+                // A quarter per query (a short last quad of queries stores fewer).
+                let quarters = [
+                    _mm512_castps512_ps128(f),
+                    _mm512_extractf32x4_ps::<1>(f),
+                    _mm512_extractf32x4_ps::<2>(f),
+                    _mm512_extractf32x4_ps::<3>(f),
+                ];
+                for (qi, &x) in quarters.iter().enumerate().take(nq) {
+                    _mm_storeu_ps(op.add((i + qi) * stride + s), x);
+                }
             } else {
                 let mut lanes = [0.0f32; 16];
                 _mm512_storeu_ps(lanes.as_mut_ptr(), f);
@@ -379,9 +385,11 @@ pub(crate) unsafe fn scores_tile_avx2<const REGS: usize>(
                 }
             }
             let f = _mm256_mul_ps(reduce8(&sum), sc);
-            if nk == QUAD && nq == 2 {
+            if nk == QUAD {
                 _mm_storeu_ps(op.add(i * n + s), _mm256_castps256_ps128(f));
-                _mm_storeu_ps(op.add((i + 1) * n + s), _mm256_extractf128_ps::<1>(f));
+                if nq == 2 {
+                    _mm_storeu_ps(op.add((i + 1) * n + s), _mm256_extractf128_ps::<1>(f));
+                }
             } else {
                 let mut lanes = [0.0f32; 8];
                 _mm256_storeu_ps(lanes.as_mut_ptr(), f);
