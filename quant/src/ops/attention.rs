@@ -507,17 +507,9 @@ fn attend_tile_on(
             for (i, &(_, l)) in ranges.iter().enumerate() {
                 alone(parts, i, j1 + 1..l + 1);
             }
-            // The partials' halving tree, element by element as `order::hsum` does it.
             for (i, o) in out.chunks_exact_mut(hv).enumerate() {
                 let q = &mut parts[i * pl * hv..(i + 1) * pl * hv];
-                let mut w = pl / 2;
-                while w > 0 {
-                    let (a, b) = q.split_at_mut(w * hv);
-                    for (x, &y) in a.iter_mut().zip(&b[..w * hv]) {
-                        *x += y;
-                    }
-                    w /= 2;
-                }
+                reduce_partials(p.flavor, p.order, q, hv);
                 o.copy_from_slice(&q[..hv]);
             }
         });
@@ -585,18 +577,22 @@ mod tests {
             }
         }
     }
+    /// Values uniform in [-1, 1) from a xorshift generator seeded with `seed`.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
     /// A tile gives each query the bits of its own `attend_head`: query counts that are
     /// not whole quads, key counts that are not whole quads, sliding windows (ranges that
     /// start apart), scattered slots, both flavors and orders.
     #[test]
     fn tiles_attend_like_one_head_at_a_time() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rnd = uniform(0x2545_f491_4f6c_dd1du64);
         for &(hk, hv, n_cells, m, spread, window) in &[
             (64, 64, 70, 12, 3, 0),
             (64, 64, 301, 14, 1, 0),
@@ -681,18 +677,13 @@ mod tests {
             }
         }
     }
+
     /// All heads of a token at once give each head the bits of its own `attend_head`,
     /// whatever the order, flavor, group size, cell count or first cell, with the steps
     /// run in order or on threads.
     #[test]
     fn heads_attend_like_one_head_at_a_time() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rnd = uniform(0x9e37_79b9_7f4a_7c15u64);
         let serial = |n: usize, f: &(dyn Fn(usize) + Sync)| (0..n).for_each(f);
         let threads = |n: usize, f: &(dyn Fn(usize) + Sync)| {
             let next = std::sync::atomic::AtomicUsize::new(0);

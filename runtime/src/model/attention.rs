@@ -8,7 +8,7 @@
 use half::f16;
 use std::cell::RefCell;
 
-use quant::ops::attention::{attend_heads, attend_tile, AttnParams, KvHead, KvLayer};
+use quant::ops::attention::{attend_heads, attend_tile, AttnParams, KvLayer};
 use quant::order::flavor;
 
 use crate::matmul::UbPos;
@@ -51,7 +51,6 @@ pub(super) fn attention(
 ) {
     let (hk, hv) = (s.head_dim_k, s.head_dim_v);
     let q_dim = s.n_head * hk;
-    let (k_dim, v_dim) = (s.n_head_kv * hk, s.n_head_kv * hv);
     let group = s.n_head / s.n_head_kv;
     let n_tok = tok.pos.len();
     debug_assert_eq!(out.len(), n_tok * s.n_head * hv);
@@ -63,13 +62,12 @@ pub(super) fn attention(
         order: AttnParams::order_for(tok.ub[t].n as usize),
         kq_scale: s.kq_scale,
     };
-    let kv_head = |g: usize| KvHead {
+    let kv = KvLayer {
         k: k_cache,
         v: v_cache,
-        k_stride: k_dim,
-        v_stride: v_dim,
-        k_off: g * hk,
-        v_off: g * hv,
+        n_head_kv: s.n_head_kv,
+        hk,
+        hv,
     };
     let first = |t: usize| {
         let pos = tok.pos[t];
@@ -83,13 +81,6 @@ pub(super) fn attention(
     if n_tok == 1 {
         // Decode: all heads of the token together (`attend_heads` splits them over the
         // pool by KV group and block of cells).
-        let kv = KvLayer {
-            k: k_cache,
-            v: v_cache,
-            n_head_kv: s.n_head_kv,
-            hk,
-            hv,
-        };
         let slots = &tok.seq_slots[tok.seq[0]][first(0)..=tok.pos[0]];
         // SAFETY: the only writer of `out` during this call.
         let o = unsafe { out.slice(0, s.n_head * hv) };
@@ -141,7 +132,7 @@ pub(super) fn attention(
                 &params(t0),
                 qs,
                 ranges,
-                &kv_head(g),
+                &kv.head(g),
                 &tok.seq_slots[tok.seq[t0]],
                 o,
             );
