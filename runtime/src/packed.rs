@@ -3,8 +3,9 @@
 //! product reads one sequential stream and unpacks nothing it has to transpose. Decode of
 //! Q5_0 rows streams about twice as fast from this layout as from the file's (see
 //! ARCHITECTURE.md, "Packed weights"). The values are the file's, only moved: results are
-//! the bits of the same order on the file's rows. The fast order packs every format it has
-//! packed kernels for; the exact mode packs Q4_K, whose llama.cpp orders all have one.
+//! the bits of the same order on the file's rows. Each mode packs every format it has
+//! packed kernels for at this ISA: in the exact mode, for every llama.cpp order a product
+//! may pick (the 32-element formats, Q4_K and Q6_K).
 
 use std::collections::HashMap;
 

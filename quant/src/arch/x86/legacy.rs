@@ -1614,83 +1614,174 @@ fast_packed512!(
 );
 
 // ---------------------------------------------------------------------------------------
-// llama.cpp's own order (`DotOrder::Single`) on packed rows, for the unsigned formats.
+// llama.cpp's own order (`DotOrder::Single`) on packed rows, AVX2: one group of eight
+// rows per call, every format.
 //
 // ggml's x86 kernels sum a block in eight i32 lanes, lane `l` holding elements
 // `4l..4l+4`, and fuse each lane into its own float accumulator: exactly register `l` of
 // a packed block (`crate::formats::packed`), for eight rows at once. So per token and
 // block these kernels do eight integer products (one per register), eight conversions
-// and eight FMAs for eight rows, where ggml does the unpacking, products, conversion and
-// FMA for one row; the end is `hsum_float_8` done vertically across the eight
-// accumulators. Each lane does the twin's operations for its row: the bits of
-// `dot_q8_1`. Only Q4_1 and Q5_1: for the signed formats each register's offset
-// correction is one more broadcast per token, and a packed kernel for them measured
-// slower than the file rows' tiles (qwen2.5-coder exact pp512 172 vs 217 t/s, tg128 38
-// vs 43, Zen 4); smollm2 (Q4_1) pp512 went from 461 to 558-625 t/s.
+// and eight FMAs for eight rows, and one `dx * dy` multiply for all eight, where ggml
+// unpacks the block, signs the activations and multiplies the scales for every row; the
+// end is `hsum_float_8` done vertically across the eight accumulators. Each lane does the
+// twin's operations for its row: the bits of `vec_dot_*`. A lane's integer sum is exact
+// however it is formed (`ExactInt`): Q4_0 and Q5_0 go in as their stored unsigned quants
+// (`q + offset`, at most 31) with the lane started at `-offset * Σ y`, precomputed once
+// per activation block (`crate::contract::offset_sums`); Q8_0 without VNNI keeps ggml's
+// sign trick, since `q + 128` would saturate `maddubs`' i16 pairs. (A first signed kernel
+// that summed the offsets per call measured slower than the file rows' tiles; with the
+// sums precomputed, qwen2.5-coder's Q5_0 rows run faster packed, see ARCHITECTURE.md.)
 
-/// One token's products with one packed block of an unsigned format: `t` the block's
-/// registers, `(dx, mx)` the rows' scales and mins, `(dy, sy)` the token's block scale
-/// and sum.
+/// How the AVX2 exact packed kernels form a lane's integer sum.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ExactInt {
+    /// `maddubs` on the stored unsigned quants (at most 31), plus the offset sum for
+    /// Q4_0 and Q5_0.
+    Maddubs,
+    /// `maddubs` on `|q|` with each activation given q's sign (Q8_0 without VNNI).
+    Sign,
+    /// `vpdpbusd` on unsigned quants (Q8_0 flipped to `q + 128`) from the offset sum.
+    Vnni,
+}
+
+impl ExactInt {
+    const fn of<T: Legacy>(vnni: bool) -> ExactInt {
+        if vnni {
+            ExactInt::Vnni
+        } else if T::EIGHT_BIT {
+            ExactInt::Sign
+        } else {
+            ExactInt::Maddubs
+        }
+    }
+}
+
+/// Block `p` of a packed group as `int` multiplies it: the eight quant registers
+/// (unsigned; `|q|` for `Sign`), the quants themselves for `Sign` (their signs, else
+/// zero), the rows' scales and (unsigned formats) mins.
+///
+/// # Safety
+/// AVX2/F16C available; `p` points to a whole block of a packed group.
 #[inline(always)]
-unsafe fn exact_block<const VNNI: bool>(
+unsafe fn stage8<T: Legacy>(
+    p: *const u8,
+    int: ExactInt,
+    prefetch: bool,
+) -> ([__m256i; 8], [__m256i; 8], __m256, __m256) {
+    if prefetch {
+        prefetch_block(p, 8 * T::WB);
+    }
+    let heads = if T::SIGNED { 1 } else { 2 };
+    let q = packed_regs::<T>(p.add(16 * heads));
+    let (t, sgn) = match int {
+        ExactInt::Sign => (q.map(|v| _mm256_sign_epi8(v, v)), q),
+        ExactInt::Vnni if T::EIGHT_BIT => (
+            q.map(|v| _mm256_xor_si256(v, _mm256_set1_epi8(0x80u8 as i8))),
+            [_mm256_setzero_si256(); 8],
+        ),
+        _ => (q, [_mm256_setzero_si256(); 8]),
+    };
+    let dx = _mm256_cvtph_ps(ld128(p));
+    let mx = if T::SIGNED {
+        _mm256_setzero_ps()
+    } else {
+        _mm256_cvtph_ps(ld128(p.add(16)))
+    };
+    (t, sgn, dx, mx)
+}
+
+/// One token's products with one staged block: `t` its registers, `sgn` the quants
+/// (`Sign` only, read nowhere else), `init(k)` lane k's offset sum (signed formats, `Maddubs` and
+/// `Vnni`), `(dx, mx)` the rows' scales and mins, `(dy, sy)` the token's block scale and
+/// sum.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn exact_block<T: Legacy>(
+    int: ExactInt,
     t: &[__m256i; 8],
+    sgn: *const [__m256i; 8],
     yq: *const u8,
+    init: impl Fn(usize) -> __m256i,
     (dx, mx): (__m256, __m256),
     (dy, sy): (f32, f32),
     acc: &mut [__m256; 8],
     summs: &mut __m256,
 ) {
     let d = _mm256_mul_ps(dx, _mm256_set1_ps(dy));
+    let ones = _mm256_set1_epi16(1);
     for k in 0..8 {
         let y = bcast4(yq.add(4 * k));
-        let isum = if VNNI {
-            fast_dpbusd_vnni(_mm256_setzero_si256(), t[k], y)
-        } else {
-            // Unsigned weights of at most 31: no maddubs saturation.
-            _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), _mm256_set1_epi16(1))
+        let isum = match int {
+            ExactInt::Vnni => fast_dpbusd_vnni(init(k), t[k], y),
+            ExactInt::Sign => {
+                _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], _mm256_sign_epi8(y, (*sgn)[k])), ones)
+            }
+            ExactInt::Maddubs => {
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones);
+                if T::SIGNED {
+                    _mm256_add_epi32(init(k), s)
+                } else {
+                    s
+                }
+            }
         };
         acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[k]);
     }
-    *summs = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), *summs);
+    if !T::SIGNED {
+        *summs = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), *summs);
+    }
 }
 
-/// The kernel over one packed group (eight rows) of an unsigned format, `f` validated
-/// for it.
+/// Token c's products with block i of the call `f`, from its staged registers (`t`, `sgn`,
+/// `dm` as [`exact_block`] takes them). A function, not a closure: the closure was not
+/// inlined and kept the accumulators in memory.
+///
+/// # Safety
+/// Token c < n and block i < nb of the validated call.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn exact_token<T: Legacy>(
+    f: &FastCall,
+    int: ExactInt,
+    (c, i): (usize, usize),
+    t: &[__m256i; 8],
+    sgn: *const [__m256i; 8],
+    dm: (__m256, __m256),
+    acc: &mut [__m256; 8],
+    summs: &mut __m256,
+) {
+    let ab = f.a.add(c * f.stride + i * T::AB);
+    let yq = ab.add(T::A_QS);
+    let ys = act_scales::<T>(f, c, i, ab);
+    let s = f.sums.add((c * f.nb + i) * 8);
+    let init = |k: usize| {
+        if !T::SIGNED {
+            _mm256_setzero_si256()
+        } else if f.use_sums {
+            _mm256_set1_epi32(*s.add(k))
+        } else {
+            _mm256_set1_epi32(-T::OFFSET * lane_sum(yq.add(4 * k)))
+        }
+    };
+    exact_block::<T>(int, t, sgn, yq, init, dm, ys, acc, summs);
+}
+
+/// The kernel over one packed group (eight rows), `f` validated for it (eight offset sums
+/// per activation block when `use_sums`).
 #[inline(always)]
 unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
-    const { assert!(!T::SIGNED, "the exact packed kernels take Q4_1 and Q5_1") };
+    let int = ExactInt::of::<T>(VNNI);
     let FastCall {
         w,
-        a,
-        stride,
         n,
         nb,
         out,
         out_col,
         ..
     } = f;
-    // Block i of the group: its registers, the rows' scales and mins.
-    let block = |i: usize| -> ([__m256i; 8], __m256, __m256) {
+    let block = |i: usize| {
         // SAFETY (this closure): block i < nb of the group is inside `w`.
-        let p = w.add(i * 8 * T::WB);
-        let t = packed_regs::<T>(p.add(32));
-        (
-            t,
-            _mm256_cvtph_ps(ld128(p)),
-            _mm256_cvtph_ps(ld128(p.add(16))),
-        )
-    };
-    // Token c's products with block i, from its registers.
-    let token = |c: usize,
-                 i: usize,
-                 t: &[__m256i; 8],
-                 dm: (__m256, __m256),
-                 acc: &mut [__m256; 8],
-                 summs: &mut __m256| {
-        // SAFETY (this closure): token c < n, block i < nb of the checked call.
-        let ab = a.add(c * stride + i * T::AB);
-        let ys = act_scales::<T>(&f, c, i, ab);
-        exact_block::<VNNI>(t, ab.add(T::A_QS), dm, ys, acc, summs);
+        stage8::<T>(w.add(i * 8 * T::WB), int, n <= 2)
     };
     let mut acc_m =
         core::mem::MaybeUninit::<[[__m256; 8]; crate::contract::FAST_TILE_TOKENS]>::uninit();
@@ -1699,31 +1790,39 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
     let acc = init_prefix(&mut acc_m, n, [_mm256_setzero_ps(); 8]);
     let summs = init_prefix(&mut summs_m, n, _mm256_setzero_ps());
     if n <= 2 {
+        // Decode: the group streams, nothing to stage.
         for i in 0..nb {
-            let (t, dx, mx) = block(i);
+            let (t, sgn, dx, mx) = block(i);
             for c in 0..n {
-                token(c, i, &t, (dx, mx), &mut acc[c], &mut summs[c]);
+                exact_token::<T>(&f, int, (c, i), &t, &sgn, (dx, mx), &mut acc[c], &mut summs[c]);
             }
         }
     } else {
-        // Staged registers, scales and mins of one chunk of blocks. Uninitialized:
-        // entries 0..nc are written before any is read.
-        let mut tq_m =
-            core::mem::MaybeUninit::<[([__m256i; 8], __m256, __m256); FAST_CHUNK]>::uninit();
-        let tq = tq_m.as_mut_ptr().cast::<([__m256i; 8], __m256, __m256)>();
+        // Staged registers, scales and mins (and for `Sign` the quants' signs) of one
+        // chunk of blocks. Uninitialized: entries 0..nc are written before any is read.
+        type Staged = ([__m256i; 8], __m256, __m256);
+        let mut tq_m = core::mem::MaybeUninit::<[Staged; FAST_CHUNK]>::uninit();
+        let mut sq_m = core::mem::MaybeUninit::<[[__m256i; 8]; FAST_CHUNK]>::uninit();
+        let tq = tq_m.as_mut_ptr().cast::<Staged>();
+        let sq = sq_m.as_mut_ptr().cast::<[__m256i; 8]>();
         let mut i0 = 0;
         while i0 < nb {
             let nc = (nb - i0).min(FAST_CHUNK);
             for j in 0..nc {
-                tq.add(j).write(block(i0 + j));
+                let (t, sgn, dx, mx) = block(i0 + j);
+                tq.add(j).write((t, dx, mx));
+                if int == ExactInt::Sign {
+                    sq.add(j).write(sgn);
+                }
             }
             for c in 0..n {
                 let mut a8 = acc[c];
                 let mut sm = summs[c];
                 for j in 0..nc {
-                    // SAFETY: entry j < nc was written above.
+                    // SAFETY: entry j < nc was written above (its signs too for `Sign`,
+                    // the only kernel that reads them).
                     let (t, dx, mx) = &*tq.add(j);
-                    token(c, i0 + j, t, (*dx, *mx), &mut a8, &mut sm);
+                    exact_token::<T>(&f, int, (c, i0 + j), t, sq.add(j), (*dx, *mx), &mut a8, &mut sm);
                 }
                 acc[c] = a8;
                 summs[c] = sm;
@@ -1733,11 +1832,14 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
     }
     for c in 0..n {
         // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3),
-        // then the mins' sum.
+        // then the unsigned formats' mins.
         let x = &acc[c];
         let v: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(x[i + 4], x[i]));
-        let r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
-        _mm256_storeu_ps(out.add(c * out_col), _mm256_add_ps(r, summs[c]));
+        let mut r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
+        if !T::SIGNED {
+            r = _mm256_add_ps(r, summs[c]);
+        }
+        _mm256_storeu_ps(out.add(c * out_col), r);
     }
 }
 
@@ -1752,7 +1854,7 @@ unsafe fn exact_packed_vnni<T: Legacy>(f: FastCall) {
 }
 
 macro_rules! exact_packed_entry {
-    ($name:ident, $ty:ident, $w:ty, $imp:ident) => {
+    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
         /// llama.cpp's order on one packed group of eight rows.
         ///
         /// # Safety
@@ -1769,12 +1871,14 @@ macro_rules! exact_packed_entry {
             out_stride: usize,
         ) {
             assert_eq!(rows, 8, "packed tile: {rows} rows, not one group of eight");
-            fast_call::<$w, BlockQ8_1>(
+            // Eight offset sums per block where the side has them: one per lane.
+            fast_call_rows::<$w, $a>(
+                8,
                 (w, rows, a, stride),
                 side,
                 n,
                 (out, 1, out_stride),
-                false,
+                8,
                 $imp::<$ty>,
                 None,
             )
@@ -1782,10 +1886,16 @@ macro_rules! exact_packed_entry {
     };
 }
 
-exact_packed_entry!(q4_1_packed_avx2, Q4_1, BlockQ4_1, exact_packed_avx2);
-exact_packed_entry!(q5_1_packed_avx2, Q5_1, BlockQ5_1, exact_packed_avx2);
-exact_packed_entry!(q4_1_packed_vnni, Q4_1, BlockQ4_1, exact_packed_vnni);
-exact_packed_entry!(q5_1_packed_vnni, Q5_1, BlockQ5_1, exact_packed_vnni);
+exact_packed_entry!(q4_0_packed_avx2, Q4_0, BlockQ4_0, BlockQ8_0, exact_packed_avx2);
+exact_packed_entry!(q4_1_packed_avx2, Q4_1, BlockQ4_1, BlockQ8_1, exact_packed_avx2);
+exact_packed_entry!(q5_0_packed_avx2, Q5_0, BlockQ5_0, BlockQ8_0, exact_packed_avx2);
+exact_packed_entry!(q5_1_packed_avx2, Q5_1, BlockQ5_1, BlockQ8_1, exact_packed_avx2);
+exact_packed_entry!(q8_0_packed_avx2, Q8_0, BlockQ8_0, BlockQ8_0, exact_packed_avx2);
+exact_packed_entry!(q4_0_packed_vnni, Q4_0, BlockQ4_0, BlockQ8_0, exact_packed_vnni);
+exact_packed_entry!(q4_1_packed_vnni, Q4_1, BlockQ4_1, BlockQ8_1, exact_packed_vnni);
+exact_packed_entry!(q5_0_packed_vnni, Q5_0, BlockQ5_0, BlockQ8_0, exact_packed_vnni);
+exact_packed_entry!(q5_1_packed_vnni, Q5_1, BlockQ5_1, BlockQ8_1, exact_packed_vnni);
+exact_packed_entry!(q8_0_packed_vnni, Q8_0, BlockQ8_0, BlockQ8_0, exact_packed_vnni);
 
 // ---------------------------------------------------------------------------------------
 // llama.cpp's order on packed rows with AVX-512: sixteen rows (two groups) in the lanes of
@@ -1901,6 +2011,19 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
         ..
     } = f;
     debug_assert!((rows == 8 || rows == PACKED512_ROWS) && f.out_row == 1);
+    if n <= 2 {
+        // Decode: one group at a time in ymm registers (the same operations lane for
+        // lane), which streams faster than two groups in the halves of zmm registers.
+        for g in 0..rows / 8 {
+            exact_packed_body::<T, true>(FastCall {
+                w: w.add(g * 8 * wstride),
+                rows: 8,
+                out: out.add(8 * g),
+                ..f
+            });
+        }
+        return;
+    }
     // A call of one group runs it in both halves and stores one.
     let group = if rows == PACKED512_ROWS {
         8 * wstride

@@ -161,17 +161,19 @@ pub(crate) const ROWS: &[KernelRow] = {
     const Q6K_SINGLE: (DotFn, TileFn) = (k::q6_k_q8_k, k::q6_k_many_entry);
     use legacy as l;
     &[
-        row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), false),
+        // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
+        // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
+        exact_packed(row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), true), l::q4_0_packed_avx2),
         exact_packed(row(T::Q4_1, Single, Avx2, l::q4_1_q8_1, Some(l::q4_1_many), false), l::q4_1_packed_avx2),
-        row(T::Q5_0, Single, Avx2, l::q5_0_q8_0, Some(l::q5_0_many), false),
+        exact_packed(row(T::Q5_0, Single, Avx2, l::q5_0_q8_0, Some(l::q5_0_many), true), l::q5_0_packed_avx2),
         exact_packed(row(T::Q5_1, Single, Avx2, l::q5_1_q8_1, Some(l::q5_1_many), false), l::q5_1_packed_avx2),
-        row(T::Q8_0, Single, Avx2, l::q8_0_q8_0, Some(l::q8_0_many), false),
+        exact_packed(row(T::Q8_0, Single, Avx2, l::q8_0_q8_0, Some(l::q8_0_many), false), l::q8_0_packed_avx2),
         // Signed formats take unsigned weights plus precomputed offset sums under VNNI.
-        row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true),
+        exact_packed(row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true), l::q4_0_packed_vnni),
         exact_packed(row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false), l::q4_1_packed_vnni),
-        row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true),
+        exact_packed(row(T::Q5_0, Single, Avx2Vnni, l::q5_0_q8_0_vnni, Some(l::q5_0_many_vnni), true), l::q5_0_packed_vnni),
         exact_packed(row(T::Q5_1, Single, Avx2Vnni, l::q5_1_q8_1_vnni, Some(l::q5_1_many_vnni), false), l::q5_1_packed_vnni),
-        row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true),
+        exact_packed(row(T::Q8_0, Single, Avx2Vnni, l::q8_0_q8_0_vnni, Some(l::q8_0_many_vnni), true), l::q8_0_packed_vnni),
         // AVX-512: the VNNI kernels over the file's rows, sixteen packed rows per register.
         exact_packed512(row(T::Q4_0, Single, Avx2Vnni, l::q4_0_q8_0_vnni, Some(l::q4_0_many_vnni), true), l::q4_0_packed512),
         exact_packed512(row(T::Q4_1, Single, Avx2Vnni, l::q4_1_q8_1_vnni, Some(l::q4_1_many_vnni), false), l::q4_1_packed512),
