@@ -4,8 +4,7 @@
 Per model and round it runs `rbench --engine rllama,llamacpp --numerics fast` and
 `rbench --engine rllama --numerics exact`, alternating which goes first every round,
 then prints medians (tokens/s) and the ratios ours/llama.cpp, with the ISA each engine
-reported. At a depth (-d) the in-tool llama.cpp runs tg only (it cannot run pp at depth);
-ours runs both.
+reported. At a depth (-d) both engines run pp and tg after the depth tokens.
 
   tools/compare_engines.py -m smollm2-135m -m gemma3-270m -p 512 -n 128 -t 2 --rounds 3
   RLLAMA_SIMD=avx2 tools/compare_engines.py ...     # our kernels forced to AVX2
@@ -52,15 +51,11 @@ def main():
             base = [args.rbench, "-m", model_path(m), "-t", str(args.t), "-r", "1",
                     "-o", "json", "--no-progress"]
             depth = ["-d", str(args.d)] if args.d else []
-            # At a depth the in-tool llama.cpp runs tg only.
             fast_lc = base + depth + ["--engine", "rllama,llamacpp", "--numerics", "fast",
-                                      "-p", "0" if args.d else str(args.p), "-n", str(args.n)]
+                                      "-p", str(args.p), "-n", str(args.n)]
             runs = [("fast", fast_lc),
                     ("exact", base + depth + ["--engine", "rllama", "--numerics", "exact",
                                               "-p", str(args.p), "-n", str(args.n)])]
-            if args.d:
-                runs.append(("fast", base + depth + ["--engine", "rllama", "--numerics",
-                                                     "fast", "-p", str(args.p), "-n", "0"]))
             if r % 2:
                 runs.reverse()
             for label, cmd in runs:

@@ -49,7 +49,7 @@ def main():
     ap.add_argument("--numerics", default="exact",
                     help="our engine's numerics with --ours: exact, fast, or exact,fast (both)")
     ap.add_argument("--no-intool", action="store_true",
-                    help="skip rbench's llama.cpp (its pp at depth > 0 is not supported yet)")
+                    help="skip rbench's llama.cpp")
     a = ap.parse_args()
     rbenches = [r.split("=", 1) for r in a.rbench]
     common = ["-p", str(a.p), "-n", str(a.n), "-t", str(a.t), "-r", "1", "-o", "json"]

@@ -357,6 +357,50 @@ fn llamacpp_engine_without_the_feature_says_how_to_rebuild() {
     assert!(stderr.contains("--features llamacpp"), "{stderr}");
 }
 
+/// A prompt at depth runs in both engines (llama.cpp continues after the depth tokens).
+#[cfg(feature = "llamacpp")]
+#[test]
+fn llamacpp_runs_prompts_at_depth() {
+    let host = bench_cli::llama_bench::run::host_simd();
+    let info = llamacpp_ref::system_info();
+    if !bench_cli::llama_bench::run::missing_reference_simd(&info, &host).is_empty() {
+        return;
+    }
+    let out = rbench(&[
+        "-m",
+        MODEL,
+        "-p",
+        "16",
+        "-n",
+        "0",
+        "-d",
+        "24",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "--engine",
+        "rllama,llamacpp",
+        "-o",
+        "csv",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    // n_prompt, n_gen, n_depth.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(r#","16","0","24","#))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    for engine in [r#""rllama""#, r#""llamacpp""#] {
+        assert!(
+            rows.iter().any(|r| r.contains(engine)),
+            "{engine}: {stdout}"
+        );
+    }
+}
+
 #[cfg(feature = "llamacpp")]
 #[test]
 fn side_by_side_with_llamacpp() {

@@ -1141,8 +1141,15 @@ impl RefModel {
     /// nanoseconds. The KV cache keeps the prompt, so [`RefModel::time_generate`] can
     /// continue after it.
     pub fn time_prompt(&mut self, tokens: &[u32]) -> Result<u64, RefError> {
-        self.check_tokens(tokens)?;
         self.clear_kv();
+        self.time_prompt_after(tokens)
+    }
+
+    /// Benchmark: evaluates `tokens` in n_batch chunks after what the KV cache holds (a
+    /// prompt at depth, as llama-bench's `-d` runs it), only the last token's logits
+    /// computed. Returns the elapsed nanoseconds.
+    pub fn time_prompt_after(&mut self, tokens: &[u32]) -> Result<u64, RefError> {
+        self.check_tokens(tokens)?;
         self.check_room(tokens.len())?;
         let t0 = Instant::now();
         for chunk in tokens.chunks(self.n_batch) {

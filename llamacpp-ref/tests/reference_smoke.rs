@@ -217,6 +217,15 @@ fn smollm2_smoke() {
         tg as f64 / 1e6
     );
     assert!(pp > 0 && tg > 0);
+    // A prompt at depth continues after what the cache holds.
+    let pp_at_depth = m.time_prompt_after(&long).unwrap();
+    assert!(pp_at_depth > 0);
+    assert_eq!(m.pos(), 2 * long.len() + 4);
+    assert!(matches!(
+        m.time_prompt_after(&vec![prompt[0]; 600]),
+        Err(RefError::ContextFull { .. })
+    ));
+    assert_eq!(m.pos(), 2 * long.len() + 4);
     m.clear_kv();
     assert_eq!(m.pos(), 0);
 

@@ -49,11 +49,11 @@ impl RefInstance {
         } else {
             // Clears the cache, then fills it with the depth tokens (not timed).
             self.m.time_prompt(&t.depth)?;
-            debug_assert!(t.prompt.is_empty(), "checked by check_supported");
         }
         let mut ns = 0;
         if !t.prompt.is_empty() {
-            ns += self.m.time_prompt(&t.prompt)?;
+            // After the depth tokens, where there are some.
+            ns += self.m.time_prompt_after(&t.prompt)?;
         }
         if let Some(&first) = t.gen.first() {
             ns += self.m.time_generate(first, t.gen.len())?;

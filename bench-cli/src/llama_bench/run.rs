@@ -410,16 +410,6 @@ pub fn check_supported(params: &Params) -> Result<()> {
         if !cfg!(feature = "llamacpp") {
             bail!(NOT_BUILT);
         }
-        let tests = params.tests();
-        if let Some(t) = tests.iter().find(|t| t.n_depth > 0 && t.n_prompt > 0) {
-            bail!(
-                "--engine llamacpp: test {} is not supported yet: a prompt at depth > 0 needs \
-                 the reference engine to evaluate a prompt without clearing its KV cache, \
-                 which runtime::reference does not offer (tg tests at depth work); run it \
-                 with --engine rllama",
-                t.name()
-            );
-        }
     }
     Ok(())
 }
