@@ -1713,9 +1713,10 @@ unsafe fn exact_block<T: Legacy>(
         let y = bcast4(yq.add(4 * k));
         let isum = match int {
             ExactInt::Vnni => fast_dpbusd_vnni(init(k), t[k], y),
-            ExactInt::Sign => {
-                _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], _mm256_sign_epi8(y, (*sgn)[k])), ones)
-            }
+            ExactInt::Sign => _mm256_madd_epi16(
+                _mm256_maddubs_epi16(t[k], _mm256_sign_epi8(y, (*sgn)[k])),
+                ones,
+            ),
             ExactInt::Maddubs => {
                 let s = _mm256_madd_epi16(_mm256_maddubs_epi16(t[k], y), ones);
                 if T::SIGNED {
@@ -1794,7 +1795,16 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
         for i in 0..nb {
             let (t, sgn, dx, mx) = block(i);
             for c in 0..n {
-                exact_token::<T>(&f, int, (c, i), &t, &sgn, (dx, mx), &mut acc[c], &mut summs[c]);
+                exact_token::<T>(
+                    &f,
+                    int,
+                    (c, i),
+                    &t,
+                    &sgn,
+                    (dx, mx),
+                    &mut acc[c],
+                    &mut summs[c],
+                );
             }
         }
     } else {
@@ -1822,7 +1832,16 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: bool>(f: FastCall) {
                     // SAFETY: entry j < nc was written above (its signs too for `Sign`,
                     // the only kernel that reads them).
                     let (t, dx, mx) = &*tq.add(j);
-                    exact_token::<T>(&f, int, (c, i0 + j), t, sq.add(j), (*dx, *mx), &mut a8, &mut sm);
+                    exact_token::<T>(
+                        &f,
+                        int,
+                        (c, i0 + j),
+                        t,
+                        sq.add(j),
+                        (*dx, *mx),
+                        &mut a8,
+                        &mut sm,
+                    );
                 }
                 acc[c] = a8;
                 summs[c] = sm;
@@ -1886,16 +1905,76 @@ macro_rules! exact_packed_entry {
     };
 }
 
-exact_packed_entry!(q4_0_packed_avx2, Q4_0, BlockQ4_0, BlockQ8_0, exact_packed_avx2);
-exact_packed_entry!(q4_1_packed_avx2, Q4_1, BlockQ4_1, BlockQ8_1, exact_packed_avx2);
-exact_packed_entry!(q5_0_packed_avx2, Q5_0, BlockQ5_0, BlockQ8_0, exact_packed_avx2);
-exact_packed_entry!(q5_1_packed_avx2, Q5_1, BlockQ5_1, BlockQ8_1, exact_packed_avx2);
-exact_packed_entry!(q8_0_packed_avx2, Q8_0, BlockQ8_0, BlockQ8_0, exact_packed_avx2);
-exact_packed_entry!(q4_0_packed_vnni, Q4_0, BlockQ4_0, BlockQ8_0, exact_packed_vnni);
-exact_packed_entry!(q4_1_packed_vnni, Q4_1, BlockQ4_1, BlockQ8_1, exact_packed_vnni);
-exact_packed_entry!(q5_0_packed_vnni, Q5_0, BlockQ5_0, BlockQ8_0, exact_packed_vnni);
-exact_packed_entry!(q5_1_packed_vnni, Q5_1, BlockQ5_1, BlockQ8_1, exact_packed_vnni);
-exact_packed_entry!(q8_0_packed_vnni, Q8_0, BlockQ8_0, BlockQ8_0, exact_packed_vnni);
+exact_packed_entry!(
+    q4_0_packed_avx2,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    exact_packed_avx2
+);
+exact_packed_entry!(
+    q4_1_packed_avx2,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    exact_packed_avx2
+);
+exact_packed_entry!(
+    q5_0_packed_avx2,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    exact_packed_avx2
+);
+exact_packed_entry!(
+    q5_1_packed_avx2,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    exact_packed_avx2
+);
+exact_packed_entry!(
+    q8_0_packed_avx2,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    exact_packed_avx2
+);
+exact_packed_entry!(
+    q4_0_packed_vnni,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    exact_packed_vnni
+);
+exact_packed_entry!(
+    q4_1_packed_vnni,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    exact_packed_vnni
+);
+exact_packed_entry!(
+    q5_0_packed_vnni,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    exact_packed_vnni
+);
+exact_packed_entry!(
+    q5_1_packed_vnni,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    exact_packed_vnni
+);
+exact_packed_entry!(
+    q8_0_packed_vnni,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    exact_packed_vnni
+);
 
 // ---------------------------------------------------------------------------------------
 // llama.cpp's order on packed rows with AVX-512: sixteen rows (two groups) in the lanes of
