@@ -406,10 +406,8 @@ const NOT_BUILT: &str = "--engine llamacpp: this rbench was built without llama.
 
 /// Refuses configurations an engine cannot run, before anything is timed.
 pub fn check_supported(params: &Params) -> Result<()> {
-    if params.engines.contains(&Engine::LlamaCpp) {
-        if !cfg!(feature = "llamacpp") {
-            bail!(NOT_BUILT);
-        }
+    if params.engines.contains(&Engine::LlamaCpp) && !cfg!(feature = "llamacpp") {
+        bail!(NOT_BUILT);
     }
     Ok(())
 }
