@@ -414,7 +414,7 @@ pub fn check_supported(params: &Params) -> Result<()> {
 
 /// Our kernels' instruction set per matrix type of `m`: `Q4_K=avx2,Q8_0=avx2-vnni`, the
 /// fast order's marked `/fast`, `/fast+packed` where its weights were repacked at load,
-/// the exact orders' `/packed` where theirs were (Q4_K).
+/// the exact orders' `/packed` where theirs were.
 pub fn kernel_isas(m: &Model) -> String {
     m.kernel_isas()
         .iter()
