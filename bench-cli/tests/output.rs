@@ -357,13 +357,20 @@ fn llamacpp_engine_without_the_feature_says_how_to_rebuild() {
     assert!(stderr.contains("--features llamacpp"), "{stderr}");
 }
 
+/// Whether the in-tool llama.cpp has every SIMD extension of this host (else rbench
+/// refuses to report a ratio).
+#[cfg(feature = "llamacpp")]
+fn reference_has_host_simd() -> bool {
+    let host = bench_cli::llama_bench::run::host_simd();
+    let info = llamacpp_ref::system_info();
+    bench_cli::llama_bench::run::missing_reference_simd(&info, &host).is_empty()
+}
+
 /// A prompt at depth runs in both engines (llama.cpp continues after the depth tokens).
 #[cfg(feature = "llamacpp")]
 #[test]
 fn llamacpp_runs_prompts_at_depth() {
-    let host = bench_cli::llama_bench::run::host_simd();
-    let info = llamacpp_ref::system_info();
-    if !bench_cli::llama_bench::run::missing_reference_simd(&info, &host).is_empty() {
+    if !reference_has_host_simd() {
         return;
     }
     let out = rbench(&[
@@ -404,9 +411,7 @@ fn llamacpp_runs_prompts_at_depth() {
 #[cfg(feature = "llamacpp")]
 #[test]
 fn side_by_side_with_llamacpp() {
-    let host = bench_cli::llama_bench::run::host_simd();
-    let info = llamacpp_ref::system_info();
-    let simd_ok = bench_cli::llama_bench::run::missing_reference_simd(&info, &host).is_empty();
+    let simd_ok = reference_has_host_simd();
     let out = rbench(&[
         "-m",
         MODEL,

@@ -1628,9 +1628,9 @@ fast_packed512!(
 // however it is formed (`ExactInt`): Q4_0 and Q5_0 go in as their stored unsigned quants
 // (`q + offset`, at most 31) with the lane started at `-offset * Σ y`, precomputed once
 // per activation block (`crate::contract::offset_sums`); Q8_0 without VNNI keeps ggml's
-// sign trick, since `q + 128` would saturate `maddubs`' i16 pairs. (A first signed kernel
-// that summed the offsets per call measured slower than the file rows' tiles; with the
-// sums precomputed, qwen2.5-coder's Q5_0 rows run faster packed, see ARCHITECTURE.md.)
+// sign trick, since `q + 128` would saturate `maddubs`' i16 pairs. (A first version
+// measured slower than the file rows' tiles: its per-token step was a closure LLVM did
+// not inline, which kept the accumulators in memory; see ARCHITECTURE.md.)
 
 /// How the AVX2 exact packed kernels form a lane's integer sum.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1754,16 +1754,7 @@ unsafe fn exact_token<T: Legacy>(
     let ab = f.a.add(c * f.stride + i * T::AB);
     let yq = ab.add(T::A_QS);
     let ys = act_scales::<T>(f, c, i, ab);
-    let s = f.sums.add((c * f.nb + i) * 8);
-    let init = |k: usize| {
-        if !T::SIGNED {
-            _mm256_setzero_si256()
-        } else if f.use_sums {
-            _mm256_set1_epi32(*s.add(k))
-        } else {
-            _mm256_set1_epi32(-T::OFFSET * lane_sum(yq.add(4 * k)))
-        }
-    };
+    let init = |k: usize| _mm256_set1_epi32(lane_start::<T>(f, c, i, yq, k));
     exact_block::<T>(int, t, sgn, yq, init, dm, ys, acc, summs);
 }
 
@@ -1873,8 +1864,8 @@ unsafe fn exact_packed_vnni<T: Legacy>(f: FastCall) {
 }
 
 macro_rules! exact_packed_entry {
-    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident) => {
-        /// llama.cpp's order on one packed group of eight rows.
+    ($name:ident, $ty:ident, $w:ty, $a:ty, $imp:ident, $max_rows:expr) => {
+        /// llama.cpp's order on one packed group of eight rows (or `$max_rows` rows).
         ///
         /// # Safety
         /// See [`crate::contract::TileIntoFn`]; the kernel's features available.
@@ -1889,10 +1880,14 @@ macro_rules! exact_packed_entry {
             out: *mut f32,
             out_stride: usize,
         ) {
-            assert_eq!(rows, 8, "packed tile: {rows} rows, not one group of eight");
+            assert!(
+                rows == 8 || rows == $max_rows,
+                "packed tile: {rows} rows, not one group of eight or {} rows",
+                $max_rows
+            );
             // Eight offset sums per block where the side has them: one per lane.
             fast_call_rows::<$w, $a>(
-                8,
+                $max_rows,
                 (w, rows, a, stride),
                 side,
                 n,
@@ -1910,70 +1905,80 @@ exact_packed_entry!(
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
-    exact_packed_avx2
+    exact_packed_avx2,
+    8
 );
 exact_packed_entry!(
     q4_1_packed_avx2,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
-    exact_packed_avx2
+    exact_packed_avx2,
+    8
 );
 exact_packed_entry!(
     q5_0_packed_avx2,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
-    exact_packed_avx2
+    exact_packed_avx2,
+    8
 );
 exact_packed_entry!(
     q5_1_packed_avx2,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
-    exact_packed_avx2
+    exact_packed_avx2,
+    8
 );
 exact_packed_entry!(
     q8_0_packed_avx2,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
-    exact_packed_avx2
+    exact_packed_avx2,
+    8
 );
 exact_packed_entry!(
     q4_0_packed_vnni,
     Q4_0,
     BlockQ4_0,
     BlockQ8_0,
-    exact_packed_vnni
+    exact_packed_vnni,
+    8
 );
 exact_packed_entry!(
     q4_1_packed_vnni,
     Q4_1,
     BlockQ4_1,
     BlockQ8_1,
-    exact_packed_vnni
+    exact_packed_vnni,
+    8
 );
 exact_packed_entry!(
     q5_0_packed_vnni,
     Q5_0,
     BlockQ5_0,
     BlockQ8_0,
-    exact_packed_vnni
+    exact_packed_vnni,
+    8
 );
 exact_packed_entry!(
     q5_1_packed_vnni,
     Q5_1,
     BlockQ5_1,
     BlockQ8_1,
-    exact_packed_vnni
+    exact_packed_vnni,
+    8
 );
 exact_packed_entry!(
     q8_0_packed_vnni,
     Q8_0,
     BlockQ8_0,
     BlockQ8_0,
-    exact_packed_vnni
+    exact_packed_vnni,
+    8
 );
 
 // ---------------------------------------------------------------------------------------
@@ -2046,16 +2051,7 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
             let ab = f.a.add(c * f.stride + i * T::AB);
             let yq = ab.add(T::A_QS);
             let ys = act_scales::<T>(f, c, i, ab);
-            let sums = f.sums.add((c * f.nb + i) * 8);
-            let init = |k: usize| {
-                if !T::SIGNED {
-                    _mm512_setzero_si512()
-                } else if f.use_sums {
-                    _mm512_set1_epi32(*sums.add(k))
-                } else {
-                    _mm512_set1_epi32(-T::OFFSET * lane_sum(yq.add(4 * k)))
-                }
-            };
+            let init = |k: usize| _mm512_set1_epi32(lane_start::<T>(f, c, i, yq, k));
             exact512_block::<T>(&t, (dx, mx), yq, init, ys, &mut a[q], &mut s[q]);
         }
     }
@@ -2070,6 +2066,24 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
 #[inline(always)]
 unsafe fn lane_sum(p: *const u8) -> i32 {
     (0..4).map(|e| *p.add(e) as i8 as i32).sum()
+}
+
+/// Where lane `k` of token `c`'s products with block `i` starts in llama.cpp's order on
+/// packed rows (ymm and zmm alike): `-offset * Σ y` of its four activations for a signed
+/// format (precomputed where the call has offset sums, else summed from `yq`, the
+/// block's quants), 0 for an unsigned one.
+///
+/// # Safety
+/// Token c < n and block i < nb of the validated call `f`, `yq` their activation quants.
+#[inline(always)]
+unsafe fn lane_start<T: Legacy>(f: &FastCall, c: usize, i: usize, yq: *const u8, k: usize) -> i32 {
+    if !T::SIGNED {
+        0
+    } else if f.use_sums {
+        *f.sums.add((c * f.nb + i) * 8 + k)
+    } else {
+        -T::OFFSET * lane_sum(yq.add(4 * k))
+    }
 }
 
 /// llama.cpp's order over one or two packed groups (8 or 16 rows) with AVX-512.
@@ -2176,44 +2190,43 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
     }
 }
 
-macro_rules! exact_packed512_entry {
-    ($name:ident, $ty:ident, $w:ty, $a:ty) => {
-        /// llama.cpp's order on one or two packed groups (8 or 16 rows), AVX-512.
-        ///
-        /// # Safety
-        /// See [`crate::contract::TileIntoFn`]; AVX-512 F/BW/VL/VNNI available.
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $name(
-            w: &[u8],
-            rows: usize,
-            a: &[u8],
-            stride: usize,
-            side: ActSide<'_>,
-            n: usize,
-            out: *mut f32,
-            out_stride: usize,
-        ) {
-            assert!(
-                rows == 8 || rows == PACKED512_ROWS,
-                "packed tile: {rows} rows, not one or two groups of eight"
-            );
-            // Eight offset sums per block: one per lane (`offset_sums`).
-            fast_call_rows::<$w, $a>(
-                PACKED512_ROWS,
-                (w, rows, a, stride),
-                side,
-                n,
-                (out, 1, out_stride),
-                8,
-                exact_vnni512_packed::<$ty>,
-                None,
-            )
-        }
-    };
-}
-
-exact_packed512_entry!(q4_0_packed512, Q4_0, BlockQ4_0, BlockQ8_0);
-exact_packed512_entry!(q4_1_packed512, Q4_1, BlockQ4_1, BlockQ8_1);
-exact_packed512_entry!(q5_0_packed512, Q5_0, BlockQ5_0, BlockQ8_0);
-exact_packed512_entry!(q5_1_packed512, Q5_1, BlockQ5_1, BlockQ8_1);
-exact_packed512_entry!(q8_0_packed512, Q8_0, BlockQ8_0, BlockQ8_0);
+exact_packed_entry!(
+    q4_0_packed512,
+    Q4_0,
+    BlockQ4_0,
+    BlockQ8_0,
+    exact_vnni512_packed,
+    PACKED512_ROWS
+);
+exact_packed_entry!(
+    q4_1_packed512,
+    Q4_1,
+    BlockQ4_1,
+    BlockQ8_1,
+    exact_vnni512_packed,
+    PACKED512_ROWS
+);
+exact_packed_entry!(
+    q5_0_packed512,
+    Q5_0,
+    BlockQ5_0,
+    BlockQ8_0,
+    exact_vnni512_packed,
+    PACKED512_ROWS
+);
+exact_packed_entry!(
+    q5_1_packed512,
+    Q5_1,
+    BlockQ5_1,
+    BlockQ8_1,
+    exact_vnni512_packed,
+    PACKED512_ROWS
+);
+exact_packed_entry!(
+    q8_0_packed512,
+    Q8_0,
+    BlockQ8_0,
+    BlockQ8_0,
+    exact_vnni512_packed,
+    PACKED512_ROWS
+);
