@@ -123,7 +123,8 @@ impl<'a> KvLayer<'a> {
 /// Runs tasks `0..n` (on a thread pool), returning when all are done.
 pub type ParallelFor<'a> = &'a dyn Fn(usize, &(dyn Fn(usize) + Sync));
 
-/// Cells one score task covers in [`attend_heads`].
+/// The most cells one score task of [`attend_heads`] covers (for every KV head, so it
+/// reads whole cache rows in order); fewer, down to a quarter, when that makes 16 tasks.
 #[cfg(target_arch = "x86_64")]
 const SCORE_CELLS: usize = 256;
 
@@ -255,27 +256,32 @@ fn attend_heads_from(
             let hs = np * hv + 16;
             parts.resize(n_head * hs, 0.0);
             let (scp, pp) = (Shared(sc.as_mut_ptr()), Shared(parts.as_mut_ptr()));
-            let chunks = n.div_ceil(SCORE_CELLS);
+            let cells = n
+                .div_ceil(16)
+                .next_multiple_of(4)
+                .clamp(SCORE_CELLS / 4, SCORE_CELLS);
+            let chunks = n.div_ceil(cells);
             let q16 = &q16[..];
-            run(n_kv * chunks, &|task| {
-                let (g, c) = (task / chunks, task % chunks);
-                let (s0, s1) = (c * SCORE_CELLS, ((c + 1) * SCORE_CELLS).min(n));
+            run(chunks, &|c| {
+                let (s0, s1) = (c * cells, ((c + 1) * cells).min(n));
                 let kp = kv.k.as_ptr().cast::<u16>();
-                // SAFETY: AVX-512 F is active, hk whole steps; every key row read was
-                // checked above; the task writes columns s0..s1 of its group's rows.
-                unsafe {
-                    let (stride, off, cells) = (n_kv * hk, g * hk, &slots[s0..s1]);
-                    let key = move |s: usize| kp.add(*cells.get_unchecked(s) * stride + off);
-                    crate::arch::x86::attn::scores_tile_vecdot(
-                        &q16[g * group * hk..],
-                        group,
-                        hk,
-                        s1 - s0,
-                        &key,
-                        p.kq_scale,
-                        scp.at(g * group * n + s0),
-                        n,
-                    )
+                for g in 0..n_kv {
+                    // SAFETY: AVX-512 F is active, hk whole steps; every key row read was
+                    // checked above; the task writes columns s0..s1 of every head's row.
+                    unsafe {
+                        let (stride, off, own) = (n_kv * hk, g * hk, &slots[s0..s1]);
+                        let key = move |s: usize| kp.add(*own.get_unchecked(s) * stride + off);
+                        crate::arch::x86::attn::scores_tile_vecdot(
+                            &q16[g * group * hk..],
+                            group,
+                            hk,
+                            s1 - s0,
+                            &key,
+                            p.kq_scale,
+                            scp.at(g * group * n + s0),
+                            n,
+                        )
+                    }
                 }
             });
             run(n_head, &|h| {
@@ -706,6 +712,7 @@ mod tests {
             (8, 8, 128, 128, 1, 0),
             (6, 2, 64, 48, 259, 100),
             (4, 2, 40, 32, 33, 0),
+            (40, 5, 128, 128, 1100, 40),
         ] {
             let n_slots = n_cells + first + 5;
             let k: Vec<f16> = (0..n_slots * n_kv * hk)

@@ -12,6 +12,10 @@ use core::arch::x86_64::*;
 /// Queries (and keys) per register tile.
 const QUAD: usize = 4;
 
+/// Quads of keys the VecDot (decode) scores ask the memory for ahead of the one they
+/// score: one token's queries are too few to hide a row's latency.
+const SCORES_AHEAD: usize = 2;
+
 /// `out[i * n + s] = (q_i · key_s) * scale` for the `m` queries `q16[i * hk..]` (already
 /// rounded to f16 values) and the `n` keys `key(s)` (f16 rows of `hk` values), in the GEMM
 /// order of the 16-lane flavor.
@@ -77,6 +81,11 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
         let nk = (n - s).min(QUAD);
         // A short last quad repeats its last key; those lanes are never stored.
         let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        if VECDOT && s + (SCORES_AHEAD + 1) * QUAD <= n {
+            for k in 0..QUAD {
+                prefetch_row(key(s + SCORES_AHEAD * QUAD + k), hk);
+            }
+        }
         let mut i = 0;
         while i < m {
             let nq = (m - i).min(QUAD);
@@ -256,13 +265,40 @@ unsafe fn vsum_block<const Q: usize, const R: usize>(
     }
 }
 
+/// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
+const VSUM_AHEAD: usize = 2;
+
+/// Asks for the cache lines of `len` f16 values from `row` on.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn prefetch_row(row: *const u16, len: usize) {
+    let mut b = 0;
+    while b < 2 * len {
+        _mm_prefetch::<_MM_HINT_T0>(row.cast::<i8>().add(b));
+        b += 64;
+    }
+}
+
+std::thread_local! {
+    /// [`vsum_cells`]' copy of its block's rows.
+    static VSUM_ROWS: core::cell::RefCell<Vec<u16>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
 /// Sixteen V partial sums (`block`, of `np`) of each of up to sixteen queries: the cell
 /// at index `i` (cell `first_cell + i`, `n` of them) whose partial `(first_cell + i) %
 /// np` lies in `block` adds its row into that partial of each query (`parts[q].add(
 /// partial * hv)`), multiply then add, in cell order. The block's cells come in runs of
-/// sixteen consecutive rows, one per partial, so sixteen registers hold the block's
-/// partials of 16 elements while every run adds into them (no store per cell), query by
-/// query and 16 elements at a time; the rows stay in cache between the passes.
+/// sixteen consecutive rows, one per partial.
+///
+/// Decode at depth is bound by how this reads the cache. The runs' rows are first copied,
+/// in order, into one buffer laid out by element block, run and row (planes 96 bytes
+/// apart), asking for the rows two runs ahead: read in place, the passes below went
+/// back to the same rows at the cache's row stride, a power of two for most models (2 KiB
+/// for 8 KV heads of 128), so every row fell into the same few cache sets and came from
+/// L3 each time, and unpadded planes made the copies' stores alias each other's 4 KiB
+/// offsets. Each pass then reads a contiguous slice: four partials of up to four queries
+/// in sixteen registers, for 16 elements, every row's elements converted once for all
+/// those queries (not once per query).
 ///
 /// `prob(q)` is query `q`'s probabilities by cell index, `v(i)` cell index `i`'s row.
 ///
@@ -292,44 +328,130 @@ pub(crate) unsafe fn vsum_cells(
     };
     // The first cell of partial b0; whole runs start every np cells from there.
     let start = (b0 + np - c0) % np;
-    for (q, &dst) in parts.iter().enumerate() {
-        let pr = prob(q);
+    let runs = if start + 16 <= n {
+        (n - start - 16) / np + 1
+    } else {
+        0
+    };
+    let tail = start + runs * np;
+    VSUM_ROWS.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let plane = runs * 256 + 48;
+        let len = hv / 16 * plane;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        // rows[d / 16 * plane + r * 256 + 16 * k..][..16]: elements d.. of row k of run r.
+        let rows = buf.as_mut_ptr();
+        for r in 0..runs {
+            let i = start + r * np;
+            if r + VSUM_AHEAD < runs {
+                for k in 0..16 {
+                    prefetch_row(v(i + VSUM_AHEAD * np + k), hv);
+                }
+            }
+            let src: [*const u16; 16] = core::array::from_fn(|k| v(i + k));
+            let mut d = 0;
+            while d < hv {
+                let dst = rows.add(d / 16 * plane + r * 256);
+                for (k, &row) in src.iter().enumerate() {
+                    let x = _mm256_loadu_si256(row.add(d).cast());
+                    _mm256_storeu_si256(dst.add(16 * k).cast(), x);
+                }
+                d += 16;
+            }
+        }
+        // Each partial's cells in cell order: the head's cells come before every run's,
+        // the tail's after.
+        let one = |k: usize, i: usize| {
+            for (q, &dst) in parts.iter().enumerate() {
+                let p = _mm512_set1_ps(*prob(q).add(i));
+                let mut d = 0;
+                while d < hv {
+                    let at = dst.add(k * hv + d);
+                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(v(i).add(d).cast()));
+                    _mm512_storeu_ps(at, _mm512_fmadd_ps(p, x, _mm512_loadu_ps(at)));
+                    d += 16;
+                }
+            }
+        };
+        for i in 0..head {
+            one(c0 + i, i);
+        }
         let mut d = 0;
         while d < hv {
-            let at = |c: usize| dst.add(c * hv + d);
-            let add = |acc: __m512, i: usize| {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(v(i).add(d).cast()));
-                _mm512_fmadd_ps(_mm512_set1_ps(*pr.add(i)), x, acc)
-            };
-            let mut acc: [__m512; 16] = core::array::from_fn(|k| _mm512_loadu_ps(at(b0 + k)));
-            if head > 0 {
-                let mut mem = acc;
-                for i in 0..head {
-                    let k = c0 - b0 + i;
-                    mem[k] = add(mem[k], i);
+            let slice = rows.add(d / 16 * plane).cast_const();
+            for j in (0..16).step_by(4) {
+                let mut q = 0;
+                while q < parts.len() {
+                    let qs = &parts[q..(q + 4).min(parts.len())];
+                    let run = VsumRuns {
+                        slice,
+                        runs,
+                        start,
+                        np,
+                        b0,
+                        j,
+                        d,
+                        hv,
+                        q,
+                    };
+                    match qs.len() {
+                        4 => run.add::<4>(qs, prob),
+                        3 => run.add::<3>(qs, prob),
+                        2 => run.add::<2>(qs, prob),
+                        _ => run.add::<1>(qs, prob),
+                    }
+                    q += 4;
                 }
-                acc = mem;
-            }
-            let mut i = start;
-            while i + 16 <= n {
-                // Unrolled so the sixteen partials stay in registers.
-                macro_rules! step {
-                    ($($k:literal)*) => { $( acc[$k] = add(acc[$k], i + $k); )* };
-                }
-                step!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-                i += np;
-            }
-            if i < n {
-                let mut mem = acc;
-                for (k, m) in mem.iter_mut().enumerate().take(n - i) {
-                    *m = add(*m, i + k);
-                }
-                acc = mem;
-            }
-            for (k, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(at(b0 + k), *a);
             }
             d += 16;
+        }
+        for i in tail..n {
+            one((first_cell + i) % np, i);
+        }
+    });
+}
+
+/// One pass of [`vsum_cells`] over its copied runs: four partials (`b0 + j..`) of up to
+/// four queries (`q..`) for the elements `d..d + 16`, sixteen registers, each row's
+/// elements converted once for all the queries.
+struct VsumRuns {
+    slice: *const u16,
+    runs: usize,
+    start: usize,
+    np: usize,
+    b0: usize,
+    j: usize,
+    d: usize,
+    hv: usize,
+    q: usize,
+}
+
+impl VsumRuns {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn add<const Q: usize>(&self, parts: &[*mut f32], prob: &impl Fn(usize) -> *const f32) {
+        let at = |q: usize, k: usize| parts[q].add((self.b0 + self.j + k) * self.hv + self.d);
+        let pr: [*const f32; Q] = core::array::from_fn(|q| prob(self.q + q));
+        let mut acc: [[__m512; 4]; Q] =
+            core::array::from_fn(|q| core::array::from_fn(|k| _mm512_loadu_ps(at(q, k))));
+        for r in 0..self.runs {
+            let i = self.start + r * self.np + self.j;
+            let row = self.slice.add(r * 256 + 16 * self.j);
+            let x: [__m512; 4] = core::array::from_fn(|k| {
+                _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * k).cast()))
+            });
+            for (a, p) in acc.iter_mut().zip(pr) {
+                for k in 0..4 {
+                    a[k] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i + k)), x[k], a[k]);
+                }
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            for (k, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(at(q, k), *x);
+            }
         }
     }
 }
