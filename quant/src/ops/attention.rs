@@ -158,11 +158,12 @@ thread_local! {
 ///
 /// Decode at depth reads the whole cache per token. One task per head read each K and V
 /// row once per query head, and the V partial sums of the VecDot order (every 64th row
-/// per partial) in an order the prefetchers do not follow. With the VecDot order on
-/// AVX-512, from 512 cells on, this runs three steps on `run` instead: scores of a KV group's heads for a
-/// block of cells (each key row read once per group), the soft-max per head, then the V
-/// partial sums for a block of partials of a group's heads in one pass over the cells
-/// (each V row read once per group). Otherwise, one [`attend_head`] per head on `run`.
+/// per partial with 16 lanes, every 32nd with 8) in an order the prefetchers do not
+/// follow. With the VecDot order on AVX-512 or AVX2 (the flavor's own kernels), from 512
+/// cells on, this runs three steps on `run` instead: scores of every KV group's heads for
+/// a chunk of cells (each key row read once per group, the rows in order), the soft-max
+/// per head, then the V partial sums for a block of partials of a group's heads (each V
+/// row read once per group). Otherwise, one [`attend_head`] per head on `run`.
 #[allow(clippy::too_many_arguments)] // the query, the cache, the cells, where to run
 pub fn attend_heads(
     p: &AttnParams,
@@ -207,9 +208,11 @@ fn attend_heads_from(
     let group = n_head / n_kv;
     #[cfg(target_arch = "x86_64")]
     let fits = p.order == F16Order::VecDot
-        && p.flavor == Flavor::Avx512
-        && crate::isa::active().includes(crate::isa::Isa::Avx512)
-        && hk.is_multiple_of(64)
+        && match p.flavor {
+            Flavor::Avx512 => crate::isa::active().includes(crate::isa::Isa::Avx512),
+            Flavor::Avx2 => crate::isa::active().includes(crate::isa::Isa::Avx2),
+        }
+        && hk.is_multiple_of(4 * p.flavor.lanes())
         && hv.is_multiple_of(16)
         && group <= 16
         && !slots.is_empty()
@@ -237,6 +240,7 @@ fn attend_heads_from(
     }
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::arch::x86::attn as x86;
         let n = slots.len();
         check_slots("attend_heads", hk, kv.k, slots, n_kv * hk, (n_kv - 1) * hk);
         check_slots("attend_heads", hv, kv.v, slots, n_kv * hv, (n_kv - 1) * hv);
@@ -266,21 +270,22 @@ fn attend_heads_from(
                 let (s0, s1) = (c * cells, ((c + 1) * cells).min(n));
                 let kp = kv.k.as_ptr().cast::<u16>();
                 for g in 0..n_kv {
-                    // SAFETY: AVX-512 F is active, hk whole steps; every key row read was
-                    // checked above; the task writes columns s0..s1 of every head's row.
+                    // SAFETY: the flavor's ISA is active (`fits`), hk whole steps; every
+                    // key row read was checked above; the task writes columns s0..s1 of
+                    // every head's row.
                     unsafe {
                         let (stride, off, own) = (n_kv * hk, g * hk, &slots[s0..s1]);
                         let key = move |s: usize| kp.add(*own.get_unchecked(s) * stride + off);
-                        crate::arch::x86::attn::scores_tile_vecdot(
-                            &q16[g * group * hk..],
-                            group,
-                            hk,
-                            s1 - s0,
-                            &key,
-                            p.kq_scale,
-                            scp.at(g * group * n + s0),
-                            n,
-                        )
+                        let (qg, dst) = (&q16[g * group * hk..], scp.at(g * group * n + s0));
+                        let (scale, m) = (p.kq_scale, s1 - s0);
+                        match p.flavor {
+                            Flavor::Avx512 => {
+                                x86::scores_tile_vecdot(qg, group, hk, m, &key, scale, dst, n)
+                            }
+                            Flavor::Avx2 => {
+                                x86::scores_tile_vecdot_avx2(qg, group, hk, m, &key, scale, dst, n)
+                            }
+                        }
                     }
                 }
             });
@@ -298,19 +303,22 @@ fn attend_heads_from(
                 let heads: [*mut f32; 16] =
                     // SAFETY: in `parts` (h < n_head).
                     std::array::from_fn(|i| pp.at((g * group + i.min(group - 1)) * hs));
-                // SAFETY: AVX-512 F; V rows checked above; the task writes the partials of
-                // its block for its group's heads only; probabilities inside `sc`.
+                let cls = b * CLASS_BLOCK..(b + 1) * CLASS_BLOCK;
+                let prob = |i: usize| scp.at((g * group + i) * n).cast_const();
+                // SAFETY: as the scores; V rows checked above; the task writes the
+                // partials of its block for its group's heads only; probabilities inside
+                // `sc`.
                 unsafe {
-                    crate::arch::x86::attn::vsum_cells(
-                        &heads[..group],
-                        hv,
-                        np,
-                        b * CLASS_BLOCK..(b + 1) * CLASS_BLOCK,
-                        first_cell,
-                        n,
-                        &|i| scp.at((g * group + i) * n).cast_const(),
-                        &move |c: usize| vp.add(*slots.get_unchecked(c) * stride + off),
-                    )
+                    let v = move |c: usize| vp.add(*slots.get_unchecked(c) * stride + off);
+                    let hs = &heads[..group];
+                    match p.flavor {
+                        Flavor::Avx512 => {
+                            x86::vsum_cells(hs, hv, np, cls, first_cell, n, &prob, &v)
+                        }
+                        Flavor::Avx2 => {
+                            x86::vsum_cells_avx2(hs, hv, np, cls, first_cell, n, &prob, &v)
+                        }
+                    }
                 }
             });
             for (h, o) in out.chunks_exact_mut(hv).enumerate() {

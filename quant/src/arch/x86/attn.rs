@@ -60,6 +60,45 @@ pub(crate) unsafe fn scores_tile_vecdot(
     scores_tile_order::<true>(q16, m, hk, n, key, scale, out, stride)
 }
 
+/// [`scores_tile_vecdot`] for the 8-lane flavor on AVX2 (`ggml_vec_dot_f16` of an AVX2
+/// build): four keys at a time for each of the `m` queries, by the per-head kernel of that
+/// order, so a key row is read from memory once for the group; rows asked for ahead.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `hk % 32 == 0`; otherwise as [`scores_tile_vecdot`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as scores_tile_vecdot
+pub(crate) unsafe fn scores_tile_vecdot_avx2(
+    q16: &[f32],
+    m: usize,
+    hk: usize,
+    n: usize,
+    key: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    out: *mut f32,
+    stride: usize,
+) {
+    debug_assert!(hk.is_multiple_of(32) && q16.len() >= m * hk);
+    let mut s = 0;
+    while s < n {
+        let nk = (n - s).min(QUAD);
+        // A short last quad repeats its last key; those scores are never stored.
+        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        if s + (SCORES_AHEAD + 1) * QUAD <= n {
+            for k in 0..QUAD {
+                prefetch_row(key(s + SCORES_AHEAD * QUAD + k), hk);
+            }
+        }
+        for i in 0..m {
+            let d = super::f16::vecdot_dots::<1, QUAD>(&q16[i * hk..(i + 1) * hk], rows);
+            for (k, &x) in d.iter().enumerate().take(nk) {
+                *out.add(i * stride + s + k) = x * scale;
+            }
+        }
+        s += QUAD;
+    }
+}
+
 /// The two orders' tile loop (`VECDOT`: four chains per score, else one).
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -270,7 +309,7 @@ const VSUM_AHEAD: usize = 2;
 
 /// Asks for the cache lines of `len` f16 values from `row` on.
 #[inline]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx2")]
 unsafe fn prefetch_row(row: *const u16, len: usize) {
     let mut b = 0;
     while b < 2 * len {
@@ -282,6 +321,62 @@ unsafe fn prefetch_row(row: *const u16, len: usize) {
 std::thread_local! {
     /// [`vsum_cells`]' copy of its block's rows.
     static VSUM_ROWS: core::cell::RefCell<Vec<u16>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// The f32 registers [`vsum_cells`] adds V rows with: a zmm (16 lanes) or a ymm (8).
+trait VReg: Copy {
+    /// Floats per register.
+    const N: usize;
+    /// Queries one pass holds (four partials of each, plus four rows, in registers).
+    const Q: usize;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// `N` f16 values, converted.
+    unsafe fn half(p: *const u16) -> Self;
+    /// `acc + p * x`.
+    unsafe fn madd(p: f32, x: Self, acc: Self) -> Self;
+}
+
+impl VReg for __m512 {
+    const N: usize = 16;
+    const Q: usize = 4;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self)
+    }
+    #[inline(always)]
+    unsafe fn half(p: *const u16) -> Self {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+    #[inline(always)]
+    unsafe fn madd(p: f32, x: Self, acc: Self) -> Self {
+        _mm512_fmadd_ps(_mm512_set1_ps(p), x, acc)
+    }
+}
+
+impl VReg for __m256 {
+    const N: usize = 8;
+    const Q: usize = 2;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self)
+    }
+    #[inline(always)]
+    unsafe fn half(p: *const u16) -> Self {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+    #[inline(always)]
+    unsafe fn madd(p: f32, x: Self, acc: Self) -> Self {
+        _mm256_fmadd_ps(_mm256_set1_ps(p), x, acc)
+    }
 }
 
 /// Sixteen V partial sums (`block`, of `np`) of each of up to sixteen queries: the cell
@@ -308,6 +403,42 @@ std::thread_local! {
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)] // the partials, the cells, the accessors
 pub(crate) unsafe fn vsum_cells(
+    parts: &[*mut f32],
+    hv: usize,
+    np: usize,
+    block: core::ops::Range<usize>,
+    first_cell: usize,
+    n: usize,
+    prob: &impl Fn(usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    vsum_cells_in::<__m512>(parts, hv, np, block, first_cell, n, prob, v)
+}
+
+/// [`vsum_cells`] on AVX2 registers, for the 8-lane flavor (`np = 32`): four partials of
+/// up to two queries per pass, 8 elements at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C; otherwise as [`vsum_cells`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as vsum_cells
+pub(crate) unsafe fn vsum_cells_avx2(
+    parts: &[*mut f32],
+    hv: usize,
+    np: usize,
+    block: core::ops::Range<usize>,
+    first_cell: usize,
+    n: usize,
+    prob: &impl Fn(usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    vsum_cells_in::<__m256>(parts, hv, np, block, first_cell, n, prob, v)
+}
+
+/// [`vsum_cells`] on registers `R` (inlined into a function with their features).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vsum_cells_in<R: VReg>(
     parts: &[*mut f32],
     hv: usize,
     np: usize,
@@ -365,13 +496,12 @@ pub(crate) unsafe fn vsum_cells(
         // the tail's after.
         let one = |k: usize, i: usize| {
             for (q, &dst) in parts.iter().enumerate() {
-                let p = _mm512_set1_ps(*prob(q).add(i));
+                let p = *prob(q).add(i);
                 let mut d = 0;
                 while d < hv {
                     let at = dst.add(k * hv + d);
-                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(v(i).add(d).cast()));
-                    _mm512_storeu_ps(at, _mm512_fmadd_ps(p, x, _mm512_loadu_ps(at)));
-                    d += 16;
+                    R::madd(p, R::half(v(i).add(d)), R::load(at)).store(at);
+                    d += R::N;
                 }
             }
         };
@@ -380,11 +510,11 @@ pub(crate) unsafe fn vsum_cells(
         }
         let mut d = 0;
         while d < hv {
-            let slice = rows.add(d / 16 * plane).cast_const();
+            let slice = rows.add(d / 16 * plane + d % 16).cast_const();
             for j in (0..16).step_by(4) {
                 let mut q = 0;
                 while q < parts.len() {
-                    let qs = &parts[q..(q + 4).min(parts.len())];
+                    let qs = &parts[q..(q + R::Q).min(parts.len())];
                     let run = VsumRuns {
                         slice,
                         runs,
@@ -397,15 +527,15 @@ pub(crate) unsafe fn vsum_cells(
                         q,
                     };
                     match qs.len() {
-                        4 => run.add::<4>(qs, prob),
-                        3 => run.add::<3>(qs, prob),
-                        2 => run.add::<2>(qs, prob),
-                        _ => run.add::<1>(qs, prob),
+                        4 => run.add::<R, 4>(qs, prob),
+                        3 => run.add::<R, 3>(qs, prob),
+                        2 => run.add::<R, 2>(qs, prob),
+                        _ => run.add::<R, 1>(qs, prob),
                     }
-                    q += 4;
+                    q += R::Q;
                 }
             }
-            d += 16;
+            d += R::N;
         }
         for i in tail..n {
             one((first_cell + i) % np, i);
@@ -414,7 +544,7 @@ pub(crate) unsafe fn vsum_cells(
 }
 
 /// One pass of [`vsum_cells`] over its copied runs: four partials (`b0 + j..`) of up to
-/// four queries (`q..`) for the elements `d..d + 16`, sixteen registers, each row's
+/// four queries (`q..`) for the elements `d..` (one register's worth), each row's
 /// elements converted once for all the queries.
 struct VsumRuns {
     slice: *const u16,
@@ -429,28 +559,29 @@ struct VsumRuns {
 }
 
 impl VsumRuns {
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn add<const Q: usize>(&self, parts: &[*mut f32], prob: &impl Fn(usize) -> *const f32) {
+    #[inline(always)]
+    unsafe fn add<R: VReg, const Q: usize>(
+        &self,
+        parts: &[*mut f32],
+        prob: &impl Fn(usize) -> *const f32,
+    ) {
         let at = |q: usize, k: usize| parts[q].add((self.b0 + self.j + k) * self.hv + self.d);
         let pr: [*const f32; Q] = core::array::from_fn(|q| prob(self.q + q));
-        let mut acc: [[__m512; 4]; Q] =
-            core::array::from_fn(|q| core::array::from_fn(|k| _mm512_loadu_ps(at(q, k))));
+        let mut acc: [[R; 4]; Q] =
+            core::array::from_fn(|q| core::array::from_fn(|k| R::load(at(q, k))));
         for r in 0..self.runs {
             let i = self.start + r * self.np + self.j;
             let row = self.slice.add(r * 256 + 16 * self.j);
-            let x: [__m512; 4] = core::array::from_fn(|k| {
-                _mm512_cvtph_ps(_mm256_loadu_si256(row.add(16 * k).cast()))
-            });
+            let x: [R; 4] = core::array::from_fn(|k| R::half(row.add(16 * k)));
             for (a, p) in acc.iter_mut().zip(pr) {
                 for k in 0..4 {
-                    a[k] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(i + k)), x[k], a[k]);
+                    a[k] = R::madd(*p.add(i + k), x[k], a[k]);
                 }
             }
         }
         for (q, a) in acc.iter().enumerate() {
             for (k, x) in a.iter().enumerate() {
-                _mm512_storeu_ps(at(q, k), *x);
+                x.store(at(q, k));
             }
         }
     }

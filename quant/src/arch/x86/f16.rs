@@ -188,7 +188,7 @@ unsafe fn vecdot_reduce<const REGS: usize>(acc: &[[__m256; 2]; 4]) -> f32 {
 /// AVX2/FMA/F16C; every row holds `a.len()` values.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vecdot_dots<const REGS: usize, const KEYS: usize>(
+pub(crate) unsafe fn vecdot_dots<const REGS: usize, const KEYS: usize>(
     a: &[f32],
     rows: [*const u16; KEYS],
 ) -> [f32; KEYS] {
