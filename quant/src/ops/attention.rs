@@ -330,6 +330,11 @@ fn attend_heads_from(
     }
 }
 
+/// V elements per row a tile copies and sums at a time: a slice of every row of a 4096-cell
+/// tile (512 KiB) stays in L2 while the passes read it.
+#[cfg(target_arch = "x86_64")]
+const VSLICE: usize = 64;
+
 /// Which x86 kernels a tile runs on.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug)]
@@ -368,10 +373,14 @@ impl TileKernel {
     }
 }
 
+/// A tile's rounded queries, score rows and V partial sums (f32), and its V row copy.
+type TileScratch = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>);
+
 thread_local! {
-    /// A tile's rounded queries, its score rows and its V partial sums.
-    static TILE: RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> =
-        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// A tile's rounded queries, its score rows, its V partial sums and its copy of a
+    /// slice of the V rows.
+    static TILE: RefCell<TileScratch> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// [`attend_head`] for several query heads that read the same KV head, each with its own
@@ -444,7 +453,7 @@ fn attend_tile_on(
         check_slots("attend_tile", hv, kv.v, cells, kv.v_stride, kv.v_off);
         TILE.with(|t| {
             let mut t = t.borrow_mut();
-            let (q16, sc, parts) = &mut *t;
+            let (q16, sc, parts, vbuf) = &mut *t;
             q16.clear();
             q16.extend_from_slice(qs);
             round_to_f16(q16);
@@ -452,7 +461,6 @@ fn attend_tile_on(
             sc.clear();
             sc.resize(m * n, 0.0);
             let kp = kv.k.as_ptr().cast::<u16>();
-            let vp = kv.v.as_ptr().cast::<u16>();
             // SAFETY: AVX-512 F is active; head sizes are whole registers; every row
             // read was bounds-checked above; `sc` holds m x n scores.
             unsafe {
@@ -494,29 +502,71 @@ fn attend_tile_on(
             }
             let pp = parts.as_mut_ptr();
             let sp = sc.as_ptr();
-            for i0 in (0..m).step_by(4) {
-                let nq = (m - i0).min(4);
-                for c in 0..pl {
-                    let start = j0 + (c + pl - j0 % pl) % pl;
-                    if start > j1 {
-                        continue;
-                    }
-                    let dst: [*mut f32; 4] =
-                        // SAFETY: in parts (i < m, c < pl).
-                        std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * pl + c) * hv) });
-                    // SAFETY: AVX-512 F; hv is whole registers; the V rows of cells
-                    // j0..=j1 were checked; probabilities inside sc.
-                    unsafe {
-                        let cells = (start..=j1).step_by(pl);
-                        let prob = |k: usize, cell: usize| sp.add((i0 + k) * n + cell - lo);
-                        let v = |cell: usize| vp.add(slots[cell] * kv.v_stride + kv.v_off);
-                        use crate::arch::x86::attn::{vsum_tile, vsum_tile_avx2};
-                        match kernel {
-                            TileKernel::Zmm => vsum_tile(&dst[..nq], hv, cells, &prob, &v),
-                            _ => vsum_tile_avx2(&dst[..nq], hv, cells, &prob, &v),
-                        }
-                    };
+            // Partial c adds the rows of cells c, c + pl, .. in order, rows every pl cells
+            // apart in the cache: read in place at that stride (a power of two times the
+            // row stride for most models) the rows fall into a few cache sets and every
+            // pass over them came from L3. So a slice of VS elements of every row is
+            // first copied partial by partial (class c's rows in order from class_at[c]),
+            // and the passes read the copy in order.
+            let class_start = |c: usize| j0 + (c + pl - j0 % pl) % pl;
+            let class_len = |c: usize| {
+                let st = class_start(c);
+                if st > j1 {
+                    0
+                } else {
+                    (j1 - st) / pl + 1
                 }
+            };
+            let mut class_at = [0usize; 17];
+            for c in 0..pl {
+                class_at[c + 1] = class_at[c] + class_len(c);
+            }
+            let vs = hv.min(VSLICE);
+            if vbuf.len() < class_at[pl] * vs {
+                vbuf.resize(class_at[pl] * vs, 0);
+            }
+            let bp = vbuf.as_mut_ptr();
+            let mut d0 = 0;
+            while d0 < hv {
+                let w = vs.min(hv - d0);
+                let mut next = class_at;
+                let mut c = j0 % pl;
+                for cell in j0..=j1 {
+                    let src = &kv.v[slots[cell] * kv.v_stride + kv.v_off + d0..][..w];
+                    // SAFETY: `next[c] < class_at[c + 1]`, w <= vs values.
+                    unsafe {
+                        let dst = bp.add(next[c] * vs);
+                        std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u16>(), dst, w)
+                    };
+                    next[c] += 1;
+                    c = if c + 1 == pl { 0 } else { c + 1 };
+                }
+                for i0 in (0..m).step_by(4) {
+                    let nq = (m - i0).min(4);
+                    for c in 0..pl {
+                        let start = class_start(c);
+                        if start > j1 {
+                            continue;
+                        }
+                        let dst: [*mut f32; 4] =
+                            // SAFETY: in parts (i < m, c < pl, d0 < hv).
+                            std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * pl + c) * hv + d0) });
+                        // SAFETY: the tile's ISA; w is whole registers; the copy holds
+                        // class c's rows; probabilities inside sc.
+                        unsafe {
+                            let idx = 0..class_len(c);
+                            let prob = |k: usize, j: usize| sp.add((i0 + k) * n + start + j * pl - lo);
+                            let base = bp.add(class_at[c] * vs).cast_const();
+                            let v = |j: usize| base.add(j * vs);
+                            use crate::arch::x86::attn::{vsum_tile, vsum_tile_avx2};
+                            match kernel {
+                                TileKernel::Zmm => vsum_tile(&dst[..nq], w, idx, &prob, &v),
+                                _ => vsum_tile_avx2(&dst[..nq], w, idx, &prob, &v),
+                            }
+                        };
+                    }
+                }
+                d0 += w;
             }
             for (i, &(_, l)) in ranges.iter().enumerate() {
                 alone(parts, i, j1 + 1..l + 1);
@@ -615,6 +665,7 @@ mod tests {
             (32, 48, 19, 3, 2, 0),
             (64, 64, 200, 7, 3, 17),
             (24, 40, 33, 6, 2, 0),
+            (64, 80, 150, 9, 2, 5),
         ] {
             let n_kv = 2;
             let n_slots = n_cells + 9;

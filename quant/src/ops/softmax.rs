@@ -1,27 +1,43 @@
 //! ggml's soft-max of one attention row.
 
 use super::act::expf;
-use super::fma_twin;
 use crate::order::{hsum, Flavor};
 
-fma_twin! {
-    /// Soft-max of one attention row in place, as ggml's `soft_max` op with the row
-    /// starting at KV cell `first_cell` (cells before it are masked, so zero):
-    /// `exp(x - max)` by [`expf`], summed per vector of cells aligned at cell 0 into an
-    /// f64, then scaled by `(f32)(1 / sum)`.
-    pub fn softmax(fl: Flavor, x: &mut [f32], first_cell: usize) = softmax_scalar
+/// Soft-max of one attention row in place, as ggml's `soft_max` op with the row starting
+/// at KV cell `first_cell` (cells before it are masked, so zero): `exp(x - max)` by
+/// [`expf`], summed per vector of cells aligned at cell 0 into an f64, then scaled by
+/// `(f32)(1 / sum)`.
+pub fn softmax(fl: Flavor, x: &mut [f32], first_cell: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2, FMA and F16C (detected at run time).
+        return unsafe { softmax_avx2(fl, x, first_cell) };
+    }
+    softmax_scalar(fl, x, first_cell)
+}
+
+/// [`softmax`] compiled for AVX2 and FMA, the vectors' sums eight at a time by shuffles.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn softmax_avx2(fl: Flavor, x: &mut [f32], first_cell: usize) {
+    softmax_in(fl, x, first_cell, true)
 }
 
 /// Scalar twin of [`softmax`].
-#[inline(always)]
 pub fn softmax_scalar(fl: Flavor, x: &mut [f32], first_cell: usize) {
+    softmax_in(fl, x, first_cell, false)
+}
+
+/// [`softmax`]'s body; `simd`: the vectors' sums by `arch::x86` (only where AVX2 is on).
+#[inline(always)]
+fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, simd: bool) {
     let max = row_max(x);
     for v in x.iter_mut() {
         *v = expf(fl, *v - max);
     }
     let sum = match fl.lanes() {
-        16 => cell_vector_sum::<16>(fl, x, first_cell),
-        _ => cell_vector_sum::<8>(fl, x, first_cell),
+        16 => cell_vector_sum::<16>(fl, x, first_cell, simd),
+        _ => cell_vector_sum::<8>(fl, x, first_cell, simd),
     };
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
@@ -52,7 +68,7 @@ fn row_max(x: &[f32]) -> f32 {
 /// cell 0 (`x[0]` is cell `first_cell`; lanes outside the row are zero), each vector
 /// reduced by [`hsum`] and added to an f64 in cell order.
 #[inline(always)]
-fn cell_vector_sum<const N: usize>(fl: Flavor, x: &[f32], first_cell: usize) -> f64 {
+fn cell_vector_sum<const N: usize>(fl: Flavor, x: &[f32], first_cell: usize, simd: bool) -> f64 {
     debug_assert_eq!(fl.lanes(), N);
     let vector = |cells: &[f32], lane: usize| {
         let mut l = [0.0f32; 16];
@@ -69,7 +85,22 @@ fn cell_vector_sum<const N: usize>(fl: Flavor, x: &[f32], first_cell: usize) -> 
     if head > 0 {
         sum += vector(&x[..head], lane);
     }
-    let mut chunks = x[head..].chunks_exact(N);
+    let mut body = &x[head..];
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // Eight vectors' sums at once (the same additions), added in cell order.
+        while body.len() >= 8 * N {
+            // SAFETY: `simd` only where AVX2 is active; 8 * N values read.
+            let s = unsafe { crate::arch::x86::attn::vector_sums(body.as_ptr(), N) };
+            for v in s {
+                sum += v as f64;
+            }
+            body = &body[8 * N..];
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
+    let mut chunks = body.chunks_exact(N);
     for c in &mut chunks {
         sum += vector(c, 0);
     }
@@ -140,6 +171,36 @@ mod tests {
                             "{fl:?} len {len} first {first} cell {i}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// The SIMD sums of eight vectors are each vector's [`hsum`], in order.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_sums_are_each_vectors_hsum() {
+        if !crate::isa::avx2() {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            let n = fl.lanes();
+            for _ in 0..50 {
+                let x: Vec<f32> = (0..8 * n)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        (seed % 20001) as f32 * 1e-4 * 10f32.powi((seed % 9) as i32 - 4)
+                    })
+                    .collect();
+                // SAFETY: AVX2 is active; 8 * n values.
+                let got = unsafe { crate::arch::x86::attn::vector_sums(x.as_ptr(), n) };
+                for (j, g) in got.iter().enumerate() {
+                    let mut l = [0.0f32; 16];
+                    l[..n].copy_from_slice(&x[j * n..(j + 1) * n]);
+                    assert_eq!(g.to_bits(), hsum(fl, &mut l).to_bits(), "{fl:?} vector {j}");
                 }
             }
         }

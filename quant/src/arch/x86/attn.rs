@@ -689,6 +689,28 @@ unsafe fn reduce8(acc: &[__m256; 8]) -> __m256 {
     )
 }
 
+/// The [`hsum`](crate::order::hsum) of each of the eight vectors of `lanes` (8 or 16)
+/// values from `x` on, in order: with 16 lanes each vector's halves are added first (the
+/// halving tree's first step), then [`reduce8`] does the rest for all eight at once.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `x` valid for `8 * lanes` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn vector_sums(x: *const f32, lanes: usize) -> [f32; 8] {
+    debug_assert!(lanes == 8 || lanes == 16);
+    let v: [__m256; 8] = core::array::from_fn(|j| {
+        let p = x.add(j * lanes);
+        if lanes == 16 {
+            _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        } else {
+            _mm256_loadu_ps(p)
+        }
+    });
+    let mut l = [0.0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), reduce8(&v));
+    core::array::from_fn(|j| l[j / 2 + 4 * (j % 2)])
+}
+
 /// [`vsum_tile`] on 256-bit registers: up to four queries, 16 elements at a time.
 ///
 /// # Safety
