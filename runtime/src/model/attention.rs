@@ -145,8 +145,11 @@ pub(super) fn attention(
     });
 }
 
-/// Query heads a prefill task attends together (a KV group times a few tokens).
-const TILE_QUERIES: usize = 16;
+/// Query heads a prefill task attends together (a KV group times a few tokens). Each tile
+/// reads its cells' K and V rows once, so more queries per tile read the cache less often:
+/// 32 against 16 took 7-10% off qwen2.5's attention at depth 4096 (`attn_prefill`, AVX2 and
+/// AVX-512), and a 512-token prompt still makes 128 tiles per KV head.
+const TILE_QUERIES: usize = 32;
 
 /// A tile's gathered queries, their cell ranges and their outputs.
 type TileIo = (Vec<f32>, Vec<(usize, usize)>, Vec<f32>);
