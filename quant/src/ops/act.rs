@@ -54,6 +54,74 @@ pub fn expf(fl: Flavor, x: f32) -> f32 {
     }
 }
 
+/// `x[i] = expf(fl, x[i] - sub)` for a whole row, eight lanes at a time with AVX2: the
+/// same operations as [`expf`], but only its common case (every lane's `|n|` within 126
+/// for the 8-lane flavor, 192 for the 16-lane one); a vector with a lane outside it (or a
+/// NaN) takes [`expf`] lane by lane. The branch-free twin computes all three cases for
+/// every lane, which made it most of the soft-max.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn expf_row_avx2(fl: Flavor, x: &mut [f32], sub: f32) {
+    use core::arch::x86_64::*;
+    let k = |b: u32| _mm256_set1_ps(c(b));
+    let shift = _mm256_set1_ps(SHIFT);
+    let (m, sign) = (_mm256_set1_ps(sub), _mm256_set1_ps(-0.0));
+    let limit = _mm256_set1_ps(match fl {
+        Flavor::Avx2 => 126.0,
+        Flavor::Avx512 => 192.0,
+    });
+    let mut chunks = x.chunks_exact_mut(8);
+    for ch in &mut chunks {
+        let p = ch.as_mut_ptr();
+        let v = _mm256_sub_ps(_mm256_loadu_ps(p), m);
+        let z = _mm256_fmadd_ps(v, k(0x3fb8_aa3b), shift);
+        let n = _mm256_sub_ps(z, shift);
+        let outside = _mm256_cmp_ps::<_CMP_NLE_UQ>(_mm256_andnot_ps(sign, n), limit);
+        if _mm256_movemask_ps(outside) != 0 {
+            for y in ch.iter_mut() {
+                *y = expf(fl, *y - sub);
+            }
+            continue;
+        }
+        let nn = _mm256_xor_ps(n, sign);
+        let b = _mm256_fmadd_ps(nn, k(0x35bf_be8e), _mm256_fmadd_ps(nn, k(0x3f31_7200), v));
+        let u = _mm256_mul_ps(b, b);
+        let poly = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(k(0x3c07_2010), b, k(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(k(0x3e2a_af33), b, k(0x3eff_fedb)),
+        );
+        let r = match fl {
+            Flavor::Avx2 => {
+                let j = _mm256_fmadd_ps(poly, u, _mm256_mul_ps(k(0x3f7f_fff6), b));
+                let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+                let s = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
+                _mm256_fmadd_ps(j, s, s)
+            }
+            Flavor::Avx512 => {
+                let one = _mm256_set1_ps(1.0);
+                let j = _mm256_fmadd_ps(poly, u, _mm256_fmadd_ps(k(0x3f7f_fff6), b, one));
+                let bias = _mm256_set1_epi32(SHIFT.to_bits() as i32);
+                let ni = _mm256_sub_epi32(_mm256_castps_si256(z), bias);
+                let n1 = _mm256_srai_epi32::<1>(ni);
+                let n2 = _mm256_sub_epi32(ni, n1);
+                let pow = |k: __m256i| {
+                    let e = _mm256_add_epi32(k, _mm256_set1_epi32(127));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
+                };
+                _mm256_mul_ps(_mm256_mul_ps(j, pow(n1)), pow(n2))
+            }
+        };
+        _mm256_storeu_ps(p, r);
+    }
+    for y in chunks.into_remainder() {
+        *y = expf(fl, *y - sub);
+    }
+}
+
 /// The steps of `ggml_v_expf` that both flavors share: `z` (x·log2 e plus the rounding
 /// shift), `n` (x·log2 e rounded), the reduced argument `b`, `u = b²` and the polynomial's
 /// shared part.
@@ -213,6 +281,49 @@ mod tests {
                     expf_branchy(fl, x).to_bits(),
                     "{fl:?} exp({x})"
                 );
+            }
+        }
+    }
+
+    /// The AVX2 row (fast vectors, lane-by-lane fallback) gives [`expf`]'s bits for every
+    /// case, with rows that mix the cases within one vector and ragged tails.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn expf_row_gives_the_twins_bits() {
+        if !crate::isa::avx2() {
+            return;
+        }
+        let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 0.0075).collect();
+        xs.extend((0..4000).map(|i| -80.0 - i as f32 * 0.03));
+        for (i, x) in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            -0.0,
+            -88.7,
+            -103.9,
+            -132.0,
+            133.0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            xs.insert(i * 997, x);
+        }
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for sub in [0.0f32, 1.5, -2.25] {
+                let mut got = xs[..xs.len() - 3].to_vec();
+                // SAFETY: AVX2 and FMA are active.
+                unsafe { expf_row_avx2(fl, &mut got, sub) };
+                for (x, g) in xs.iter().zip(&got) {
+                    let want = expf(fl, *x - sub);
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "{fl:?} exp({x} - {sub}): {g} vs {want}"
+                    );
+                }
             }
         }
     }

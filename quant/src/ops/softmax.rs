@@ -32,8 +32,15 @@ pub fn softmax_scalar(fl: Flavor, x: &mut [f32], first_cell: usize) {
 #[inline(always)]
 fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, simd: bool) {
     let max = row_max(x);
-    for v in x.iter_mut() {
-        *v = expf(fl, *v - max);
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` only where AVX2 and FMA are active.
+        unsafe { super::act::expf_row_avx2(fl, x, max) };
+    }
+    if !cfg!(target_arch = "x86_64") || !simd {
+        for v in x.iter_mut() {
+            *v = expf(fl, *v - max);
+        }
     }
     let sum = match fl.lanes() {
         16 => cell_vector_sum::<16>(fl, x, first_cell, simd),
