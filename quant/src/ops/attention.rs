@@ -374,8 +374,10 @@ impl TileKernel {
 }
 
 /// A tile's rounded queries, score rows and V partial sums (f32), and its V row copy.
+#[cfg(target_arch = "x86_64")]
 type TileScratch = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16>);
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// A tile's rounded queries, its score rows, its V partial sums and its copy of a
     /// slice of the V rows.

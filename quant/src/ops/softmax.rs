@@ -92,19 +92,23 @@ fn cell_vector_sum<const N: usize>(fl: Flavor, x: &[f32], first_cell: usize, sim
     if head > 0 {
         sum += vector(&x[..head], lane);
     }
-    let mut body = &x[head..];
+    let body = &x[head..];
     #[cfg(target_arch = "x86_64")]
-    if simd {
+    let body = if simd {
         // Eight vectors' sums at once (the same additions), added in cell order.
-        while body.len() >= 8 * N {
+        let mut rest = body;
+        while rest.len() >= 8 * N {
             // SAFETY: `simd` only where AVX2 is active; 8 * N values read.
-            let s = unsafe { crate::arch::x86::attn::vector_sums(body.as_ptr(), N) };
+            let s = unsafe { crate::arch::x86::attn::vector_sums(rest.as_ptr(), N) };
             for v in s {
                 sum += v as f64;
             }
-            body = &body[8 * N..];
+            rest = &rest[8 * N..];
         }
-    }
+        rest
+    } else {
+        body
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = simd;
     let mut chunks = body.chunks_exact(N);
