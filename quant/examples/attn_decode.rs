@@ -1,35 +1,23 @@
 //! Times decode attention (`attend_heads`, one token over a full cache) at a model's
 //! shape on one thread: `attn_decode N_HEAD N_KV HEAD_DIM CELLS [REPS]`, e.g. `32 8 128
-//! 4096` for llama-3-8B. Prints the time per layer and the cache read rate. The flavor
-//! follows `RLLAMA_SIMD` (AVX-512 unless lowered).
+//! 4096` for llama-3-8B. Prints the time per layer and the cache read rate, for all heads
+//! at once and for one `attend_head` per head (`ONLY=heads` or `ONLY=per-head` runs one),
+//! over `LAYERS` (default 8) layers' caches cycled. The flavor follows `RLLAMA_SIMD`
+//! (AVX-512 unless lowered).
+
+mod common;
 
 use half::f16;
 use quant::ops::attention::{attend_head, attend_heads, AttnParams, KvLayer};
-use quant::{F16Order, Flavor, Isa};
+use quant::F16Order;
 use std::time::Instant;
 
 fn main() {
-    let a: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|s| {
-            s.parse()
-                .expect("numbers: N_HEAD N_KV HEAD_DIM CELLS [REPS]")
-        })
-        .collect();
+    let a = common::args(4, "attn_decode N_HEAD N_KV HEAD_DIM CELLS [REPS]");
     let (n_head, n_kv, hd, n) = (a[0], a[1], a[2], a[3]);
     let reps = a.get(4).copied().unwrap_or(50);
-    let flavor = if quant::isa::active().includes(Isa::Avx512) {
-        Flavor::Avx512
-    } else {
-        Flavor::Avx2
-    };
-    let mut x = 12345u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % 2000) as f32 / 1000.0 - 1.0
-    };
+    let flavor = common::flavor();
+    let mut rnd = common::uniform();
     // Several layers' caches, cycled, so the reads come from memory as in a model.
     let n_layers: usize = std::env::var("LAYERS").map_or(8, |s| s.parse().unwrap());
     let k: Vec<Vec<f16>> = (0..n_layers)
@@ -54,18 +42,15 @@ fn main() {
         kq_scale: 1.0 / (hd as f32).sqrt(),
     };
     let serial = |m: usize, f: &(dyn Fn(usize) + Sync)| (0..m).for_each(f);
+    let per_head = |kv: &KvLayer<'_>, out: &mut [f32]| {
+        for h in 0..n_head {
+            let (qh, oh) = (&q[h * hd..][..hd], &mut out[h * hd..][..hd]);
+            attend_head(&p, qh, &kv.head(h / (n_head / n_kv)), &slots, 0, oh);
+        }
+    };
     let mut out = vec![0.0f32; n_head * hd];
     let mut check = vec![0.0f32; n_head * hd];
-    for h in 0..n_head {
-        attend_head(
-            &p,
-            &q[h * hd..][..hd],
-            &kv.head(h / (n_head / n_kv)),
-            &slots,
-            0,
-            &mut check[h * hd..][..hd],
-        );
-    }
+    per_head(&kv, &mut check);
     attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, &mut out);
     assert!(
         out.iter()
@@ -87,16 +72,7 @@ fn main() {
                 if name == "heads" {
                     attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, &mut out);
                 } else {
-                    for h in 0..n_head {
-                        attend_head(
-                            &p,
-                            &q[h * hd..][..hd],
-                            &kv.head(h / (n_head / n_kv)),
-                            &slots,
-                            0,
-                            &mut out[h * hd..][..hd],
-                        );
-                    }
+                    per_head(&kv, &mut out);
                 }
             }
             best = best.min(t.elapsed().as_secs_f64() / reps as f64);

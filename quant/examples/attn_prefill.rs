@@ -4,33 +4,22 @@
 //! Prints the time per token and layer and the multiply-adds per second. The flavor
 //! follows `RLLAMA_SIMD` (AVX-512 unless lowered); the GEMM order, as a batch uses.
 
+mod common;
+
 use half::f16;
 use quant::ops::attention::{attend_tile, AttnParams, KvLayer};
-use quant::{F16Order, Flavor, Isa};
+use quant::F16Order;
 use std::time::Instant;
 
 fn main() {
-    let a: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|s| {
-            s.parse()
-                .expect("numbers: N_HEAD N_KV HEAD_DIM DEPTH TOKENS [TILE_QUERIES]")
-        })
-        .collect();
+    let a = common::args(
+        5,
+        "attn_prefill N_HEAD N_KV HEAD_DIM DEPTH TOKENS [TILE_QUERIES]",
+    );
     let (n_head, n_kv, hd, depth, tokens) = (a[0], a[1], a[2], a[3], a[4]);
-    let tile_queries = a.get(5).copied().unwrap_or(16);
-    let flavor = if quant::isa::active().includes(Isa::Avx512) {
-        Flavor::Avx512
-    } else {
-        Flavor::Avx2
-    };
-    let mut x = 12345u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % 2000) as f32 / 1000.0 - 1.0
-    };
+    let tile_queries = a.get(5).copied().unwrap_or(32);
+    let flavor = common::flavor();
+    let mut rnd = common::uniform();
     let n = depth + tokens;
     let k: Vec<f16> = (0..n * n_kv * hd).map(|_| f16::from_f32(rnd())).collect();
     let v: Vec<f16> = (0..n * n_kv * hd).map(|_| f16::from_f32(rnd())).collect();

@@ -9,6 +9,8 @@
 
 use core::arch::x86_64::*;
 
+use super::simd::prefetch_lines;
+
 /// Queries (and keys) per register tile.
 const QUAD: usize = 4;
 
@@ -84,11 +86,7 @@ pub(crate) unsafe fn scores_tile_vecdot_avx2(
         let nk = (n - s).min(QUAD);
         // A short last quad repeats its last key; those scores are never stored.
         let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
-        if s + (SCORES_AHEAD + 1) * QUAD <= n {
-            for k in 0..QUAD {
-                prefetch_row(key(s + SCORES_AHEAD * QUAD + k), hk);
-            }
-        }
+        prefetch_keys(key, s, n, hk);
         for i in 0..m {
             let d = super::f16::vecdot_dots::<1, QUAD>(&q16[i * hk..(i + 1) * hk], rows);
             for (k, &x) in d.iter().enumerate().take(nk) {
@@ -120,10 +118,8 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
         let nk = (n - s).min(QUAD);
         // A short last quad repeats its last key; those lanes are never stored.
         let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
-        if VECDOT && s + (SCORES_AHEAD + 1) * QUAD <= n {
-            for k in 0..QUAD {
-                prefetch_row(key(s + SCORES_AHEAD * QUAD + k), hk);
-            }
+        if VECDOT {
+            prefetch_keys(key, s, n, hk);
         }
         let mut i = 0;
         while i < m {
@@ -241,19 +237,31 @@ pub(crate) unsafe fn vsum_tile(
     prob: &impl Fn(usize, usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    debug_assert!(hv.is_multiple_of(16) && parts.len() <= QUAD);
+    vsum_tile_in::<__m512, 4>(parts, hv, cells, prob, v)
+}
+
+/// [`vsum_tile`] on registers `V`, `R` of them per query for a block of each row (then
+/// one at a time for the rest), inlined into a function with their features.
+#[inline(always)]
+unsafe fn vsum_tile_in<V: VReg, const R: usize>(
+    parts: &[*mut f32],
+    hv: usize,
+    cells: impl Iterator<Item = usize> + Clone,
+    prob: &impl Fn(usize, usize) -> *const f32,
+    v: &impl Fn(usize) -> *const u16,
+) {
+    debug_assert!(hv.is_multiple_of(V::N) && parts.len() <= QUAD);
     match parts.len() {
-        4 => vsum_queries::<4>(parts, hv, cells, prob, v),
-        3 => vsum_queries::<3>(parts, hv, cells, prob, v),
-        2 => vsum_queries::<2>(parts, hv, cells, prob, v),
-        1 => vsum_queries::<1>(parts, hv, cells, prob, v),
+        4 => vsum_queries::<V, 4, R>(parts, hv, cells, prob, v),
+        3 => vsum_queries::<V, 3, R>(parts, hv, cells, prob, v),
+        2 => vsum_queries::<V, 2, R>(parts, hv, cells, prob, v),
+        1 => vsum_queries::<V, 1, R>(parts, hv, cells, prob, v),
         _ => {}
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn vsum_queries<const Q: usize>(
+#[inline(always)]
+unsafe fn vsum_queries<V: VReg, const Q: usize, const R: usize>(
     parts: &[*mut f32],
     hv: usize,
     cells: impl Iterator<Item = usize> + Clone,
@@ -261,45 +269,51 @@ unsafe fn vsum_queries<const Q: usize>(
     v: &impl Fn(usize) -> *const u16,
 ) {
     let mut d = 0;
-    while d + 64 <= hv {
-        vsum_block::<Q, 4>(parts, d, cells.clone(), prob, v);
-        d += 64;
+    while d + R * V::N <= hv {
+        vsum_block::<V, Q, R>(parts, d, cells.clone(), prob, v);
+        d += R * V::N;
     }
     while d < hv {
-        vsum_block::<Q, 1>(parts, d, cells.clone(), prob, v);
-        d += 16;
+        vsum_block::<V, Q, 1>(parts, d, cells.clone(), prob, v);
+        d += V::N;
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn vsum_block<const Q: usize, const R: usize>(
+#[inline(always)]
+unsafe fn vsum_block<V: VReg, const Q: usize, const R: usize>(
     parts: &[*mut f32],
     d: usize,
     cells: impl Iterator<Item = usize>,
     prob: &impl Fn(usize, usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); R]; Q];
-    for (i, acc) in acc.iter_mut().enumerate() {
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_loadu_ps(parts[i].add(d + 16 * j));
-        }
-    }
+    let mut acc: [[V; R]; Q] =
+        core::array::from_fn(|i| core::array::from_fn(|j| V::load(parts[i].add(d + V::N * j))));
     for cell in cells {
         let r = v(cell).add(d);
-        let vv: [__m512; R] =
-            core::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(r.add(16 * j).cast())));
+        let vv: [V; R] = core::array::from_fn(|j| V::half(r.add(V::N * j)));
         for (i, acc) in acc.iter_mut().enumerate() {
-            let p = _mm512_set1_ps(*prob(i, cell));
+            let p = *prob(i, cell);
             for (a, &x) in acc.iter_mut().zip(&vv) {
-                *a = _mm512_fmadd_ps(p, x, *a);
+                *a = V::madd(p, x, *a);
             }
         }
     }
     for (i, acc) in acc.iter().enumerate() {
         for (j, a) in acc.iter().enumerate() {
-            _mm512_storeu_ps(parts[i].add(d + 16 * j), *a);
+            a.store(parts[i].add(d + V::N * j));
+        }
+    }
+}
+
+/// Asks for the quad of keys (rows of `hk`) `SCORES_AHEAD` quads after the one at `s`, if
+/// it lies before `n`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn prefetch_keys(key: &impl Fn(usize) -> *const u16, s: usize, n: usize, hk: usize) {
+    if s + (SCORES_AHEAD + 1) * QUAD <= n {
+        for k in 0..QUAD {
+            prefetch_lines(key(s + SCORES_AHEAD * QUAD + k).cast(), 2 * hk);
         }
     }
 }
@@ -307,27 +321,18 @@ unsafe fn vsum_block<const Q: usize, const R: usize>(
 /// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
 const VSUM_AHEAD: usize = 2;
 
-/// Asks for the cache lines of `len` f16 values from `row` on.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn prefetch_row(row: *const u16, len: usize) {
-    let mut b = 0;
-    while b < 2 * len {
-        _mm_prefetch::<_MM_HINT_T0>(row.cast::<i8>().add(b));
-        b += 64;
-    }
-}
-
 std::thread_local! {
     /// [`vsum_cells`]' copy of its block's rows.
     static VSUM_ROWS: core::cell::RefCell<Vec<u16>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
-/// The f32 registers [`vsum_cells`] adds V rows with: a zmm (16 lanes) or a ymm (8).
+/// The f32 registers [`vsum_tile`] and [`vsum_cells`] add V rows with: a zmm (16 lanes)
+/// or a ymm (8).
 trait VReg: Copy {
     /// Floats per register.
     const N: usize;
-    /// Queries one pass holds (four partials of each, plus four rows, in registers).
+    /// Queries one pass of [`vsum_cells`] holds (four partials of each, plus four rows, in
+    /// registers).
     const Q: usize;
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn store(self, p: *mut f32);
@@ -478,7 +483,7 @@ unsafe fn vsum_cells_in<R: VReg>(
             let i = start + r * np;
             if r + VSUM_AHEAD < runs {
                 for k in 0..16 {
-                    prefetch_row(v(i + VSUM_AHEAD * np + k), hv);
+                    prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * hv);
                 }
             }
             let src: [*const u16; 16] = core::array::from_fn(|k| v(i + k));
@@ -723,65 +728,5 @@ pub(crate) unsafe fn vsum_tile_avx2(
     prob: &impl Fn(usize, usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    debug_assert!(hv.is_multiple_of(8) && parts.len() <= QUAD);
-    match parts.len() {
-        4 => vsum_queries_avx2::<4>(parts, hv, cells, prob, v),
-        3 => vsum_queries_avx2::<3>(parts, hv, cells, prob, v),
-        2 => vsum_queries_avx2::<2>(parts, hv, cells, prob, v),
-        1 => vsum_queries_avx2::<1>(parts, hv, cells, prob, v),
-        _ => {}
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vsum_queries_avx2<const Q: usize>(
-    parts: &[*mut f32],
-    hv: usize,
-    cells: impl Iterator<Item = usize> + Clone,
-    prob: &impl Fn(usize, usize) -> *const f32,
-    v: &impl Fn(usize) -> *const u16,
-) {
-    let mut d = 0;
-    while d + 16 <= hv {
-        vsum_block_avx2::<Q, 2>(parts, d, cells.clone(), prob, v);
-        d += 16;
-    }
-    while d < hv {
-        vsum_block_avx2::<Q, 1>(parts, d, cells.clone(), prob, v);
-        d += 8;
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vsum_block_avx2<const Q: usize, const R: usize>(
-    parts: &[*mut f32],
-    d: usize,
-    cells: impl Iterator<Item = usize>,
-    prob: &impl Fn(usize, usize) -> *const f32,
-    v: &impl Fn(usize) -> *const u16,
-) {
-    let mut acc = [[_mm256_setzero_ps(); R]; Q];
-    for (i, acc) in acc.iter_mut().enumerate() {
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(parts[i].add(d + 8 * j));
-        }
-    }
-    for cell in cells {
-        let r = v(cell).add(d);
-        let vv: [__m256; R] =
-            core::array::from_fn(|j| _mm256_cvtph_ps(_mm_loadu_si128(r.add(8 * j).cast())));
-        for (i, acc) in acc.iter_mut().enumerate() {
-            let p = _mm256_set1_ps(*prob(i, cell));
-            for (a, &x) in acc.iter_mut().zip(&vv) {
-                *a = _mm256_fmadd_ps(p, x, *a);
-            }
-        }
-    }
-    for (i, acc) in acc.iter().enumerate() {
-        for (j, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(parts[i].add(d + 8 * j), *a);
-        }
-    }
+    vsum_tile_in::<__m256, 2>(parts, hv, cells, prob, v)
 }

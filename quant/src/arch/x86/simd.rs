@@ -150,9 +150,16 @@ pub(super) const PREFETCH: usize = 1024;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+    prefetch_lines(p.wrapping_add(PREFETCH), bytes)
+}
+
+/// Prefetches the cache lines of the `bytes`-long block at `p`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn prefetch_lines(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
         off += 64;
     }
 }
