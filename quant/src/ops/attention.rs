@@ -489,7 +489,8 @@ fn attend_tile_on(
             parts.resize(m * pl * hv, 0.0);
             let v_row = |c: usize| &kv.v[slots[c] * kv.v_stride + kv.v_off..][..hv];
             // Each partial sum runs in cell order: the cells only some queries see
-            // (before j0 and after j1) one query at a time, those all see four at a time.
+            // (before j0 and after j1) one query at a time, those all see six at a
+            // time.
             let alone = |parts: &mut [f32], i: usize, cells: std::ops::Range<usize>| {
                 for c in cells {
                     let pr = sc[i * n + c - lo];
@@ -535,22 +536,26 @@ fn attend_tile_on(
                 let mut c = j0 % pl;
                 for cell in j0..=j1 {
                     let src = &kv.v[slots[cell] * kv.v_stride + kv.v_off + d0..][..w];
-                    // SAFETY: `next[c] < class_at[c + 1]`, w <= vs values.
+                    // SAFETY: `next[c] < class_at[c + 1]`, w <= vs values, a multiple of 8.
                     unsafe {
-                        let dst = bp.add(next[c] * vs);
-                        std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u16>(), dst, w)
+                        let dst = bp.add(next[c] * vs).cast::<[u16; 8]>();
+                        let src = src.as_ptr().cast::<[u16; 8]>();
+                        for e in 0..w / 8 {
+                            dst.add(e).write_unaligned(src.add(e).read_unaligned());
+                        }
                     };
                     next[c] += 1;
                     c = if c + 1 == pl { 0 } else { c + 1 };
                 }
-                for i0 in (0..m).step_by(4) {
-                    let nq = (m - i0).min(4);
+                let tq = crate::arch::x86::attn::VSUM_QUERIES;
+                for i0 in (0..m).step_by(tq) {
+                    let nq = (m - i0).min(tq);
                     for c in 0..pl {
                         let start = class_start(c);
                         if start > j1 {
                             continue;
                         }
-                        let dst: [*mut f32; 4] =
+                        let dst: [*mut f32; crate::arch::x86::attn::VSUM_QUERIES] =
                             // SAFETY: in parts (i < m, c < pl, d0 < hv).
                             std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * pl + c) * hv + d0) });
                         // SAFETY: the tile's ISA; w is whole registers; the copy holds

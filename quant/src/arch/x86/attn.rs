@@ -2,10 +2,10 @@
 //! attend_tile`), in llama.cpp's GEMM order for the AVX-512 flavor: each (query, key)
 //! score is one 16-lane FMA chain over the head dimension reduced by the halving tree,
 //! and each V partial sum (`cell % 16`) one chain in cell order, exactly as the per-query
-//! kernels compute them. What changes is how often the cache is read: a key row or a V
-//! row is converted once for four queries instead of once per query, and the sixteen
-//! scores of a 4 x 4 tile are reduced together by shuffles (the same additions, lane for
-//! lane) instead of one horizontal sum each.
+//! kernels compute them. What changes is how often the cache is read: a key row is
+//! converted once for four queries and a V row once for six instead of once per query,
+//! and the sixteen scores of a 4 x 4 tile are reduced together by shuffles (the same
+//! additions, lane for lane) instead of one horizontal sum each.
 
 use core::arch::x86_64::*;
 
@@ -219,7 +219,13 @@ unsafe fn reduce16(acc: &[__m512; 16]) -> __m512 {
     )
 }
 
-/// One V partial sum for up to four queries over the cells `cells` (a class: every
+/// Queries one [`vsum_tile`] pass holds, `R` registers of each plus one row's `R` and a
+/// probability: with sixteen ymm (`R` = 2) twelve independent chains where four queries
+/// gave eight, two FMA latencies' worth (AVX2 attention 5-12% faster); with zmm (`R` = 4)
+/// 24 of the 32 registers (2-3%).
+pub(crate) const VSUM_QUERIES: usize = 6;
+
+/// One V partial sum for up to six queries over the cells `cells` (a class: every
 /// 16th cell): `parts[i][d] += p_i(cell) * v(cell)[d]` in cell order, multiply then add
 /// (the products of two f16 values are exact in f32, so the FMA is the same operation),
 /// with `parts[i]` held in registers 64 elements at a time.
@@ -250,8 +256,10 @@ unsafe fn vsum_tile_in<V: VReg, const R: usize>(
     prob: &impl Fn(usize, usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    debug_assert!(hv.is_multiple_of(V::N) && parts.len() <= QUAD);
+    debug_assert!(hv.is_multiple_of(V::N) && parts.len() <= VSUM_QUERIES);
     match parts.len() {
+        6 => vsum_queries::<V, 6, R>(parts, hv, cells, prob, v),
+        5 => vsum_queries::<V, 5, R>(parts, hv, cells, prob, v),
         4 => vsum_queries::<V, 4, R>(parts, hv, cells, prob, v),
         3 => vsum_queries::<V, 3, R>(parts, hv, cells, prob, v),
         2 => vsum_queries::<V, 2, R>(parts, hv, cells, prob, v),
@@ -716,7 +724,7 @@ pub(crate) unsafe fn vector_sums(x: *const f32, lanes: usize) -> [f32; 8] {
     core::array::from_fn(|j| l[j / 2 + 4 * (j % 2)])
 }
 
-/// [`vsum_tile`] on 256-bit registers: up to four queries, 16 elements at a time.
+/// [`vsum_tile`] on 256-bit registers: 16 elements at a time.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `hv % 8 == 0`; every pointer valid for `hv` elements.
