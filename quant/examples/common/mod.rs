@@ -1,4 +1,6 @@
-//! What the attention timers (`attn_decode`, `attn_prefill`) share.
+//! What the kernel timers (`attn_decode`, `attn_prefill`, `packed_gemm`) share; each
+//! uses part of it.
+#![allow(dead_code)]
 
 use quant::{Flavor, Isa};
 
