@@ -3,7 +3,7 @@
 //! `q5_0 2048 640 64` for gemma3-270m's gate rows. Every group of eight rows against
 //! every token, the whole matrix in memory (rows cycle, so they come from cache as in a
 //! model's layer). Prints the time per token and the multiply-adds per second; the ISA
-//! follows `RLLAMA_SIMD`.
+//! follows `RLLAMA_SIMD`; best of `REPS` (default 5) passes.
 
 mod common;
 
@@ -19,7 +19,10 @@ fn main() {
         .expect("usage: packed_gemm TYPE ROWS N_IN [TOKENS]");
     let a: Vec<usize> = std::env::args()
         .skip(2)
-        .map(|s| s.parse().expect("usage: packed_gemm TYPE ROWS N_IN [TOKENS]"))
+        .map(|s| {
+            s.parse()
+                .expect("usage: packed_gemm TYPE ROWS N_IN [TOKENS]")
+        })
         .collect();
     let (rows, n_in) = (a[0], a[1]);
     let tokens = a.get(2).copied().unwrap_or(64);
@@ -71,7 +74,10 @@ fn main() {
         }
     };
     pass();
-    let reps = std::env::var("REPS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let reps = std::env::var("REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let mut best = f64::MAX;
     for _ in 0..reps {
         let t = Instant::now();
