@@ -1,9 +1,10 @@
 //! Times the exact (llama.cpp-order) packed matrix kernel of one weight type on one
 //! thread, as a prompt's batch calls it: `packed_gemm TYPE ROWS N_IN [TOKENS]`, e.g.
-//! `q5_0 2048 640 64` for gemma3-270m's gate rows. Every group of eight rows against
-//! every token, the whole matrix in memory (rows cycle, so they come from cache as in a
-//! model's layer). Prints the time per token and the multiply-adds per second; the ISA
-//! follows `RLLAMA_SIMD`; best of `REPS` (default 5) passes.
+//! `q5_0 2048 640 64` for gemma3-270m's gate rows. Each pass takes every group of eight
+//! rows against every token; a small matrix stays in cache between passes, so this
+//! times the kernel's arithmetic, not memory. Prints the time per token and the
+//! multiply-adds per second; the ISA follows `RLLAMA_SIMD`; best of `REPS` (default 5)
+//! passes.
 
 mod common;
 
@@ -11,19 +12,19 @@ use quant::kernels::{kernels, SideBuf};
 use quant::{DotOrder, GgmlType};
 use std::time::Instant;
 
+const USAGE: &str = "usage: packed_gemm TYPE ROWS N_IN [TOKENS]";
+
 fn main() {
     let name = std::env::args().nth(1).unwrap_or_default();
     let ty = GgmlType::ALL
         .into_iter()
         .find(|t| t.to_string().eq_ignore_ascii_case(&name))
-        .expect("usage: packed_gemm TYPE ROWS N_IN [TOKENS]");
+        .expect(USAGE);
     let a: Vec<usize> = std::env::args()
         .skip(2)
-        .map(|s| {
-            s.parse()
-                .expect("usage: packed_gemm TYPE ROWS N_IN [TOKENS]")
-        })
+        .map(|s| s.parse().expect(USAGE))
         .collect();
+    assert!(a.len() >= 2, "{USAGE}");
     let (rows, n_in) = (a[0], a[1]);
     let tokens = a.get(2).copied().unwrap_or(64);
     assert!(rows.is_multiple_of(8), "rows: whole groups of eight");

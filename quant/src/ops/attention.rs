@@ -547,15 +547,15 @@ fn attend_tile_on(
                     next[c] += 1;
                     c = if c + 1 == pl { 0 } else { c + 1 };
                 }
-                let tq = crate::arch::x86::attn::VSUM_QUERIES;
-                for i0 in (0..m).step_by(tq) {
-                    let nq = (m - i0).min(tq);
+                use crate::arch::x86::attn::VSUM_QUERIES;
+                for i0 in (0..m).step_by(VSUM_QUERIES) {
+                    let nq = (m - i0).min(VSUM_QUERIES);
                     for c in 0..pl {
                         let start = class_start(c);
                         if start > j1 {
                             continue;
                         }
-                        let dst: [*mut f32; crate::arch::x86::attn::VSUM_QUERIES] =
+                        let dst: [*mut f32; VSUM_QUERIES] =
                             // SAFETY: in parts (i < m, c < pl, d0 < hv).
                             std::array::from_fn(|k| unsafe { pp.add(((i0 + k.min(nq - 1)) * pl + c) * hv + d0) });
                         // SAFETY: the tile's ISA; w is whole registers; the copy holds
