@@ -4,7 +4,7 @@
 //! rows against every token; a small matrix stays in cache between passes, so this
 //! times the kernel's arithmetic, not memory. Prints the time per token and the
 //! multiply-adds per second; the ISA follows `RLLAMA_SIMD`; best of `REPS` (default 5)
-//! passes.
+//! passes. `ORDER=fast` times the fast order's packed kernel instead.
 
 mod common;
 
@@ -28,7 +28,11 @@ fn main() {
     let (rows, n_in) = (a[0], a[1]);
     let tokens = a.get(2).copied().unwrap_or(64);
     assert!(rows.is_multiple_of(8), "rows: whole groups of eight");
-    let set = kernels(ty, DotOrder::Single).expect("no kernels for this type");
+    let order = match std::env::var("ORDER").as_deref() {
+        Ok("fast") => DotOrder::Fast,
+        _ => DotOrder::Single,
+    };
+    let set = kernels(ty, order).expect("no kernels for this type");
     let into = set.packed_into.expect("no packed kernel for this type");
     let mut rnd = common::uniform();
     let x: Vec<f32> = (0..rows * n_in).map(|_| rnd()).collect();

@@ -6,7 +6,7 @@
 //! instruction the CPU lacks. Every kernel returns its scalar twin's bits, so the level is
 //! purely a speed choice; the environment can lower it for testing and comparison:
 //!
-//! - `RLLAMA_SIMD=scalar|avx2|avx2-vnni|avx512|neon|neon-dotprod`: the highest level to
+//! - `RLLAMA_SIMD=scalar|avx2|avx-vnni|avx2-vnni|avx512|neon|neon-dotprod`: the highest level to
 //!   use (a level the CPU lacks is refused with a message on stderr, and the detected one
 //!   is kept);
 //! - `RLLAMA_FORCE_SCALAR=1`: the scalar code only (same as `RLLAMA_SIMD=scalar`);
@@ -17,15 +17,21 @@
 use std::sync::OnceLock;
 
 /// An instruction-set level kernels are written for. Each architecture's levels are
-/// ordered (x86-64: `Avx2 < Avx2Vnni < Avx512`; aarch64: `Neon < NeonDotprod`) and sit
-/// above `Scalar`: a CPU at one level runs the kernels of every lower level of its own
-/// architecture and the scalar code.
+/// ordered (x86-64: `Avx2 < AvxVnni < Avx2Vnni < Avx512`; aarch64: `Neon < NeonDotprod`)
+/// and sit above `Scalar`: a CPU at one level runs the kernels of every lower level of its
+/// own architecture that it has and the scalar code. Only `AvxVnni` can be missing below a
+/// CPU's level (AVX-512 VNNI without the VEX form: Ice Lake, Zen 4); the fallback walk
+/// ([`Isa::fallbacks`]) skips it there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// The portable scalar reference code (every kernel's twin).
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// AVX2 kernels that form their integer lanes with the VEX `vpdpbusd` (AVX-VNNI):
+    /// Alder Lake to Arrow Lake laptops and desktops, which lack AVX-512. Some of
+    /// `Avx2Vnni`'s kernels (those that beat AVX2 in 16 registers), encoded without EVEX.
+    AvxVnni,
     /// AVX2 kernels that form their integer lanes with `vpdpbusd` on 256-bit registers
     /// (AVX-512 VNNI + VL).
     Avx2Vnni,
@@ -40,20 +46,23 @@ pub enum Isa {
 
 impl Isa {
     /// Every level, lowest first.
-    pub const ALL: [Isa; 6] = [
+    pub const ALL: [Isa; 7] = [
         Isa::Scalar,
         Isa::Avx2,
+        Isa::AvxVnni,
         Isa::Avx2Vnni,
         Isa::Avx512,
         Isa::Neon,
         Isa::NeonDotprod,
     ];
 
-    /// `"scalar"`, `"avx2"`, `"avx2-vnni"`, `"avx512"`, `"neon"` or `"neon-dotprod"`.
+    /// `"scalar"`, `"avx2"`, `"avx-vnni"`, `"avx2-vnni"`, `"avx512"`, `"neon"` or
+    /// `"neon-dotprod"`.
     pub const fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avx-vnni",
             Isa::Avx2Vnni => "avx2-vnni",
             Isa::Avx512 => "avx512",
             Isa::Neon => "neon",
@@ -65,17 +74,18 @@ impl Isa {
     const fn arch(self) -> u8 {
         match self {
             Isa::Scalar => 0,
-            Isa::Avx2 | Isa::Avx2Vnni | Isa::Avx512 => 1,
+            Isa::Avx2 | Isa::AvxVnni | Isa::Avx2Vnni | Isa::Avx512 => 1,
             Isa::Neon | Isa::NeonDotprod => 2,
         }
     }
 
-    /// The level named `s` (as [`Isa::name`] spells it; `avx2vnni` and `vnni`, `dotprod`
-    /// also work).
+    /// The level named `s` (as [`Isa::name`] spells it; `avxvnni`, `avx2vnni` and `vnni`,
+    /// `dotprod` also work).
     pub fn parse(s: &str) -> Option<Isa> {
         Some(match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Isa::Scalar,
             "avx2" => Isa::Avx2,
+            "avx-vnni" | "avxvnni" => Isa::AvxVnni,
             "avx2-vnni" | "avx2vnni" | "vnni" => Isa::Avx2Vnni,
             "avx512" | "avx-512" => Isa::Avx512,
             "neon" => Isa::Neon,
@@ -115,6 +125,9 @@ impl std::fmt::Display for Isa {
 #[derive(Clone, Copy, Debug, Default)]
 struct Features {
     avx2: bool,
+    /// AVX-VNNI (the VEX `vpdpbusd`).
+    avx_vnni: bool,
+    /// AVX-512 VNNI with VL (`vpdpbusd` on ymm, EVEX).
     vnni: bool,
     avx512: bool,
     neon: bool,
@@ -126,6 +139,7 @@ impl Features {
         match isa {
             Isa::Scalar => true,
             Isa::Avx2 => self.avx2,
+            Isa::AvxVnni => self.avx2 && self.avx_vnni,
             Isa::Avx2Vnni => self.avx2 && self.vnni,
             Isa::Avx512 => self.avx2 && self.vnni && self.avx512,
             Isa::Neon => self.neon,
@@ -143,6 +157,7 @@ fn features() -> Features {
         {
             use std::is_x86_feature_detected as has;
             f.avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            f.avx_vnni = has!("avxvnni");
             f.vnni = has!("avx512vnni") && has!("avx512vl");
             f.avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl");
         }
@@ -174,10 +189,12 @@ fn env_flag(name: &str) -> bool {
     })
 }
 
-/// The level to use given the detected one and the environment's requests (pure, for
-/// tests): `Err` carries the message for a request this CPU cannot honour.
+/// The level to use given the detected one, which levels this CPU has, and the
+/// environment's requests (pure, for tests): the message is for a request this CPU cannot
+/// honour.
 fn choose(
     detected: Isa,
+    has: impl Fn(Isa) -> bool,
     simd: Option<&str>,
     force_scalar: bool,
     no_vnni: bool,
@@ -189,7 +206,7 @@ fn choose(
     let mut warning = None;
     if let Some(s) = simd.filter(|s| !s.trim().is_empty()) {
         match Isa::parse(s) {
-            Some(want) if detected.includes(want) => level = want,
+            Some(want) if detected.includes(want) && has(want) => level = want,
             Some(want) => {
                 warning = Some(format!(
                     "RLLAMA_SIMD={s}: this CPU cannot run {want} kernels (it has {detected}); \
@@ -198,9 +215,8 @@ fn choose(
             }
             None => {
                 warning = Some(format!(
-                    "RLLAMA_SIMD={s}: unknown level (scalar, avx2, avx2-vnni, avx512, neon, \
-                     neon-dotprod); \
-                     using {detected}"
+                    "RLLAMA_SIMD={s}: unknown level (scalar, avx2, avx-vnni, avx2-vnni, \
+                     avx512, neon, neon-dotprod); using {detected}"
                 ))
             }
         }
@@ -220,6 +236,7 @@ pub fn active() -> Isa {
         let simd = std::env::var("RLLAMA_SIMD").ok();
         let (isa, warning) = choose(
             detected(),
+            Isa::available,
             simd.as_deref(),
             env_flag("RLLAMA_FORCE_SCALAR"),
             env_flag("RLLAMA_NO_VNNI"),
@@ -253,6 +270,10 @@ mod tests {
     fn levels_include_lower_ones() {
         assert!(Isa::Avx512.includes(Isa::Avx2Vnni));
         assert!(Isa::Avx2Vnni.includes(Isa::Avx2));
+        assert!(Isa::Avx2Vnni.includes(Isa::AvxVnni));
+        assert!(Isa::AvxVnni.includes(Isa::Avx2));
+        assert!(!Isa::AvxVnni.includes(Isa::Avx2Vnni));
+        assert!(!Isa::NeonDotprod.includes(Isa::AvxVnni));
         assert!(Isa::Avx2.includes(Isa::Scalar));
         assert!(!Isa::Avx2.includes(Isa::Avx2Vnni));
         assert!(Isa::Neon.includes(Isa::Scalar));
@@ -283,31 +304,51 @@ mod tests {
     #[test]
     fn environment_requests() {
         use Isa::*;
-        assert_eq!(choose(Avx512, None, false, false), (Avx512, None));
-        assert_eq!(choose(Avx512, Some("avx2"), false, false), (Avx2, None));
+        let all = |_: Isa| true;
+        assert_eq!(choose(Avx512, all, None, false, false), (Avx512, None));
         assert_eq!(
-            choose(Avx512, Some("AVX2-VNNI"), false, false),
+            choose(Avx512, all, Some("avx2"), false, false),
+            (Avx2, None)
+        );
+        assert_eq!(
+            choose(Avx512, all, Some("AVX2-VNNI"), false, false),
             (Avx2Vnni, None)
         );
-        assert_eq!(choose(Avx512, None, true, false), (Scalar, None));
-        assert_eq!(choose(Avx512, None, false, true), (Avx2, None));
-        assert_eq!(choose(Neon, None, false, true), (Neon, None));
-        assert_eq!(choose(NeonDotprod, None, false, true), (NeonDotprod, None));
+        assert_eq!(choose(Avx512, all, None, true, false), (Scalar, None));
+        assert_eq!(choose(Avx512, all, None, false, true), (Avx2, None));
+        assert_eq!(choose(Neon, all, None, false, true), (Neon, None));
         assert_eq!(
-            choose(NeonDotprod, Some("neon"), false, false),
+            choose(NeonDotprod, all, None, false, true),
+            (NeonDotprod, None)
+        );
+        assert_eq!(
+            choose(NeonDotprod, all, Some("neon"), false, false),
             (Neon, None)
         );
         assert_eq!(
-            choose(NeonDotprod, Some("scalar"), false, false),
+            choose(NeonDotprod, all, Some("scalar"), false, false),
             (Scalar, None)
         );
-        let (l, w) = choose(Neon, Some("neon-dotprod"), false, false);
+        let (l, w) = choose(Neon, all, Some("neon-dotprod"), false, false);
         assert_eq!(l, Neon);
         assert!(w.unwrap().contains("cannot run neon-dotprod"));
-        let (l, w) = choose(Avx2, Some("avx512"), false, false);
+        let (l, w) = choose(Avx2, all, Some("avx512"), false, false);
         assert_eq!(l, Avx2);
         assert!(w.unwrap().contains("cannot run avx512"));
-        let (l, w) = choose(Avx2, Some("sse9"), false, false);
+        // A Zen 4 (AVX-512 VNNI, no AVX-VNNI) refuses the VEX level and keeps its own.
+        let zen4 = |i: Isa| i != AvxVnni;
+        let (l, w) = choose(Avx512, zen4, Some("avx-vnni"), false, false);
+        assert_eq!(l, Avx512);
+        assert!(w.unwrap().contains("cannot run avx-vnni"));
+        assert_eq!(
+            choose(Avx512, all, Some("avxvnni"), false, false),
+            (AvxVnni, None)
+        );
+        assert_eq!(choose(AvxVnni, all, None, false, true), (Avx2, None));
+        let (l, w) = choose(AvxVnni, all, Some("avx2-vnni"), false, false);
+        assert_eq!(l, AvxVnni);
+        assert!(w.unwrap().contains("cannot run avx2-vnni"));
+        let (l, w) = choose(Avx2, all, Some("sse9"), false, false);
         assert_eq!(l, Avx2);
         assert!(w.unwrap().contains("unknown level"));
     }

@@ -3,7 +3,8 @@
 //!
 //! Rows come from the scalar twins here and from each architecture's folder under
 //! `crate::arch`. A lookup at an ISA walks that ISA's fallbacks (`Isa::fallbacks`: AVX-512
-//! → AVX2+VNNI → AVX2 → scalar, NEON+dotprod → NEON → scalar) and takes the first row it
+//! → AVX2+VNNI (EVEX) → AVX-VNNI (VEX, where the CPU has it) → AVX2 → scalar,
+//! NEON+dotprod → NEON → scalar) and takes the first row it
 //! finds, so adding an ISA means adding its files and rows, never editing a picker. Every
 //! row returns its scalar twin's bits (`quant/tests/simd_vs_scalar.rs` walks the whole
 //! table).

@@ -566,6 +566,25 @@ fn table_rows_are_exercised() {
             "QUANT_EXPECT_ISA: the run was meant for another CPU level"
         );
     }
+    // The AVX-VNNI (VEX) level has a subset of the AVX-512 VNNI ymm level's rows: the same
+    // kernels in the other encoding, where they beat AVX2 in 16 registers.
+    let listing = kernels::listing();
+    let at = |want: Isa| -> Vec<_> {
+        listing
+            .iter()
+            .filter(|r| r.2 == want)
+            .map(|&(t, o, _, _)| (t, o))
+            .collect()
+    };
+    let (vex, evex) = (at(Isa::AvxVnni), at(Isa::Avx2Vnni));
+    assert!(vex.iter().all(|r| evex.contains(r)), "{vex:?}");
+    assert_eq!(vex.is_empty(), cfg!(not(target_arch = "x86_64")));
+    if Isa::AvxVnni.available() {
+        assert_eq!(
+            kernels::kernels_at(GgmlType::Q4_1, DotOrder::Single, Isa::AvxVnni).map(|k| k.isa),
+            Some(Isa::AvxVnni)
+        );
+    }
     let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
     for (ty, order, isa, _) in kernels::listing() {
         let walked =
