@@ -4,7 +4,8 @@
 //! rows against every token; a small matrix stays in cache between passes, so this
 //! times the kernel's arithmetic, not memory. Prints the time per token and the
 //! multiply-adds per second; the ISA follows `RLLAMA_SIMD`; best of `REPS` (default 5)
-//! passes. `ORDER=fast` times the fast order's packed kernel instead.
+//! passes. `ORDER=fast` times the fast order's packed kernel instead (`single`, the
+//! default, llama.cpp's).
 
 mod common;
 
@@ -30,7 +31,8 @@ fn main() {
     assert!(rows.is_multiple_of(8), "rows: whole groups of eight");
     let order = match std::env::var("ORDER").as_deref() {
         Ok("fast") => DotOrder::Fast,
-        _ => DotOrder::Single,
+        Ok("single") | Err(_) => DotOrder::Single,
+        Ok(other) => panic!("ORDER={other}: single or fast"),
     };
     let set = kernels(ty, order).expect("no kernels for this type");
     let into = set.packed_into.expect("no packed kernel for this type");

@@ -6,9 +6,9 @@
 //! instruction the CPU lacks. Every kernel returns its scalar twin's bits, so the level is
 //! purely a speed choice; the environment can lower it for testing and comparison:
 //!
-//! - `RLLAMA_SIMD=scalar|avx2|avx-vnni|avx2-vnni|avx512|neon|neon-dotprod`: the highest level to
-//!   use (a level the CPU lacks is refused with a message on stderr, and the detected one
-//!   is kept);
+//! - `RLLAMA_SIMD=scalar|avx2|avx-vnni|avx2-vnni|avx512|neon|neon-dotprod`: the highest
+//!   level to use (a level the CPU lacks is refused with a message on stderr, and the
+//!   detected one is kept);
 //! - `RLLAMA_FORCE_SCALAR=1`: the scalar code only (same as `RLLAMA_SIMD=scalar`);
 //! - `RLLAMA_NO_VNNI=1`: nothing above plain AVX2.
 //!

@@ -586,7 +586,7 @@ fn table_rows_are_exercised() {
         );
     }
     let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
-    for (ty, order, isa, _) in kernels::listing() {
+    for &(ty, order, isa, _) in &listing {
         let walked =
             TYPES.contains(&ty) && (order == DotOrder::Single || ORDERED.contains(&(ty, order)));
         assert!(

@@ -694,9 +694,10 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
         // The packed rows are one ascending stream per group (and the groups of a
         // thread's share follow each other), read at memory speed: each super-block asks
         // for the bytes `DECODE_PREFETCH` further on. Without it the weight loads stalled
-        // (8B model, tg32, t=2, Zen 5: 7.5-8.2 t/s, with it 8.8-14.3 in the same runs, the
-        // machine's bandwidth swinging). Prefetching only the next super-block measured
-        // 28% slower on Zen 4: too close, it competes with the demand loads.
+        // (perf); 8B model, tg32, t=2, Zen 5, alternated: 9.0-9.3 -> 9.6-9.7 t/s
+        // (measured on the AVX-512 path; the AVX2 instantiation was not compared).
+        // Prefetching only the next super-block measured 28% slower on Zen 4: too close,
+        // it competes with the demand loads.
         let mut acc = [[V::zero_f(); ACC]; 2];
         let sb = 8 * <K::Block as Block>::BYTES;
         for i in 0..nb {
