@@ -160,10 +160,11 @@ thread_local! {
 /// row once per query head, and the V partial sums of the VecDot order (every 64th row
 /// per partial with 16 lanes, every 32nd with 8) in an order the prefetchers do not
 /// follow. With the VecDot order on AVX-512 or AVX2 (the flavor's own kernels), from 512
-/// cells on, this runs three steps on `run` instead: scores of every KV group's heads for
-/// a chunk of cells (each key row read once per group, the rows in order), the soft-max
-/// per head, then the V partial sums for a block of partials of a group's heads (each V
-/// row read once per group). Otherwise, one [`attend_head`] per head on `run`.
+/// cells on, this runs three steps on `run` instead: scores of every head for a chunk of
+/// cells (each cache row read once, whole, the rows in order), the soft-max per head,
+/// then the V partial sums for a block of partials of a set of KV groups' heads (each V
+/// row read once, in runs of sixteen whole rows where the set is every group).
+/// Otherwise, one [`attend_head`] per head on `run`.
 #[allow(clippy::too_many_arguments)] // the query, the cache, the cells, where to run
 pub fn attend_heads(
     p: &AttnParams,
@@ -269,23 +270,20 @@ fn attend_heads_from(
             run(chunks, &|c| {
                 let (s0, s1) = (c * cells, ((c + 1) * cells).min(n));
                 let kp = kv.k.as_ptr().cast::<u16>();
-                for g in 0..n_kv {
-                    // SAFETY: the flavor's ISA is active (`fits`), hk whole steps; every
-                    // key row read was checked above; the task writes columns s0..s1 of
-                    // every head's row.
-                    unsafe {
-                        let (stride, off, own) = (n_kv * hk, g * hk, &slots[s0..s1]);
-                        let key = move |s: usize| kp.add(*own.get_unchecked(s) * stride + off);
-                        let (qg, dst) = (&q16[g * group * hk..], scp.at(g * group * n + s0));
-                        let (scale, m) = (p.kq_scale, s1 - s0);
-                        match p.flavor {
-                            Flavor::Avx512 => {
-                                x86::scores_tile_vecdot(qg, group, hk, m, &key, scale, dst, n)
-                            }
-                            Flavor::Avx2 => {
-                                x86::scores_tile_vecdot_avx2(qg, group, hk, m, &key, scale, dst, n)
-                            }
+                let own = &slots[s0..s1];
+                // SAFETY: the flavor's ISA is active (`fits`), hk whole steps; every key
+                // row read was checked above; the task writes columns s0..s1 of every
+                // head's row.
+                unsafe {
+                    let row = move |s: usize| kp.add(*own.get_unchecked(s) * n_kv * hk);
+                    let (scale, m, dst) = (p.kq_scale, s1 - s0, scp.at(s0));
+                    match p.flavor {
+                        Flavor::Avx512 => {
+                            x86::scores_heads_vecdot(q16, n_kv, group, hk, m, &row, scale, dst, n)
                         }
+                        Flavor::Avx2 => x86::scores_heads_vecdot_avx2(
+                            q16, n_kv, group, hk, m, &row, scale, dst, n,
+                        ),
                     }
                 }
             });
@@ -295,28 +293,32 @@ fn attend_heads_from(
                 softmax(p.flavor, row, first_cell);
                 round_to_f16(row);
             });
+            // Tasks: a block of partials for a set of KV groups each, so that a task reads
+            // long contiguous pieces of the cache's rows.
             let blocks = np / CLASS_BLOCK;
-            run(n_kv * blocks, &|task| {
-                let (g, b) = (task / blocks, task % blocks);
+            let splits = vsum_splits(n_kv, group, blocks);
+            let per = n_kv / splits;
+            run(blocks * splits, &|task| {
+                let (b, g0) = (task % blocks, task / blocks * per);
                 let vp = kv.v.as_ptr().cast::<u16>();
-                let (stride, off) = (n_kv * hv, g * hv);
-                let heads: [*mut f32; 16] =
+                let stride = n_kv * hv;
+                let heads: [*mut f32; VSUM_HEADS] =
                     // SAFETY: in `parts` (h < n_head).
-                    std::array::from_fn(|i| pp.at((g * group + i.min(group - 1)) * hs));
+                    std::array::from_fn(|i| pp.at((g0 * group + i.min(per * group - 1)) * hs));
                 let cls = b * CLASS_BLOCK..(b + 1) * CLASS_BLOCK;
-                let prob = |i: usize| scp.at((g * group + i) * n).cast_const();
+                let prob = |i: usize| scp.at((g0 * group + i) * n).cast_const();
                 // SAFETY: as the scores; V rows checked above; the task writes the
-                // partials of its block for its group's heads only; probabilities inside
+                // partials of its block for its groups' heads only; probabilities inside
                 // `sc`.
                 unsafe {
-                    let v = move |c: usize| vp.add(*slots.get_unchecked(c) * stride + off);
-                    let hs = &heads[..group];
+                    let v = move |c: usize| vp.add(*slots.get_unchecked(c) * stride + g0 * hv);
+                    let hs = &heads[..per * group];
                     match p.flavor {
                         Flavor::Avx512 => {
-                            x86::vsum_cells(hs, hv, np, cls, first_cell, n, &prob, &v)
+                            x86::vsum_cells(hs, per, hv, np, cls, first_cell, n, &prob, &v)
                         }
                         Flavor::Avx2 => {
-                            x86::vsum_cells_avx2(hs, hv, np, cls, first_cell, n, &prob, &v)
+                            x86::vsum_cells_avx2(hs, per, hv, np, cls, first_cell, n, &prob, &v)
                         }
                     }
                 }
@@ -329,6 +331,27 @@ fn attend_heads_from(
         });
     }
 }
+
+/// Into how many sets of KV groups [`attend_heads`] splits its V sums, each task one
+/// block of partials for one set: the fewest (the longest contiguous reads) that makes
+/// [`VSUM_TASKS`] tasks (else one group per set), with at most [`VSUM_HEADS`] heads per
+/// task.
+#[cfg(target_arch = "x86_64")]
+fn vsum_splits(n_kv: usize, group: usize, blocks: usize) -> usize {
+    // One group per set (group <= 16) always fits, and makes the most tasks.
+    (1..=n_kv)
+        .filter(|s| n_kv.is_multiple_of(*s) && n_kv / s * group <= VSUM_HEADS)
+        .find(|s| blocks * s >= VSUM_TASKS)
+        .unwrap_or(n_kv)
+}
+
+/// The fewest V-sum tasks [`attend_heads`] aims for.
+#[cfg(target_arch = "x86_64")]
+const VSUM_TASKS: usize = 4;
+
+/// The most heads one V-sum task of [`attend_heads`] takes.
+#[cfg(target_arch = "x86_64")]
+const VSUM_HEADS: usize = 64;
 
 /// V elements per row a tile copies and sums at a time: a slice of every row of a 4096-cell
 /// tile (512 KiB) stays in L2 while the passes read it.

@@ -14,10 +14,6 @@ use super::simd::prefetch_lines;
 /// Queries (and keys) per register tile.
 const QUAD: usize = 4;
 
-/// Quads of keys the VecDot (decode) scores ask the memory for ahead of the one they
-/// score: one token's queries are too few to hide a row's latency.
-const SCORES_AHEAD: usize = 2;
-
 /// `out[i * n + s] = (q_i · key_s) * scale` for the `m` queries `q16[i * hk..]` (already
 /// rounded to f16 values) and the `n` keys `key(s)` (f16 rows of `hk` values), in the GEMM
 /// order of the 16-lane flavor.
@@ -39,63 +35,103 @@ pub(crate) unsafe fn scores_tile(
     scores_tile_order::<false>(q16, m, hk, n, key, scale, out.as_mut_ptr(), n)
 }
 
-/// [`scores_tile`] in llama.cpp's VecDot order (`ggml_vec_dot_f16`, one token): four
-/// chains per score over steps of 64 (chain `j` takes dims `64 t + 16 j..`), added
-/// `(0 + 2) + (1 + 3)`, then the halving tree; `out[i * stride + s]`.
+/// Decode scores of every query head of one token, `(q_h · key) * scale`, in llama.cpp's
+/// VecDot order (`ggml_vec_dot_f16`, one token): four chains per score over steps of 64
+/// (chain `j` takes dims `64 t + 16 j..`), added `(0 + 2) + (1 + 3)`, then the halving
+/// tree. `q16` holds the `n_kv * group` queries (rounded to f16 values), group `g`'s heads
+/// `g * group..`; cell `s`'s cache row holds every group's key (`row(s) + g * hk`). Each
+/// row is scored against all heads before the next one's, so the cache is read as one
+/// stream of whole rows (the hardware prefetchers follow it, and rows are asked for ahead)
+/// instead of one strided pass per group (256 of every 2048 bytes for 8 groups of 128,
+/// which took 2.5 times as long); the quads of heads by keys are [`scores_tile`]'s.
+/// Head `h`'s score of cell `s` goes to `out[h * stride + s]`.
 ///
 /// # Safety
-/// AVX-512 F; `hk % 64 == 0`; `q16.len() >= m * hk`; `out` valid for `(m - 1) * stride +
-/// n` values; every `key(s)` for `s < n` points at `hk` readable f16 values.
+/// AVX-512 F; `hk % 64 == 0`; `q16.len() >= n_kv * group * hk`; `out` valid for `(n_kv *
+/// group - 1) * stride + n` values; every `row(s)` for `s < n` points at `n_kv * hk`
+/// readable f16 values.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)] // scores_tile's, plus the output stride
-pub(crate) unsafe fn scores_tile_vecdot(
+#[allow(clippy::too_many_arguments)] // the queries, the cells, the output
+pub(crate) unsafe fn scores_heads_vecdot(
     q16: &[f32],
-    m: usize,
+    n_kv: usize,
+    group: usize,
     hk: usize,
     n: usize,
-    key: &impl Fn(usize) -> *const u16,
+    row: &impl Fn(usize) -> *const u16,
     scale: f32,
     out: *mut f32,
     stride: usize,
 ) {
-    debug_assert!(hk.is_multiple_of(64) && q16.len() >= m * hk);
-    scores_tile_order::<true>(q16, m, hk, n, key, scale, out, stride)
-}
-
-/// [`scores_tile_vecdot`] for the 8-lane flavor on AVX2 (`ggml_vec_dot_f16` of an AVX2
-/// build): four keys at a time for each of the `m` queries, by the per-head kernel of that
-/// order, so a key row is read from memory once for the group; rows asked for ahead.
-///
-/// # Safety
-/// AVX2, FMA and F16C; `hk % 32 == 0`; otherwise as [`scores_tile_vecdot`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)] // as scores_tile_vecdot
-pub(crate) unsafe fn scores_tile_vecdot_avx2(
-    q16: &[f32],
-    m: usize,
-    hk: usize,
-    n: usize,
-    key: &impl Fn(usize) -> *const u16,
-    scale: f32,
-    out: *mut f32,
-    stride: usize,
-) {
-    debug_assert!(hk.is_multiple_of(32) && q16.len() >= m * hk);
+    debug_assert!(hk.is_multiple_of(64) && q16.len() >= n_kv * group * hk);
     let mut s = 0;
     while s < n {
         let nk = (n - s).min(QUAD);
-        // A short last quad repeats its last key; those scores are never stored.
-        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
-        prefetch_keys(key, s, n, hk);
-        for i in 0..m {
-            let d = super::f16::vecdot_dots::<1, QUAD>(&q16[i * hk..(i + 1) * hk], rows);
-            for (k, &x) in d.iter().enumerate().take(nk) {
-                *out.add(i * stride + s + k) = x * scale;
+        prefetch_rows(row, s, n, n_kv * hk);
+        for g in 0..n_kv {
+            let key = |k: usize| row(s + k).add(g * hk);
+            let (qg, dst) = (&q16[g * group * hk..], out.add(g * group * stride + s));
+            scores_tile_order::<true>(qg, group, hk, nk, &key, scale, dst, stride);
+        }
+        s += QUAD;
+    }
+}
+
+/// [`scores_heads_vecdot`] for the 8-lane flavor on AVX2 (`ggml_vec_dot_f16` of an AVX2
+/// build): four keys at a time for each head of a group, by the per-head kernel of that
+/// order.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `hk % 32 == 0`; otherwise as [`scores_heads_vecdot`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // as scores_heads_vecdot
+pub(crate) unsafe fn scores_heads_vecdot_avx2(
+    q16: &[f32],
+    n_kv: usize,
+    group: usize,
+    hk: usize,
+    n: usize,
+    row: &impl Fn(usize) -> *const u16,
+    scale: f32,
+    out: *mut f32,
+    stride: usize,
+) {
+    debug_assert!(hk.is_multiple_of(32) && q16.len() >= n_kv * group * hk);
+    let mut s = 0;
+    while s < n {
+        let nk = (n - s).min(QUAD);
+        prefetch_rows(row, s, n, n_kv * hk);
+        for g in 0..n_kv {
+            // A short last quad repeats its last key; those scores are never stored.
+            let rows: [*const u16; QUAD] =
+                core::array::from_fn(|k| row(s + k.min(nk - 1)).add(g * hk));
+            for i in 0..group {
+                let h = g * group + i;
+                let d = super::f16::vecdot_dots::<1, QUAD>(&q16[h * hk..(h + 1) * hk], rows);
+                for (k, &x) in d.iter().enumerate().take(nk) {
+                    *out.add(h * stride + s + k) = x * scale;
+                }
             }
         }
         s += QUAD;
     }
 }
+
+/// Asks for the whole rows (`len` f16 values each) of the quad of cells `ROWS_AHEAD`
+/// quads after the one at `s`, if it lies before `n`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn prefetch_rows(row: &impl Fn(usize) -> *const u16, s: usize, n: usize, len: usize) {
+    let ahead = s + ROWS_AHEAD * QUAD;
+    if ahead + QUAD <= n {
+        for k in 0..QUAD {
+            prefetch_lines(row(ahead + k).cast(), 2 * len);
+        }
+    }
+}
+
+/// Quads of cells [`scores_heads_vecdot`] asks for ahead of the one it scores.
+const ROWS_AHEAD: usize = 2;
 
 /// The two orders' tile loop (`VECDOT`: four chains per score, else one).
 #[inline]
@@ -118,9 +154,6 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
         let nk = (n - s).min(QUAD);
         // A short last quad repeats its last key; those lanes are never stored.
         let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
-        if VECDOT {
-            prefetch_keys(key, s, n, hk);
-        }
         let mut i = 0;
         while i < m {
             let nq = (m - i).min(QUAD);
@@ -314,26 +347,6 @@ unsafe fn vsum_block<V: VReg, const Q: usize, const R: usize>(
     }
 }
 
-/// Asks for the quad of keys (rows of `hk`) `SCORES_AHEAD` quads after the one at `s`, if
-/// it lies before `n`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn prefetch_keys(key: &impl Fn(usize) -> *const u16, s: usize, n: usize, hk: usize) {
-    if s + (SCORES_AHEAD + 1) * QUAD <= n {
-        for k in 0..QUAD {
-            prefetch_lines(key(s + SCORES_AHEAD * QUAD + k).cast(), 2 * hk);
-        }
-    }
-}
-
-/// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
-const VSUM_AHEAD: usize = 2;
-
-std::thread_local! {
-    /// [`vsum_cells`]' copy of its block's rows.
-    static VSUM_ROWS: core::cell::RefCell<Vec<u16>> = const { core::cell::RefCell::new(Vec::new()) };
-}
-
 /// The f32 registers [`vsum_tile`] and [`vsum_cells`] add V rows with: a zmm (16 lanes)
 /// or a ymm (8).
 trait VReg: Copy {
@@ -392,31 +405,41 @@ impl VReg for __m256 {
     }
 }
 
-/// Sixteen V partial sums (`block`, of `np`) of each of up to sixteen queries: the cell
-/// at index `i` (cell `first_cell + i`, `n` of them) whose partial `(first_cell + i) %
-/// np` lies in `block` adds its row into that partial of each query (`parts[q].add(
-/// partial * hv)`), multiply then add, in cell order. The block's cells come in runs of
-/// sixteen consecutive rows, one per partial.
+/// Sixteen V partial sums (`block`, of `np`) of every query head of `groups` KV groups
+/// (`group` heads each, `parts.len() == groups * group`): the cell at index `i` (cell
+/// `first_cell + i`, `n` of them) whose partial `(first_cell + i) % np` lies in `block`
+/// adds group `g`'s slice of its row (`v(i) + g * hv`) into that partial of each of the
+/// group's heads (`parts[g * group + q].add(partial * hv)`), multiply then add, in cell
+/// order. The block's cells come in runs of sixteen consecutive rows, one per partial.
 ///
-/// Decode at depth is bound by how this reads the cache. The runs' rows are first copied,
-/// in order, into one buffer laid out by element block, run and row (planes 96 bytes
-/// apart), asking for the rows two runs ahead: read in place, the passes below went
-/// back to the same rows at the cache's row stride, a power of two for most models (2 KiB
-/// for 8 KV heads of 128), so every row fell into the same few cache sets and came from
-/// L3 each time, and unpadded planes made the copies' stores alias each other's 4 KiB
-/// offsets. Each pass then reads a contiguous slice: four partials of up to four queries
-/// in sixteen registers, for 16 elements, every row's elements converted once for all
-/// those queries (not once per query).
+/// Decode at depth is bound by how this reads the cache. A chunk of runs at a time
+/// (about [`VSUM_CHUNK`] bytes), the runs' rows, whole for all the task's groups, are
+/// copied in order into one per-thread buffer laid out by group, element block, run and
+/// row (planes 96 bytes apart), asking for the rows two runs ahead: the cache is read as
+/// a few streams of contiguous pieces (16 rows each), and the buffer is rewritten in
+/// place, so it costs no memory traffic. Read in place, the passes below went back to the
+/// same rows at the cache's row stride, a power of two for most models (2 KiB for 8 KV
+/// heads of 128), so every row fell into the same few cache sets; one group per task
+/// read 256 of every 2048 bytes, which the prefetchers do not follow; a copy of the whole
+/// layer's runs (8 MiB at 4096 cells for 8 KV heads) was written back to memory and read
+/// for ownership again every layer, as much traffic as the cache reads it saved; unpadded
+/// planes made the copies' stores alias each other's 4 KiB offsets. Each pass then reads
+/// a contiguous slice of the chunk: four partials of up to four heads in sixteen
+/// registers, for 16 elements, every row's elements converted once for all those heads
+/// (not once per head), the partials loaded before and stored after each chunk.
 ///
-/// `prob(q)` is query `q`'s probabilities by cell index, `v(i)` cell index `i`'s row.
+/// `prob(q)` is head `q`'s probabilities by cell index, `v(i)` cell index `i`'s row from
+/// the first group's slice on.
 ///
 /// # Safety
 /// AVX-512 F; `hv % 16 == 0`; `block.len() == 16` inside `0..np`, `np % 16 == 0`;
-/// every pointer valid for what it indexes (`prob(q)` for `n` values).
+/// `groups > 0` dividing `parts.len()`; every pointer valid for what it indexes
+/// (`prob(q)` for `n` values, `v(i)` for `groups * hv`).
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)] // the partials, the cells, the accessors
 pub(crate) unsafe fn vsum_cells(
     parts: &[*mut f32],
+    groups: usize,
     hv: usize,
     np: usize,
     block: core::ops::Range<usize>,
@@ -425,11 +448,11 @@ pub(crate) unsafe fn vsum_cells(
     prob: &impl Fn(usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    vsum_cells_in::<__m512>(parts, hv, np, block, first_cell, n, prob, v)
+    vsum_cells_in::<__m512>(parts, groups, hv, np, block, first_cell, n, prob, v)
 }
 
 /// [`vsum_cells`] on AVX2 registers, for the 8-lane flavor (`np = 32`): four partials of
-/// up to two queries per pass, 8 elements at a time.
+/// up to two heads per pass, 8 elements at a time.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; otherwise as [`vsum_cells`].
@@ -437,6 +460,7 @@ pub(crate) unsafe fn vsum_cells(
 #[allow(clippy::too_many_arguments)] // as vsum_cells
 pub(crate) unsafe fn vsum_cells_avx2(
     parts: &[*mut f32],
+    groups: usize,
     hv: usize,
     np: usize,
     block: core::ops::Range<usize>,
@@ -445,7 +469,19 @@ pub(crate) unsafe fn vsum_cells_avx2(
     prob: &impl Fn(usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    vsum_cells_in::<__m256>(parts, hv, np, block, first_cell, n, prob, v)
+    vsum_cells_in::<__m256>(parts, groups, hv, np, block, first_cell, n, prob, v)
+}
+
+/// About how many bytes of rows [`vsum_cells`] copies per chunk: the copy and its
+/// passes stay in L2.
+const VSUM_CHUNK: usize = 256 << 10;
+
+/// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
+const VSUM_AHEAD: usize = 2;
+
+std::thread_local! {
+    /// [`vsum_cells`]' copy of a chunk's rows.
+    static VSUM_ROWS: core::cell::RefCell<Vec<u16>> = const { core::cell::RefCell::new(Vec::new()) };
 }
 
 /// [`vsum_cells`] on registers `R` (inlined into a function with their features).
@@ -453,6 +489,7 @@ pub(crate) unsafe fn vsum_cells_avx2(
 #[allow(clippy::too_many_arguments)]
 unsafe fn vsum_cells_in<R: VReg>(
     parts: &[*mut f32],
+    groups: usize,
     hv: usize,
     np: usize,
     block: core::ops::Range<usize>,
@@ -462,6 +499,8 @@ unsafe fn vsum_cells_in<R: VReg>(
     v: &impl Fn(usize) -> *const u16,
 ) {
     debug_assert!(hv.is_multiple_of(16) && block.len() == 16 && block.end <= np);
+    debug_assert!(groups > 0 && parts.len().is_multiple_of(groups));
+    let group = parts.len() / groups;
     let b0 = block.start;
     let c0 = first_cell % np;
     // Cells 0..head (partials c0.. of the block) if the first cell falls inside it.
@@ -478,85 +517,97 @@ unsafe fn vsum_cells_in<R: VReg>(
         0
     };
     let tail = start + runs * np;
+    let row_len = groups * hv;
+    let chunk = (VSUM_CHUNK / (32 * row_len)).clamp(1, runs.max(1));
+    // Each partial's cells in cell order: the head's cells come before every run's, the
+    // tail's after.
+    let one = |k: usize, i: usize| {
+        for (q, &dst) in parts.iter().enumerate() {
+            let p = *prob(q).add(i);
+            let src = v(i).add(q / group * hv);
+            let mut d = 0;
+            while d < hv {
+                let at = dst.add(k * hv + d);
+                R::madd(p, R::half(src.add(d)), R::load(at)).store(at);
+                d += R::N;
+            }
+        }
+    };
+    for i in 0..head {
+        one(c0 + i, i);
+    }
     VSUM_ROWS.with(|buf| {
         let mut buf = buf.borrow_mut();
-        let plane = runs * 256 + 48;
-        let len = hv / 16 * plane;
+        let plane = chunk * 256 + 48;
+        let len = row_len / 16 * plane;
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        // rows[d / 16 * plane + r * 256 + 16 * k..][..16]: elements d.. of row k of run r.
+        // rows[(g * hv + d) / 16 * plane + r * 256 + 16 * k..][..16]: elements d.. of group
+        // g's slice of row k of run r of the chunk.
         let rows = buf.as_mut_ptr();
-        for r in 0..runs {
-            let i = start + r * np;
-            if r + VSUM_AHEAD < runs {
+        let mut r0 = 0;
+        while r0 < runs {
+            let rc = chunk.min(runs - r0);
+            for r in 0..rc {
+                let i = start + (r0 + r) * np;
+                if r0 + r + VSUM_AHEAD < runs {
+                    for k in 0..16 {
+                        prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * row_len);
+                    }
+                }
                 for k in 0..16 {
-                    prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * hv);
+                    let src = v(i + k);
+                    let mut e = 0;
+                    while e < row_len {
+                        let x = _mm256_loadu_si256(src.add(e).cast());
+                        let dst = rows.add(e / 16 * plane + r * 256 + 16 * k);
+                        _mm256_storeu_si256(dst.cast(), x);
+                        e += 16;
+                    }
                 }
             }
-            let src: [*const u16; 16] = core::array::from_fn(|k| v(i + k));
-            let mut d = 0;
-            while d < hv {
-                let dst = rows.add(d / 16 * plane + r * 256);
-                for (k, &row) in src.iter().enumerate() {
-                    let x = _mm256_loadu_si256(row.add(d).cast());
-                    _mm256_storeu_si256(dst.add(16 * k).cast(), x);
-                }
-                d += 16;
-            }
-        }
-        // Each partial's cells in cell order: the head's cells come before every run's,
-        // the tail's after.
-        let one = |k: usize, i: usize| {
-            for (q, &dst) in parts.iter().enumerate() {
-                let p = *prob(q).add(i);
+            for g in 0..groups {
                 let mut d = 0;
                 while d < hv {
-                    let at = dst.add(k * hv + d);
-                    R::madd(p, R::half(v(i).add(d)), R::load(at)).store(at);
+                    let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
+                    for j in (0..16).step_by(4) {
+                        let mut q = g * group;
+                        while q < (g + 1) * group {
+                            let qe = (q + R::Q).min((g + 1) * group);
+                            let run = VsumRuns {
+                                slice,
+                                runs: rc,
+                                start: start + r0 * np,
+                                np,
+                                b0,
+                                j,
+                                d,
+                                hv,
+                                q,
+                            };
+                            let qs = &parts[q..qe];
+                            match qs.len() {
+                                4 => run.add::<R, 4>(qs, prob),
+                                3 => run.add::<R, 3>(qs, prob),
+                                2 => run.add::<R, 2>(qs, prob),
+                                _ => run.add::<R, 1>(qs, prob),
+                            }
+                            q = qe;
+                        }
+                    }
                     d += R::N;
                 }
             }
-        };
-        for i in 0..head {
-            one(c0 + i, i);
-        }
-        let mut d = 0;
-        while d < hv {
-            let slice = rows.add(d / 16 * plane + d % 16).cast_const();
-            for j in (0..16).step_by(4) {
-                let mut q = 0;
-                while q < parts.len() {
-                    let qs = &parts[q..(q + R::Q).min(parts.len())];
-                    let run = VsumRuns {
-                        slice,
-                        runs,
-                        start,
-                        np,
-                        b0,
-                        j,
-                        d,
-                        hv,
-                        q,
-                    };
-                    match qs.len() {
-                        4 => run.add::<R, 4>(qs, prob),
-                        3 => run.add::<R, 3>(qs, prob),
-                        2 => run.add::<R, 2>(qs, prob),
-                        _ => run.add::<R, 1>(qs, prob),
-                    }
-                    q += R::Q;
-                }
-            }
-            d += R::N;
-        }
-        for i in tail..n {
-            one((first_cell + i) % np, i);
+            r0 += rc;
         }
     });
+    for i in tail..n {
+        one((c0 + i) % np, i);
+    }
 }
 
-/// One pass of [`vsum_cells`] over its copied runs: four partials (`b0 + j..`) of up to
+/// One pass of [`vsum_cells`] over a chunk of its copied runs: four partials (`b0 + j..`) of up to
 /// four queries (`q..`) for the elements `d..` (one register's worth), each row's
 /// elements converted once for all the queries.
 struct VsumRuns {
