@@ -355,6 +355,8 @@ trait VReg: Copy {
     /// Queries one pass of [`vsum_cells`] holds (four partials of each, plus four rows, in
     /// registers).
     const Q: usize;
+    /// Whether [`vsum_cells`] reads the rows in place (else from a per-chunk copy).
+    const IN_PLACE: bool;
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn store(self, p: *mut f32);
     /// `N` f16 values, converted.
@@ -366,6 +368,7 @@ trait VReg: Copy {
 impl VReg for __m512 {
     const N: usize = 16;
     const Q: usize = 4;
+    const IN_PLACE: bool = true;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         _mm512_loadu_ps(p)
@@ -387,6 +390,7 @@ impl VReg for __m512 {
 impl VReg for __m256 {
     const N: usize = 8;
     const Q: usize = 2;
+    const IN_PLACE: bool = false;
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
         _mm256_loadu_ps(p)
@@ -412,21 +416,26 @@ impl VReg for __m256 {
 /// group's heads (`parts[g * group + q].add(partial * hv)`), multiply then add, in cell
 /// order. The block's cells come in runs of sixteen consecutive rows, one per partial.
 ///
-/// Decode at depth is bound by how this reads the cache. A chunk of runs at a time
-/// (about [`VSUM_CHUNK`] bytes), the runs' rows, whole for all the task's groups, are
-/// copied in order into one per-thread buffer laid out by group, element block, run and
-/// row (planes 96 bytes apart), asking for the rows two runs ahead: the cache is read as
-/// a few streams of contiguous pieces (16 rows each), and the buffer is rewritten in
-/// place, so it costs no memory traffic. Read in place, the passes below went back to the
-/// same rows at the cache's row stride, a power of two for most models (2 KiB for 8 KV
-/// heads of 128), so every row fell into the same few cache sets; one group per task
-/// read 256 of every 2048 bytes, which the prefetchers do not follow; a copy of the whole
-/// layer's runs (8 MiB at 4096 cells for 8 KV heads) was written back to memory and read
-/// for ownership again every layer, as much traffic as the cache reads it saved; unpadded
-/// planes made the copies' stores alias each other's 4 KiB offsets. Each pass then reads
-/// a contiguous slice of the chunk: four partials of up to four heads in sixteen
-/// registers, for 16 elements, every row's elements converted once for all those heads
-/// (not once per head), the partials loaded before and stored after each chunk.
+/// Decode at depth is bound by how this reads the cache. It works a chunk of runs at a
+/// time (about [`VSUM_CHUNK`] bytes of rows, whole for all the task's groups, so the
+/// cache is read in pieces of sixteen contiguous rows). Each pass holds four partials of
+/// up to four heads (two with ymm) in registers for one register's elements, loads them
+/// before and stores them after the chunk, and adds the chunk's runs in order, every
+/// row's elements converted once for all those heads (not once per head). With zmm the
+/// passes read the rows in place, from L2, while the next chunk's lines are asked for a
+/// share before each pass, so the memory streams while the passes compute (the chunk's
+/// runs, 32 KiB apiece at a 128 KiB stride for llama-3-8B, sit in half of L2's sets and
+/// fit there). With ymm (twice the passes, each reading half as much per row) the rows are
+/// first copied into a per-thread buffer laid out by group, element block, run and row
+/// (planes 96 bytes apart: unpadded, the copies' stores aliased each other's 4 KiB
+/// offsets), rows asked for two runs ahead, and each pass reads a contiguous slice of it
+/// (reading in place measured 10-20% slower there). Tried before: one group per task
+/// (256 of every 2048 bytes of each row, which the prefetchers do not follow), and one
+/// copy of the whole layer's runs made while scoring (8 MiB at 4096 cells for 8 KV
+/// heads: written back to memory and read for ownership again every layer, as much
+/// traffic as it saved). `attn_decode`, one thread, llama-3-8B shape, 4096 cells from
+/// memory, the whole attention of a layer: 2.1-2.4 ms (scores and V one group per task),
+/// 1.6 (rows in order, copies), 1.3-1.4 (V in place).
 ///
 /// `prob(q)` is head `q`'s probabilities by cell index, `v(i)` cell index `i`'s row from
 /// the first group's slice on.
@@ -472,8 +481,8 @@ pub(crate) unsafe fn vsum_cells_avx2(
     vsum_cells_in::<__m256>(parts, groups, hv, np, block, first_cell, n, prob, v)
 }
 
-/// About how many bytes of rows [`vsum_cells`] copies per chunk: the copy and its
-/// passes stay in L2.
+/// About how many bytes of rows [`vsum_cells`] takes per chunk: the chunk (and its copy)
+/// stays in L2.
 const VSUM_CHUNK: usize = 256 << 10;
 
 /// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
@@ -536,47 +545,44 @@ unsafe fn vsum_cells_in<R: VReg>(
     for i in 0..head {
         one(c0 + i, i);
     }
-    VSUM_ROWS.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        let plane = chunk * 256 + 48;
-        let len = row_len / 16 * plane;
-        if buf.len() < len {
-            buf.resize(len, 0);
+    if R::IN_PLACE {
+        // Lines of the chunk starting at run `r0` (rc runs), as (row pointer, byte offset).
+        let lines_per_row = (2 * row_len).div_ceil(64);
+        let chunk_lines = |rc: usize| rc * 16 * lines_per_row;
+        let line = |r0: usize, l: usize| {
+            let (rk, off) = (l / lines_per_row, 64 * (l % lines_per_row));
+            (v(start + (r0 + rk / 16) * np + rk % 16).cast::<u8>(), off)
+        };
+        let passes = groups * (hv / R::N) * 4 * group.div_ceil(R::Q);
+        if runs > 0 {
+            let rc = chunk.min(runs);
+            for l in 0..chunk_lines(rc) {
+                let (p, off) = line(0, l);
+                prefetch_lines(p.add(off), 64);
+            }
         }
-        // rows[(g * hv + d) / 16 * plane + r * 256 + 16 * k..][..16]: elements d.. of group
-        // g's slice of row k of run r of the chunk.
-        let rows = buf.as_mut_ptr();
         let mut r0 = 0;
         while r0 < runs {
             let rc = chunk.min(runs - r0);
-            for r in 0..rc {
-                let i = start + (r0 + r) * np;
-                if r0 + r + VSUM_AHEAD < runs {
-                    for k in 0..16 {
-                        prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * row_len);
-                    }
-                }
-                for k in 0..16 {
-                    let src = v(i + k);
-                    let mut e = 0;
-                    while e < row_len {
-                        let x = _mm256_loadu_si256(src.add(e).cast());
-                        let dst = rows.add(e / 16 * plane + r * 256 + 16 * k);
-                        _mm256_storeu_si256(dst.cast(), x);
-                        e += 16;
-                    }
-                }
-            }
+            // The next chunk's lines, a share before each pass.
+            let next = r0 + rc;
+            let (nrc, mut nl) = (chunk.min(runs - next), 0);
+            let total = if next < runs { chunk_lines(nrc) } else { 0 };
+            let per_pass = total.div_ceil(passes.max(1));
             for g in 0..groups {
                 let mut d = 0;
                 while d < hv {
-                    let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
                     for j in (0..16).step_by(4) {
                         let mut q = g * group;
                         while q < (g + 1) * group {
+                            let end = (nl + per_pass).min(total);
+                            while nl < end {
+                                let (p, off) = line(next, nl);
+                                prefetch_lines(p.add(off), 64);
+                                nl += 1;
+                            }
                             let qe = (q + R::Q).min((g + 1) * group);
                             let run = VsumRuns {
-                                slice,
                                 runs: rc,
                                 start: start + r0 * np,
                                 np,
@@ -586,12 +592,14 @@ unsafe fn vsum_cells_in<R: VReg>(
                                 hv,
                                 q,
                             };
+                            let first = start + r0 * np + j;
+                            let row = |r: usize, k: usize| v(first + r * np + k).add(g * hv + d);
                             let qs = &parts[q..qe];
                             match qs.len() {
-                                4 => run.add::<R, 4>(qs, prob),
-                                3 => run.add::<R, 3>(qs, prob),
-                                2 => run.add::<R, 2>(qs, prob),
-                                _ => run.add::<R, 1>(qs, prob),
+                                4 => run.add::<R, 4>(qs, prob, &row),
+                                3 => run.add::<R, 3>(qs, prob, &row),
+                                2 => run.add::<R, 2>(qs, prob, &row),
+                                _ => run.add::<R, 1>(qs, prob, &row),
                             }
                             q = qe;
                         }
@@ -601,7 +609,74 @@ unsafe fn vsum_cells_in<R: VReg>(
             }
             r0 += rc;
         }
-    });
+    } else {
+        VSUM_ROWS.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let plane = chunk * 256 + 48;
+            let len = row_len / 16 * plane;
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            // rows[(g * hv + d) / 16 * plane + r * 256 + 16 * k..][..16]: elements d.. of group
+            // g's slice of row k of run r of the chunk.
+            let rows = buf.as_mut_ptr();
+            let mut r0 = 0;
+            while r0 < runs {
+                let rc = chunk.min(runs - r0);
+                for r in 0..rc {
+                    let i = start + (r0 + r) * np;
+                    if r0 + r + VSUM_AHEAD < runs {
+                        for k in 0..16 {
+                            prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * row_len);
+                        }
+                    }
+                    for k in 0..16 {
+                        let src = v(i + k);
+                        let mut e = 0;
+                        while e < row_len {
+                            let x = _mm256_loadu_si256(src.add(e).cast());
+                            let dst = rows.add(e / 16 * plane + r * 256 + 16 * k);
+                            _mm256_storeu_si256(dst.cast(), x);
+                            e += 16;
+                        }
+                    }
+                }
+                for g in 0..groups {
+                    let mut d = 0;
+                    while d < hv {
+                        let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
+                        for j in (0..16).step_by(4) {
+                            let mut q = g * group;
+                            while q < (g + 1) * group {
+                                let qe = (q + R::Q).min((g + 1) * group);
+                                let run = VsumRuns {
+                                    runs: rc,
+                                    start: start + r0 * np,
+                                    np,
+                                    b0,
+                                    j,
+                                    d,
+                                    hv,
+                                    q,
+                                };
+                                let row = |r: usize, k: usize| slice.add(r * 256 + 16 * (j + k));
+                                let qs = &parts[q..qe];
+                                match qs.len() {
+                                    4 => run.add::<R, 4>(qs, prob, &row),
+                                    3 => run.add::<R, 3>(qs, prob, &row),
+                                    2 => run.add::<R, 2>(qs, prob, &row),
+                                    _ => run.add::<R, 1>(qs, prob, &row),
+                                }
+                                q = qe;
+                            }
+                        }
+                        d += R::N;
+                    }
+                }
+                r0 += rc;
+            }
+        });
+    }
     for i in tail..n {
         one((c0 + i) % np, i);
     }
@@ -611,7 +686,6 @@ unsafe fn vsum_cells_in<R: VReg>(
 /// four queries (`q..`) for the elements `d..` (one register's worth), each row's
 /// elements converted once for all the queries.
 struct VsumRuns {
-    slice: *const u16,
     runs: usize,
     start: usize,
     np: usize,
@@ -623,11 +697,13 @@ struct VsumRuns {
 }
 
 impl VsumRuns {
+    /// `row(r, k)`: the pass's `R::N` elements of row `j + k` of run `r`.
     #[inline(always)]
     unsafe fn add<R: VReg, const Q: usize>(
         &self,
         parts: &[*mut f32],
         prob: &impl Fn(usize) -> *const f32,
+        row: &impl Fn(usize, usize) -> *const u16,
     ) {
         let at = |q: usize, k: usize| parts[q].add((self.b0 + self.j + k) * self.hv + self.d);
         let pr: [*const f32; Q] = core::array::from_fn(|q| prob(self.q + q));
@@ -635,8 +711,7 @@ impl VsumRuns {
             core::array::from_fn(|q| core::array::from_fn(|k| R::load(at(q, k))));
         for r in 0..self.runs {
             let i = self.start + r * self.np + self.j;
-            let row = self.slice.add(r * 256 + 16 * self.j);
-            let x: [R; 4] = core::array::from_fn(|k| R::half(row.add(16 * k)));
+            let x: [R; 4] = core::array::from_fn(|k| R::half(row(r, k)));
             for (a, p) in acc.iter_mut().zip(pr) {
                 for k in 0..4 {
                     a[k] = R::madd(*p.add(i + k), x[k], a[k]);
