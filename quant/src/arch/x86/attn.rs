@@ -569,44 +569,19 @@ unsafe fn vsum_cells_in<R: VReg>(
             let (nrc, mut nl) = (chunk.min(runs - next), 0);
             let total = if next < runs { chunk_lines(nrc) } else { 0 };
             let per_pass = total.div_ceil(passes.max(1));
-            for g in 0..groups {
-                let mut d = 0;
-                while d < hv {
-                    for j in (0..16).step_by(4) {
-                        let mut q = g * group;
-                        while q < (g + 1) * group {
-                            let end = (nl + per_pass).min(total);
-                            while nl < end {
-                                let (p, off) = line(next, nl);
-                                prefetch_lines(p.add(off), 64);
-                                nl += 1;
-                            }
-                            let qe = (q + R::Q).min((g + 1) * group);
-                            let run = VsumRuns {
-                                runs: rc,
-                                start: start + r0 * np,
-                                np,
-                                b0,
-                                j,
-                                d,
-                                hv,
-                                q,
-                            };
-                            let first = start + r0 * np + j;
-                            let row = |r: usize, k: usize| v(first + r * np + k).add(g * hv + d);
-                            let qs = &parts[q..qe];
-                            match qs.len() {
-                                4 => run.add::<R, 4>(qs, prob, &row),
-                                3 => run.add::<R, 3>(qs, prob, &row),
-                                2 => run.add::<R, 2>(qs, prob, &row),
-                                _ => run.add::<R, 1>(qs, prob, &row),
-                            }
-                            q = qe;
-                        }
-                    }
-                    d += R::N;
+            let first = start + r0 * np;
+            let row = |g: usize, d: usize, j: usize, r: usize, k: usize| {
+                v(first + r * np + j + k).add(g * hv + d)
+            };
+            let before = || {
+                let end = (nl + per_pass).min(total);
+                while nl < end {
+                    let (p, off) = line(next, nl);
+                    prefetch_lines(p.add(off), 64);
+                    nl += 1;
                 }
-            }
+            };
+            chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, before);
             r0 += rc;
         }
     } else {
@@ -641,38 +616,12 @@ unsafe fn vsum_cells_in<R: VReg>(
                         }
                     }
                 }
-                for g in 0..groups {
-                    let mut d = 0;
-                    while d < hv {
-                        let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
-                        for j in (0..16).step_by(4) {
-                            let mut q = g * group;
-                            while q < (g + 1) * group {
-                                let qe = (q + R::Q).min((g + 1) * group);
-                                let run = VsumRuns {
-                                    runs: rc,
-                                    start: start + r0 * np,
-                                    np,
-                                    b0,
-                                    j,
-                                    d,
-                                    hv,
-                                    q,
-                                };
-                                let row = |r: usize, k: usize| slice.add(r * 256 + 16 * (j + k));
-                                let qs = &parts[q..qe];
-                                match qs.len() {
-                                    4 => run.add::<R, 4>(qs, prob, &row),
-                                    3 => run.add::<R, 3>(qs, prob, &row),
-                                    2 => run.add::<R, 2>(qs, prob, &row),
-                                    _ => run.add::<R, 1>(qs, prob, &row),
-                                }
-                                q = qe;
-                            }
-                        }
-                        d += R::N;
-                    }
-                }
+                let row = |g: usize, d: usize, j: usize, r: usize, k: usize| {
+                    let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
+                    slice.add(r * 256 + 16 * (j + k))
+                };
+                let first = start + r0 * np;
+                chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, || {});
                 r0 += rc;
             }
         });
@@ -682,7 +631,59 @@ unsafe fn vsum_cells_in<R: VReg>(
     }
 }
 
-/// One pass of [`vsum_cells`] over a chunk of its copied runs: four partials (`b0 + j..`) of up to
+/// Every pass of [`vsum_cells`] over one chunk of `rc` runs (the first at cell index
+/// `first`): for each group, element block and quad of partials, the group's heads
+/// `R::Q` at a time. `row(g, d, j, r, k)` is where the pass reads elements `d..` of group
+/// `g`'s slice of row `j + k` of run `r`; `before` runs before each pass.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_passes<R: VReg>(
+    parts: &[*mut f32],
+    prob: &impl Fn(usize) -> *const f32,
+    group: usize,
+    hv: usize,
+    np: usize,
+    b0: usize,
+    first: usize,
+    rc: usize,
+    row: &impl Fn(usize, usize, usize, usize, usize) -> *const u16,
+    mut before: impl FnMut(),
+) {
+    for g in 0..parts.len() / group {
+        let mut d = 0;
+        while d < hv {
+            for j in (0..16).step_by(4) {
+                let mut q = g * group;
+                while q < (g + 1) * group {
+                    before();
+                    let qe = (q + R::Q).min((g + 1) * group);
+                    let run = VsumRuns {
+                        runs: rc,
+                        start: first,
+                        np,
+                        b0,
+                        j,
+                        d,
+                        hv,
+                        q,
+                    };
+                    let row = |r: usize, k: usize| row(g, d, j, r, k);
+                    let qs = &parts[q..qe];
+                    match qs.len() {
+                        4 => run.add::<R, 4>(qs, prob, &row),
+                        3 => run.add::<R, 3>(qs, prob, &row),
+                        2 => run.add::<R, 2>(qs, prob, &row),
+                        _ => run.add::<R, 1>(qs, prob, &row),
+                    }
+                    q = qe;
+                }
+            }
+            d += R::N;
+        }
+    }
+}
+
+/// One pass of [`vsum_cells`] over a chunk of its runs: four partials (`b0 + j..`) of up to
 /// four queries (`q..`) for the elements `d..` (one register's worth), each row's
 /// elements converted once for all the queries.
 struct VsumRuns {
