@@ -9,6 +9,7 @@
 //! row returns its scalar twin's bits (`quant/tests/simd_vs_scalar.rs` walks the whole
 //! table).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use crate::contract::{
@@ -321,6 +322,29 @@ pub fn listing() -> Vec<(GgmlType, DotOrder, Isa, bool)> {
     all_rows()
         .map(|r| (r.ty, r.order, r.isa, r.tile.is_some()))
         .collect()
+}
+
+/// How far ahead (bytes) the one- and two-token packed K-quant kernels (Q4_K, Q6_K) ask
+/// for the weight stream: one software prefetch per cache line of each super-block, this
+/// many bytes further on. Which distance streams fastest depends on the memory's state,
+/// not only on the CPU: on one Zen 5 host (`decode_stream`, products over a plain read
+/// of the same bytes) 4 KiB read 0.93-0.97 when the memory gave 47 GB/s but 0.77-0.87 at
+/// 74 GB/s, where 8 KiB read 0.94-0.96 (and 0.91-0.93 at 47). The runtime tunes it while
+/// decoding (`runtime::tune`); only the speed depends on it, never a result bit.
+static DECODE_PREFETCH: AtomicUsize = AtomicUsize::new(DECODE_PREFETCH_DEFAULT);
+
+/// The decode prefetch distance before anything sets it.
+pub const DECODE_PREFETCH_DEFAULT: usize = 8 * 1024;
+
+/// Sets the distance [`decode_prefetch`] returns (at most 1 MiB).
+pub fn set_decode_prefetch(bytes: usize) {
+    DECODE_PREFETCH.store(bytes.min(1 << 20), Ordering::Relaxed);
+}
+
+/// The decode kernels' prefetch distance in bytes (see [`set_decode_prefetch`]).
+#[inline]
+pub fn decode_prefetch() -> usize {
+    DECODE_PREFETCH.load(Ordering::Relaxed)
 }
 
 /// ggml's *generic* C dot product for `ty`, operation for operation. For the 32-element

@@ -17,6 +17,7 @@ pub mod runner;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod tune;
 
 pub use gguf::{GgufError, GgufFile};
 pub use load::{load, LoadError, Loaded, ModelFile};

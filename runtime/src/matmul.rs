@@ -310,15 +310,30 @@ pub fn matmul_many(
     }
     let n_tasks: usize = preps.iter().map(|p| p.n_tasks).sum();
     let preps_ref: &[Prep] = &preps;
-    pool.run(n_tasks, &|task| {
-        let (mut k, mut task) = (0, task);
-        while task >= preps_ref[k].n_tasks {
-            task -= preps_ref[k].n_tasks;
-            k += 1;
-        }
-        let p = &preps_ref[k];
-        product_task(p, &ws[k], &xq[p.xq.0..p.xq.1], n_tok, outs[k], task);
-    });
+    let dispatch = || {
+        pool.run(n_tasks, &|task| {
+            let (mut k, mut task) = (0, task);
+            while task >= preps_ref[k].n_tasks {
+                task -= preps_ref[k].n_tasks;
+                k += 1;
+            }
+            let p = &preps_ref[k];
+            product_task(p, &ws[k], &xq[p.xq.0..p.xq.1], n_tok, outs[k], task);
+        })
+    };
+    // One or two tokens over packed K-quant rows: the weights stream, at the prefetch
+    // distance the tuner picks (`crate::tune`; x86 kernels only read it).
+    let streamed = cfg!(target_arch = "x86_64")
+        && n_tok <= 2
+        && ws
+            .iter()
+            .all(|w| matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && w.packed.is_some());
+    if streamed {
+        let bytes = ws.iter().map(|w| w.data.len() as u64).sum();
+        crate::tune::decode_dispatch(bytes, dispatch);
+    } else {
+        dispatch();
+    }
     PREPS.with(|s| *s.borrow_mut() = preps);
 }
 

@@ -32,10 +32,6 @@ use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
 use crate::isa::Isa;
 
-/// How far ahead of the super-block it multiplies the decode kernel prefetches (bytes):
-/// 9 and 16 KiB measured alike, 4.5 KiB slower, 32 KiB no better.
-const DECODE_PREFETCH: usize = 16 * 1024;
-
 /// Registers (of `ROWS` rows x 4 elements) per super-block.
 const REGS: usize = 64;
 /// Offsets in a Q8_K block.
@@ -693,15 +689,16 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
     if n <= 2 {
         // The packed rows are one ascending stream per group (and the groups of a
         // thread's share follow each other), read at memory speed: each super-block asks
-        // for the bytes `DECODE_PREFETCH` further on. Without it the weight loads stalled
-        // (perf); 8B model, tg32, t=2, Zen 5, alternated: 9.0-9.3 -> 9.6-9.7 t/s
-        // (measured on the AVX-512 path; the AVX2 instantiation was not compared).
-        // Prefetching only the next super-block measured 28% slower on Zen 4: too close,
-        // it competes with the demand loads.
+        // for the bytes `decode_prefetch()` further on (tuned while decoding, see
+        // `crate::kernels::set_decode_prefetch`). Without it the weight loads stalled
+        // (perf); 8B model, tg32, t=2, Zen 5, alternated: 9.0-9.3 -> 9.6-9.7 t/s with
+        // 16 KiB. Prefetching only the next super-block measured 28% slower on Zen 4:
+        // too close, it competes with the demand loads.
         let mut acc = [[V::zero_f(); ACC]; 2];
         let sb = 8 * <K::Block as Block>::BYTES;
+        let ahead = crate::kernels::decode_prefetch();
         for i in 0..nb {
-            prefetch_lines(w.wrapping_add(i * sb + DECODE_PREFETCH), sb);
+            prefetch_lines(w.wrapping_add(i * sb + ahead), sb);
             let h = K::head::<V, ALT>(w, group, i);
             let t = |j: usize| K::unit::<V>(w, group, i, j);
             if n == 2 {
