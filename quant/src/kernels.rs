@@ -326,11 +326,10 @@ pub fn listing() -> Vec<(GgmlType, DotOrder, Isa, bool)> {
 
 /// How far ahead (bytes) the one- and two-token packed K-quant kernels (Q4_K, Q6_K) ask
 /// for the weight stream: one software prefetch per cache line of each super-block, this
-/// many bytes further on. Which distance streams fastest depends on the memory's state,
-/// not only on the CPU: on one Zen 5 host (`decode_stream`, products over a plain read
-/// of the same bytes) 4 KiB read 0.93-0.97 when the memory gave 47 GB/s but 0.77-0.87 at
-/// 74 GB/s, where 8 KiB read 0.94-0.96 (and 0.91-0.93 at 47). The runtime tunes it while
-/// decoding (`runtime::tune`); only the speed depends on it, never a result bit.
+/// many bytes further on. Which distance streams fastest depended on the memory's state,
+/// not only on the CPU (measured in ARCHITECTURE.md, "K-quants on packed rows", and
+/// `runtime::tune`), so the runtime tunes it while decoding; only the speed depends on
+/// it, never a result bit.
 static DECODE_PREFETCH: AtomicUsize = AtomicUsize::new(DECODE_PREFETCH_DEFAULT);
 
 /// The decode prefetch distance before anything sets it.

@@ -1,11 +1,12 @@
 //! How close one-token products get to the memory's read speed: `decode_stream [LAYERS]
 //! [THREADS] [PASSES]` builds LAYERS layers of llama-3-8B-shaped weights (Q4_K_M's types:
-//! Q4_K, with V and down Q6_K where llama.cpp gives them more bits; random valid blocks),
-//! packed as the model loads them, and alternates two kinds of pass over all of them with
-//! the same thread pool: the decode products of one token (QKV, O, gate/up, down per layer,
-//! as the forward pass calls them) and a plain read of the same packed bytes (the roofline
-//! of this run). Prints the median GB/s of each and their ratio. Defaults: 8 layers (about
-//! 1.7 GB, well past the caches), 2 threads, 7 passes each.
+//! Q4_K, with V and down Q6_K where llama.cpp gives them more bits; a synthetic model's
+//! random valid blocks, `runtime::synth::random_blocks`), packed as the model loads them,
+//! and alternates two kinds of pass over all of them with the same thread pool: the
+//! decode products of one token (QKV, O, gate/up, down per layer, as the forward pass
+//! calls them) and a plain read of the same packed bytes (the roofline of this run).
+//! Prints the median GB/s of each and their ratio. Defaults: 8 layers (about 1.06 GB,
+//! well past the caches), 2 threads, 7 passes each.
 
 use quant::GgmlType;
 use rand::{Rng, SeedableRng};
@@ -18,22 +19,6 @@ use std::time::Instant;
 const D: usize = 4096;
 const KV: usize = 1024;
 const FF: usize = 14336;
-
-/// Random bytes with the block scales set to a small finite f16 (every byte pattern of the
-/// quants and 6-bit scales is a valid block).
-fn fill(ty: GgmlType, rng: &mut rand::rngs::StdRng, out: &mut [u8]) {
-    rng.fill(out);
-    let (bytes, at): (usize, &[usize]) = match ty {
-        GgmlType::Q4_K => (144, &[0, 2]),
-        GgmlType::Q6_K => (210, &[208]),
-        _ => unreachable!(),
-    };
-    for b in out.chunks_exact_mut(bytes) {
-        for &o in at {
-            b[o..o + 2].copy_from_slice(&half::f16::from_f32(0.001).to_le_bytes());
-        }
-    }
-}
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -85,10 +70,11 @@ fn main() {
         total += len;
     }
     let mut image = vec![0u8; total];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for m in &mats {
-        fill(m.ty, &mut rng, &mut image[m.start..m.start + m.len]);
+    for (i, m) in mats.iter().enumerate() {
+        let dst = &mut image[m.start..m.start + m.len];
+        runtime::synth::random_blocks(m.ty, 7, &i.to_string(), dst);
     }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let packed = PackedWeights::new(&image, &mats, Numerics::Exact, &|_, _| {})
         .expect("pack")
         .expect("Q4_K and Q6_K pack at this ISA");

@@ -593,6 +593,14 @@ pub(crate) fn pack_scale_min_k4(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
     q
 }
 
+/// Fills `out` (whole blocks of a quantized `ty` the synthesizer writes: Q4_K, Q6_K, Q4_0,
+/// Q8_0) with the random valid blocks a synthetic model gets, from `seed` and `stream`
+/// (the same bytes for the same pair). For tools that need weights of a real layout
+/// without writing a file (`decode_stream`).
+pub fn random_blocks(ty: GgmlType, seed: u64, stream: &str, out: &mut [u8]) {
+    fill_blocks(ty, &mut Rng::new(seed, stream), out);
+}
+
 /// Fills `out` (whole blocks of `ty`) with random valid blocks whose dequantized values
 /// have mean ~0 and standard deviation ~[`WEIGHT_STD`].
 fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {

@@ -49,7 +49,15 @@ pub struct PrefetchTuner {
     /// Per candidate: sum of ln(current time / its time) over its explorations, count.
     gain: [(f64, u32); CANDIDATES.len()],
     switches: u32,
-    /// Whether the dispatch just picked is counted.
+}
+
+/// What [`PrefetchTuner::pick`] chose for one dispatch, handed back to
+/// [`PrefetchTuner::record`] with its time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trial {
+    /// Index into [`CANDIDATES`].
+    pub candidate: usize,
+    /// Whether its time counts (not the first of a block, nor the first after one).
     counted: bool,
 }
 
@@ -72,7 +80,6 @@ impl PrefetchTuner {
             base: Vec::new(),
             gain: [(0.0, 0); CANDIDATES.len()],
             switches: 0,
-            counted: false,
         }
     }
 
@@ -86,9 +93,9 @@ impl PrefetchTuner {
         self.switches
     }
 
-    /// The candidate (index into [`CANDIDATES`]) the next dispatch runs at; closes a
-    /// window first when one is complete.
-    pub fn pick(&mut self) -> usize {
+    /// The candidate the next dispatch runs at; closes a window first when one is
+    /// complete.
+    pub fn pick(&mut self) -> Trial {
         if self.n >= PERIOD * self.neighbours().count() as u32 {
             self.decide();
         }
@@ -96,11 +103,15 @@ impl PrefetchTuner {
         self.n += 1;
         let explore = PERIOD - BLOCK;
         if at < explore {
-            self.counted = at > 0;
-            return self.cur;
+            return Trial {
+                candidate: self.cur,
+                counted: at > 0,
+            };
         }
-        self.counted = at >= explore + WARM;
-        self.neighbours().nth(period as usize).unwrap_or(self.cur)
+        Trial {
+            candidate: self.neighbours().nth(period as usize).unwrap_or(self.cur),
+            counted: at >= explore + WARM,
+        }
     }
 
     /// The candidates next to the current one.
@@ -111,9 +122,10 @@ impl PrefetchTuner {
             .filter(|&c| c < CANDIDATES.len())
     }
 
-    /// A dispatch of `bytes` weight bytes ran at candidate `used` in `ns` nanoseconds.
-    pub fn record(&mut self, used: usize, bytes: u64, ns: u64) {
-        if !self.counted || bytes == 0 || ns == 0 || used >= CANDIDATES.len() {
+    /// A dispatch of `bytes` weight bytes ran as `trial` picked it, in `ns` nanoseconds.
+    pub fn record(&mut self, trial: Trial, bytes: u64, ns: u64) {
+        let used = trial.candidate;
+        if !trial.counted || bytes == 0 || ns == 0 || used >= CANDIDATES.len() {
             return;
         }
         let per = ns as f64 / bytes as f64;
@@ -176,18 +188,18 @@ pub fn decode_dispatch(bytes: u64, dispatch: impl FnOnce()) {
         dispatch();
         return;
     }
-    let used = {
+    let trial = {
         let mut t = TUNER.lock().unwrap_or_else(|e| e.into_inner());
-        let c = t.get_or_insert_with(PrefetchTuner::new).pick();
-        quant::kernels::set_decode_prefetch(CANDIDATES[c]);
-        c
+        let trial = t.get_or_insert_with(PrefetchTuner::new).pick();
+        quant::kernels::set_decode_prefetch(CANDIDATES[trial.candidate]);
+        trial
     };
     let t0 = Instant::now();
     dispatch();
     let ns = t0.elapsed().as_nanos() as u64;
     let mut t = TUNER.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(t) = t.as_mut() {
-        t.record(used, bytes, ns);
+        t.record(trial, bytes, ns);
     }
 }
 
@@ -211,9 +223,9 @@ mod tests {
         let sizes = [14_000_000u64, 9_400_000, 66_000_000, 33_000_000];
         for i in 0..n {
             let bytes = sizes[i % 4];
-            let c = tuner.pick();
-            let per = speed(c) * (1.0 + (i % 4) as f64 * 0.03);
-            tuner.record(c, bytes, (per * bytes as f64) as u64);
+            let trial = tuner.pick();
+            let per = speed(trial.candidate) * (1.0 + (i % 4) as f64 * 0.03);
+            tuner.record(trial, bytes, (per * bytes as f64) as u64);
         }
     }
 
@@ -257,7 +269,7 @@ mod tests {
         let mut t = PrefetchTuner::new();
         let cur = CANDIDATES.iter().position(|&c| c == t.current()).unwrap();
         assert_eq!(cur, 1, "starts in the middle");
-        let picks: Vec<usize> = (0..WINDOW).map(|_| t.pick()).collect();
+        let picks: Vec<usize> = (0..WINDOW).map(|_| t.pick().candidate).collect();
         for (p, period) in picks.chunks(PERIOD as usize).enumerate() {
             let (main, block) = period.split_at((PERIOD - BLOCK) as usize);
             assert!(main.iter().all(|&c| c == cur));
@@ -275,7 +287,7 @@ mod tests {
         assert_eq!(t.current(), CANDIDATES[0]);
         let mut seen = [0; CANDIDATES.len()];
         for _ in 0..4 * PERIOD {
-            seen[t.pick()] += 1;
+            seen[t.pick().candidate] += 1;
         }
         assert_eq!(seen, [4 * (PERIOD - BLOCK) as usize, 4 * BLOCK as usize, 0]);
     }
