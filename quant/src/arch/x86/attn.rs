@@ -41,8 +41,9 @@ pub(crate) unsafe fn scores_tile(
 /// tree. `q16` holds the `n_kv * group` queries (rounded to f16 values), group `g`'s heads
 /// `g * group..`; cell `s`'s cache row holds every group's key (`row(s) + g * hk`). Each
 /// row is scored against all heads before the next one's, so the cache is read as one
-/// stream of whole rows (the hardware prefetchers follow it, and rows are asked for ahead)
-/// instead of one strided pass per group (256 of every 2048 bytes for 8 groups of 128,
+/// stream of whole rows (the hardware prefetchers follow it, and each group's slices of
+/// the rows two quads ahead are asked for as that group is scored) instead of one strided
+/// pass per group (256 of every 2048 bytes for 8 groups of 128,
 /// which took 2.5 times as long); the quads of heads by keys are [`scores_tile`]'s.
 /// Head `h`'s score of cell `s` goes to `out[h * stride + s]`.
 ///
@@ -67,8 +68,8 @@ pub(crate) unsafe fn scores_heads_vecdot(
     let mut s = 0;
     while s < n {
         let nk = (n - s).min(QUAD);
-        prefetch_rows(row, s, n, n_kv * hk);
         for g in 0..n_kv {
+            prefetch_slices(row, s, n, g * hk, hk);
             let key = |k: usize| row(s + k).add(g * hk);
             let (qg, dst) = (&q16[g * group * hk..], out.add(g * group * stride + s));
             scores_tile_order::<true>(qg, group, hk, nk, &key, scale, dst, stride);
@@ -79,7 +80,10 @@ pub(crate) unsafe fn scores_heads_vecdot(
 
 /// [`scores_heads_vecdot`] for the 8-lane flavor on AVX2 (`ggml_vec_dot_f16` of an AVX2
 /// build): four keys at a time for each head of a group, by the per-head kernel of that
-/// order.
+/// order. (Tiles of four heads by one key, converting each key once for the four, ran
+/// slower on Zen 5: 0.53 vs 0.45 ms a layer for the 8B shape's scores in cache, one
+/// thread, and 1.0 vs 0.75 from memory, where one key at a time left fewer loads in
+/// flight.)
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `hk % 32 == 0`; otherwise as [`scores_heads_vecdot`].
@@ -100,8 +104,8 @@ pub(crate) unsafe fn scores_heads_vecdot_avx2(
     let mut s = 0;
     while s < n {
         let nk = (n - s).min(QUAD);
-        prefetch_rows(row, s, n, n_kv * hk);
         for g in 0..n_kv {
+            prefetch_slices(row, s, n, g * hk, hk);
             // A short last quad repeats its last key; those scores are never stored.
             let rows: [*const u16; QUAD] =
                 core::array::from_fn(|k| row(s + k.min(nk - 1)).add(g * hk));
@@ -117,15 +121,26 @@ pub(crate) unsafe fn scores_heads_vecdot_avx2(
     }
 }
 
-/// Asks for the whole rows (`len` f16 values each) of the quad of cells `ROWS_AHEAD`
-/// quads after the one at `s`, if it lies before `n`.
+/// Asks for the slices `off..off + len` (f16 values) of the rows of the quad of cells
+/// `ROWS_AHEAD` quads after the one at `s`, if it lies before `n`: the scores ask for one
+/// KV group's slices before scoring that group, a share of the quad's rows at a time. All
+/// of a quad's rows at once (128 lines for llama-3-8B) waited on the loads instead:
+/// `attn_decode 32 8 128 4096`, scores alone, one thread, from memory, 0.75 -> 0.50 ms
+/// a layer on AVX2, 0.46 -> 0.42 on AVX-512 (a distance of one, two or four quads within
+/// noise either way).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn prefetch_rows(row: &impl Fn(usize) -> *const u16, s: usize, n: usize, len: usize) {
+unsafe fn prefetch_slices(
+    row: &impl Fn(usize) -> *const u16,
+    s: usize,
+    n: usize,
+    off: usize,
+    len: usize,
+) {
     let ahead = s + ROWS_AHEAD * QUAD;
     if ahead + QUAD <= n {
         for k in 0..QUAD {
-            prefetch_lines(row(ahead + k).cast(), 2 * len);
+            prefetch_lines(row(ahead + k).add(off).cast(), 2 * len);
         }
     }
 }
@@ -428,8 +443,12 @@ impl VReg for __m256 {
 /// fit there). With ymm (twice the passes, each reading half as much per row) the rows are
 /// first copied into a per-thread buffer laid out by group, element block, run and row
 /// (planes 96 bytes apart: unpadded, the copies' stores aliased each other's 4 KiB
-/// offsets), rows asked for two runs ahead, and each pass reads a contiguous slice of it
-/// (reading in place measured 10-20% slower there). Tried before: one group per task
+/// offsets), each pass reads a contiguous slice of it (reading in place measured 10-20%
+/// slower there), and the next chunk's lines are asked for a share before each pass as
+/// with zmm, so the copy reads from L2 (asking for rows two runs ahead of the copy
+/// instead left the copy waiting on memory: the whole attention of a layer 2.15 -> 1.88
+/// ms with this alone, and 1.67 with the scores' change as well; gemma3's shape 0.40 ->
+/// 0.34 ms; qwen2.5's and smollm2's, within noise). Tried before: one group per task
 /// (256 of every 2048 bytes of each row, which the prefetchers do not follow), and one
 /// copy of the whole layer's runs made while scoring (8 MiB at 4096 cells for 8 KV
 /// heads: written back to memory and read for ownership again every layer, as much
@@ -484,9 +503,6 @@ pub(crate) unsafe fn vsum_cells_avx2(
 /// About how many bytes of rows [`vsum_cells`] takes per chunk: the chunk (and its copy)
 /// stays in L2.
 const VSUM_CHUNK: usize = 256 << 10;
-
-/// Runs [`vsum_cells`] asks the memory for ahead of the one it copies.
-const VSUM_AHEAD: usize = 2;
 
 std::thread_local! {
     /// [`vsum_cells`]' copy of a chunk's rows.
@@ -545,43 +561,61 @@ unsafe fn vsum_cells_in<R: VReg>(
     for i in 0..head {
         one(c0 + i, i);
     }
-    if R::IN_PLACE {
-        // Lines of the chunk starting at run `r0` (rc runs), as (row pointer, byte offset).
-        let lines_per_row = (2 * row_len).div_ceil(64);
-        let chunk_lines = |rc: usize| rc * 16 * lines_per_row;
-        let line = |r0: usize, l: usize| {
-            let (rk, off) = (l / lines_per_row, 64 * (l % lines_per_row));
-            (v(start + (r0 + rk / 16) * np + rk % 16).cast::<u8>(), off)
+    // Lines of the chunk starting at run `r0` (rc runs), as (row pointer, byte offset).
+    let lines_per_row = (2 * row_len).div_ceil(64);
+    let chunk_lines = |rc: usize| rc * 16 * lines_per_row;
+    let line = |r0: usize, l: usize| {
+        let (rk, off) = (l / lines_per_row, 64 * (l % lines_per_row));
+        (v(start + (r0 + rk / 16) * np + rk % 16).cast::<u8>(), off)
+    };
+    let passes = groups * (hv / R::N) * 4 * group.div_ceil(R::Q);
+    if runs > 0 {
+        let rc = chunk.min(runs);
+        for l in 0..chunk_lines(rc) {
+            let (p, off) = line(0, l);
+            prefetch_lines(p.add(off), 64);
+        }
+    }
+    // The lines of the chunk after the one at run `r0` (`rc` runs), a share before each
+    // of the chunk's passes, so the memory streams while they compute.
+    let ahead = |r0: usize, rc: usize| {
+        let next = r0 + rc;
+        let total = if next < runs {
+            chunk_lines(chunk.min(runs - next))
+        } else {
+            0
         };
-        let passes = groups * (hv / R::N) * 4 * group.div_ceil(R::Q);
-        if runs > 0 {
-            let rc = chunk.min(runs);
-            for l in 0..chunk_lines(rc) {
-                let (p, off) = line(0, l);
+        let per_pass = total.div_ceil(passes.max(1));
+        let mut nl = 0;
+        move || {
+            let end = (nl + per_pass).min(total);
+            while nl < end {
+                let (p, off) = line(next, nl);
                 prefetch_lines(p.add(off), 64);
+                nl += 1;
             }
         }
+    };
+    if R::IN_PLACE {
         let mut r0 = 0;
         while r0 < runs {
             let rc = chunk.min(runs - r0);
-            // The next chunk's lines, a share before each pass.
-            let next = r0 + rc;
-            let (nrc, mut nl) = (chunk.min(runs - next), 0);
-            let total = if next < runs { chunk_lines(nrc) } else { 0 };
-            let per_pass = total.div_ceil(passes.max(1));
             let first = start + r0 * np;
             let row = |g: usize, d: usize, j: usize, r: usize, k: usize| {
                 v(first + r * np + j + k).add(g * hv + d)
             };
-            let before = || {
-                let end = (nl + per_pass).min(total);
-                while nl < end {
-                    let (p, off) = line(next, nl);
-                    prefetch_lines(p.add(off), 64);
-                    nl += 1;
-                }
-            };
-            chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, before);
+            chunk_passes::<R>(
+                parts,
+                prob,
+                group,
+                hv,
+                np,
+                b0,
+                first,
+                rc,
+                &row,
+                ahead(r0, rc),
+            );
             r0 += rc;
         }
     } else {
@@ -600,11 +634,6 @@ unsafe fn vsum_cells_in<R: VReg>(
                 let rc = chunk.min(runs - r0);
                 for r in 0..rc {
                     let i = start + (r0 + r) * np;
-                    if r0 + r + VSUM_AHEAD < runs {
-                        for k in 0..16 {
-                            prefetch_lines(v(i + VSUM_AHEAD * np + k).cast(), 2 * row_len);
-                        }
-                    }
                     for k in 0..16 {
                         let src = v(i + k);
                         let mut e = 0;
@@ -621,7 +650,18 @@ unsafe fn vsum_cells_in<R: VReg>(
                     slice.add(r * 256 + 16 * (j + k))
                 };
                 let first = start + r0 * np;
-                chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, || {});
+                chunk_passes::<R>(
+                    parts,
+                    prob,
+                    group,
+                    hv,
+                    np,
+                    b0,
+                    first,
+                    rc,
+                    &row,
+                    ahead(r0, rc),
+                );
                 r0 += rc;
             }
         });
