@@ -561,38 +561,46 @@ unsafe fn vsum_cells_in<R: VReg>(
     for i in 0..head {
         one(c0 + i, i);
     }
-    // Lines of the chunk starting at run `r0` (rc runs), as (row pointer, byte offset).
-    let lines_per_row = (2 * row_len).div_ceil(64);
-    let chunk_lines = |rc: usize| rc * 16 * lines_per_row;
-    let line = |r0: usize, l: usize| {
-        let (rk, off) = (l / lines_per_row, 64 * (l % lines_per_row));
-        (v(start + (r0 + rk / 16) * np + rk % 16).cast::<u8>(), off)
-    };
+    // The chunk starting at run `r0` (`rc` runs) has `rc * 16` rows of `row_bytes` each.
+    let row_bytes = 2 * row_len;
+    let chunk_row = |r0: usize, rk: usize| v(start + (r0 + rk / 16) * np + rk % 16).cast::<u8>();
     let passes = groups * (hv / R::N) * 4 * group.div_ceil(R::Q);
     if runs > 0 {
-        let rc = chunk.min(runs);
-        for l in 0..chunk_lines(rc) {
-            let (p, off) = line(0, l);
-            prefetch_lines(p.add(off), 64);
+        for rk in 0..chunk.min(runs) * 16 {
+            prefetch_lines(chunk_row(0, rk), row_bytes);
         }
     }
     // The lines of the chunk after the one at run `r0` (`rc` runs), a share before each
-    // of the chunk's passes, so the memory streams while they compute.
+    // of the chunk's passes, so the memory streams while they compute. The share walks
+    // the rows' lines with a cursor (a division per line cost more than the pass's
+    // arithmetic).
     let ahead = |r0: usize, rc: usize| {
         let next = r0 + rc;
-        let total = if next < runs {
-            chunk_lines(chunk.min(runs - next))
+        let rows = if next < runs {
+            chunk.min(runs - next) * 16
         } else {
             0
         };
-        let per_pass = total.div_ceil(passes.max(1));
-        let mut nl = 0;
+        let per_pass = (rows * row_bytes.div_ceil(64)).div_ceil(passes.max(1));
+        let (mut rk, mut off) = (0, 0);
+        let mut p = if rows > 0 {
+            chunk_row(next, 0)
+        } else {
+            core::ptr::null()
+        };
         move || {
-            let end = (nl + per_pass).min(total);
-            while nl < end {
-                let (p, off) = line(next, nl);
-                prefetch_lines(p.add(off), 64);
-                nl += 1;
+            let mut left = per_pass;
+            while left > 0 && rk < rows {
+                prefetch_lines(p.wrapping_add(off), 64);
+                left -= 1;
+                off += 64;
+                if off >= row_bytes {
+                    off = 0;
+                    rk += 1;
+                    if rk < rows {
+                        p = chunk_row(next, rk);
+                    }
+                }
             }
         }
     };
