@@ -43,8 +43,8 @@ pub(crate) unsafe fn scores_tile(
 /// row is scored against all heads before the next one's, so the cache is read as one
 /// stream of whole rows (the hardware prefetchers follow it, and each group's slices of
 /// the rows two quads ahead are asked for as that group is scored) instead of one strided
-/// pass per group (256 of every 2048 bytes for 8 groups of 128,
-/// which took 2.5 times as long); the quads of heads by keys are [`scores_tile`]'s.
+/// pass per group (256 of every 2048 bytes for 8 groups of 128, which took 2.5 times as
+/// long); the quads of heads by keys are [`scores_tile`]'s.
 /// Head `h`'s score of cell `s` goes to `out[h * stride + s]`.
 ///
 /// # Safety
