@@ -18,12 +18,12 @@ use std::time::Instant;
 /// The distances tried (bytes ahead of the super-block being multiplied).
 pub const CANDIDATES: [usize; 3] = [4 << 10, 8 << 10, 16 << 10];
 /// Dispatches per period: most run at the current distance, the last [`BLOCK`] at a
-/// neighbouring candidate (each neighbour in turn, one per period). Trying a distance for one dispatch among others measured it
-/// wrongly: on the 8B model 4 KiB looked 3-10% faster dispatch by dispatch amid 8 KiB ones
-/// and ran 10% slower on its own (the hardware prefetchers carry what they learned from
-/// one dispatch into the next), so a distance is tried for a block of consecutive
-/// dispatches, and the first [`WARM`] of the block and the first one after it are not
-/// counted.
+/// neighbouring candidate (each neighbour in turn, one per period). Trying a distance for
+/// one dispatch among others measured it wrongly: on the 8B model 4 KiB looked 3-10%
+/// faster dispatch by dispatch amid 8 KiB ones and ran 10% slower on its own (the hardware
+/// prefetchers carry what they learned from one dispatch into the next), so a distance is
+/// tried for a block of consecutive dispatches, and the first [`WARM`] of the block and
+/// the first one after it are not counted.
 pub const PERIOD: u32 = 112;
 pub const BLOCK: u32 = 16;
 pub const WARM: u32 = 4;

@@ -582,24 +582,18 @@ unsafe fn vsum_cells_in<R: VReg>(
             0
         };
         let per_pass = (rows * row_bytes.div_ceil(64)).div_ceil(passes.max(1));
-        let (mut rk, mut off) = (0, 0);
-        let mut p = if rows > 0 {
-            chunk_row(next, 0)
-        } else {
-            core::ptr::null()
-        };
+        let (mut rk, mut off, mut p) = (0, 0, core::ptr::null());
         move || {
             let mut left = per_pass;
             while left > 0 && rk < rows {
-                prefetch_lines(p.wrapping_add(off), 64);
+                if off == 0 {
+                    p = chunk_row(next, rk);
+                }
+                prefetch_lines(p.add(off), 64);
                 left -= 1;
                 off += 64;
                 if off >= row_bytes {
-                    off = 0;
-                    rk += 1;
-                    if rk < rows {
-                        p = chunk_row(next, rk);
-                    }
+                    (off, rk) = (0, rk + 1);
                 }
             }
         }
@@ -612,18 +606,8 @@ unsafe fn vsum_cells_in<R: VReg>(
             let row = |g: usize, d: usize, j: usize, r: usize, k: usize| {
                 v(first + r * np + j + k).add(g * hv + d)
             };
-            chunk_passes::<R>(
-                parts,
-                prob,
-                group,
-                hv,
-                np,
-                b0,
-                first,
-                rc,
-                &row,
-                ahead(r0, rc),
-            );
+            let before = ahead(r0, rc);
+            chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, before);
             r0 += rc;
         }
     } else {
@@ -657,19 +641,8 @@ unsafe fn vsum_cells_in<R: VReg>(
                     let slice = rows.add((g * hv + d) / 16 * plane + d % 16).cast_const();
                     slice.add(r * 256 + 16 * (j + k))
                 };
-                let first = start + r0 * np;
-                chunk_passes::<R>(
-                    parts,
-                    prob,
-                    group,
-                    hv,
-                    np,
-                    b0,
-                    first,
-                    rc,
-                    &row,
-                    ahead(r0, rc),
-                );
+                let (first, before) = (start + r0 * np, ahead(r0, rc));
+                chunk_passes::<R>(parts, prob, group, hv, np, b0, first, rc, &row, before);
                 r0 += rc;
             }
         });
