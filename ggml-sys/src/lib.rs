@@ -17,6 +17,7 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 #[cfg(ggml_built)]
@@ -170,13 +171,34 @@ pub fn search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// ggml's log lines, captured while our own calls run (ggml prints its loader's reasons
-/// there rather than returning them).
+/// ggml's log lines, captured while a backend library loads (ggml prints its loader's
+/// reasons there rather than returning them).
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Whether [`LOG`] collects: only around `ggml_backend_load`. At other times warnings and
+/// errors go to stderr as they come (a device's own error, such as a CUDA kernel fault
+/// just before ggml aborts the process, is the only account of it there is), and debug
+/// and info lines are dropped (ggml-cuda logs one per CUDA graph capture, which a
+/// long-running server must not keep).
+static CAPTURING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the last line that was not a continuation went to stderr (its continuation
+/// lines follow it).
+static SHOWING: AtomicBool = AtomicBool::new(false);
+
+/// What the log callback does with a line of `level` outside a capture: shown or not
+/// (a continuation as the line it continues).
+fn shown(level: u32, previous_shown: bool) -> bool {
+    match level {
+        3 | 4 => true,       // GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+        5 => previous_shown, // GGML_LOG_LEVEL_CONT
+        _ => false,
+    }
+}
 
 #[cfg(ggml_built)]
 unsafe extern "C" fn capture_log(
-    _level: sys::ggml_log_level,
+    level: sys::ggml_log_level,
     text: *const c_char,
     _ud: *mut c_void,
 ) {
@@ -184,8 +206,26 @@ unsafe extern "C" fn capture_log(
         return;
     }
     let line = CStr::from_ptr(text).to_string_lossy().into_owned();
-    if let Ok(mut log) = LOG.lock() {
-        log.push(line);
+    if CAPTURING.load(Ordering::Acquire) {
+        if let Ok(mut log) = LOG.lock() {
+            log.push(line);
+        }
+        return;
+    }
+    // bindgen gives ggml_log_level as u32 on Linux (i32 where C enums are signed).
+    #[allow(clippy::unnecessary_cast)]
+    let level = level as u32;
+    let show = shown(level, SHOWING.load(Ordering::Relaxed));
+    if level != 5 {
+        SHOWING.store(show, Ordering::Relaxed);
+    }
+    if show {
+        // ggml's lines carry their own newline; a continuation carries on the line before.
+        if level == 5 {
+            eprint!("{line}");
+        } else {
+            eprint!("ggml: {line}");
+        }
     }
 }
 
@@ -320,8 +360,10 @@ impl Ggml {
         if let Ok(mut log) = LOG.lock() {
             log.clear();
         }
+        CAPTURING.store(true, Ordering::Release);
         // SAFETY: ggml_backend_load takes a NUL-terminated path and returns NULL on failure.
         let reg = unsafe { self.lib.ggml_backend_load(c.as_ptr()) };
+        CAPTURING.store(false, Ordering::Release);
         let log = LOG
             .lock()
             .map(|mut l| std::mem::take(&mut *l))
@@ -467,6 +509,15 @@ pub fn refusal_reason(log: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_and_errors_reach_stderr_debug_and_info_do_not() {
+        assert!(shown(3, false) && shown(4, false));
+        assert!(!shown(1, true) && !shown(2, true) && !shown(0, true));
+        // A continuation follows the line it continues.
+        assert!(shown(5, true));
+        assert!(!shown(5, false));
+    }
 
     #[test]
     fn backend_names_from_files() {

@@ -52,6 +52,27 @@ pub enum OffloadError {
     Backend(String),
 }
 
+/// ggml-cuda captures a graph that repeats with the same shapes into a CUDA graph and
+/// replays it. Under serving, where every step's batch (tokens, gathered KV slots, rows
+/// out) differs from the last, that replay failed on an H200: `rserve -ngl 99` at
+/// concurrency 64 over ShareGPT died of "an illegal instruction was encountered" in
+/// `cudaGraphLaunch` (58 of 128 requests lost with the server), while the same run with
+/// CUDA graphs off served all 128. Until the cause is found, our offload runs ggml-cuda
+/// with its graphs off (`GGML_CUDA_DISABLE_GRAPHS`, read once when ggml-cuda first
+/// computes), unless the user set that variable or asks for the graphs with
+/// `RLLAMA_CUDA_GRAPHS=1`: faster decoding of small models (smollm2-135m tg128 on the
+/// H200: 683 t/s with, 330 without; an 8B model 193 vs 187) at the risk above. Other
+/// backends do not read the variable.
+pub fn cuda_graphs_policy() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let asked = std::env::var("RLLAMA_CUDA_GRAPHS").is_ok_and(|v| v == "1");
+        if !asked && std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_none() {
+            std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
+        }
+    });
+}
+
 /// The inputs of one device call: the batch as the CPU layers leave it.
 pub struct DeviceBatch<'a> {
     /// Hidden state entering the first offloaded layer, `n_tok x n_embd`.
