@@ -43,7 +43,9 @@ bundle)
     tmp=$(mktemp -d)
     cp -r "$sys" "$tmp/llama.cpp"
     cp "$bench_src"/{CMakeLists.txt,llama-bench.cpp,main.cpp} "$tmp/llama.cpp/tools/llama-bench/"
-    printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\n' \
+    cp "$bench_src"/../perplexity/{CMakeLists.txt,perplexity.cpp,main.cpp} \
+        "$tmp/llama.cpp/tools/perplexity/"
+    printf 'find_package(Threads REQUIRED)\nllama_add_compile_flags()\nadd_subdirectory(llama-bench)\nadd_subdirectory(perplexity)\n' \
         >"$tmp/llama.cpp/tools/CMakeLists.txt"
     tar -C "$tmp" -cJf "$dir/llama.tar.xz" llama.cpp
     rm -rf "$tmp"
@@ -67,10 +69,10 @@ build)
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
         -DLLAMA_BUILD_APP=OFF -DGGML_CCACHE=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON \
         >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log"; exit 1; }
-    cmake --build "$work/build" -j"$(nproc)" --target llama-bench ggml-cpu ggml-cuda \
+    cmake --build "$work/build" -j"$(nproc)" --target llama-bench llama-perplexity ggml-cpu ggml-cuda \
         >"$work/build.log" 2>&1 || { grep -m20 -B2 -A8 -i 'error' "$work/build.log"; exit 1; }
     grep -E 'CUDA Toolkit|CUDA compiler|Using CUDA architectures' "$work/cmake.log" || true
-    echo "built ggml-cuda (sm_${arch}) and llama-bench in $(($(date +%s) - t0)) s"
+    echo "built ggml-cuda (sm_${arch}), llama-bench and llama-perplexity in $(($(date +%s) - t0)) s"
     ls "$work/build/bin"
     ;;
 run)
@@ -91,13 +93,35 @@ run)
             # The offload agreement test reads testdata from the path it was built at.
             mkdir -p /work && [ -e /work/main ] || ln -s "$PWD" /work/main
             mkdir -p "$work/models" && ln -sf "$(realpath "$m")" "$work/models/smollm2-135m.gguf"
-            echo "== offload agreement test, smollm2, CUDA0"
+            echo "== offload agreement test, smollm2, ${DEVICE:-CUDA0}"
             RLLAMA_MODELS=$work/models RLLAMA_OFFLOAD_TEST_DEVICE=${DEVICE:-CUDA0} timeout 300 \
                 "$B/offload-test" --test-threads 1 --nocapture smollm2_offload_agrees \
                 decode_reuses_its_graph 2>&1 | grep -v '^$' | tee "$out/offload_test.txt" || true
         fi
     done
     t=$(nproc)
+    if [ -z "${NO_PPL:-}" ]; then
+        # Perplexity, ours and llama.cpp's on the same libggml-cuda.so, testdata's text in
+        # 4 chunks of 256 (as the agreement test): a gap between ours and llama.cpp's with
+        # flash attention off (our graph's attention is two products and a softmax, as
+        # theirs then) is ours; the same value on both is the device's arithmetic. (On
+        # ggml's CPU backend: ours 18.4739 with -ngl 99, llama.cpp fa off 18.4739, fa on
+        # 18.3870.)
+        for m in "${models[@]}"; do
+            for n in 0 99; do
+                ours=$("$B/rllama" perplexity -m "$m" -f testdata/apache-2.0.txt -c 256 --chunks 4 \
+                    -ngl "$n" --device "${DEVICE:-CUDA0}" 2>&1 | grep -o 'PPL = [0-9.]*' | tail -1)
+                theirs=""
+                for fa in off on; do
+                    v=$("$work/build/bin/llama-perplexity" -m "$m" -f testdata/apache-2.0.txt -c 256 \
+                        --chunks 4 -b 256 -ngl "$n" -fa $fa 2>&1 | grep -o 'PPL = [0-9.]*' | tail -1)
+                    theirs="$theirs fa $fa ${v:-?};"
+                done
+                echo "perplexity $(basename "$m") -ngl $n: ours ${ours:-?}; llama.cpp$theirs" \
+                    | tee -a "$out/perplexity.txt"
+            done
+        done
+    fi
     for m in "${models[@]}"; do
         name=$(basename "$m" .gguf)
         echo "== $name: rbench -ngl 0,half,99 (t=$t) and llama-bench -ngl 99 -fa 0,1"
