@@ -481,6 +481,15 @@ impl DeviceLayers {
             .output_on_cpu
             .as_ref()
             .map_or(String::new(), |why| format!("; {why}"))
+            + if self.backend_name().starts_with("CUDA") {
+                if super::cuda_graphs_policy() {
+                    "; CUDA graphs on"
+                } else {
+                    "; CUDA graphs off (RLLAMA_CUDA_GRAPHS=1 turns them on)"
+                }
+            } else {
+                ""
+            }
     }
 
     fn backend_name(&self) -> String {

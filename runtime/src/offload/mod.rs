@@ -57,20 +57,41 @@ pub enum OffloadError {
 /// out) differs from the last, that replay failed on an H200: `rserve -ngl 99` at
 /// concurrency 64 over ShareGPT died of "an illegal instruction was encountered" in
 /// `cudaGraphLaunch` (58 of 128 requests lost with the server), while the same run with
-/// CUDA graphs off served all 128. Until the cause is found, our offload runs ggml-cuda
-/// with its graphs off (`GGML_CUDA_DISABLE_GRAPHS`, read once when ggml-cuda first
-/// computes), unless the user set that variable or asks for the graphs with
-/// `RLLAMA_CUDA_GRAPHS=1`: faster decoding of small models (smollm2-135m tg128 on the
-/// H200: 683 t/s with, 330 without; an 8B model 193 vs 187) at the risk above. Other
-/// backends do not read the variable.
-pub fn cuda_graphs_policy() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let asked = std::env::var("RLLAMA_CUDA_GRAPHS").is_ok_and(|v| v == "1");
-        if !asked && std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_none() {
-            std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
+/// CUDA graphs off served all 128. Single-sequence runs (`rbench` pp/tg at several
+/// shapes, `-ngl 16` and 99, the offload tests) ran correctly with them, and they decode
+/// small models much faster (smollm2-135m tg128 on the H200: 683 t/s with, 330 without;
+/// an 8B model 193 vs 187). So, until the cause is found, the server turns them off
+/// ([`cuda_graphs_off_by_default`]) and everything else keeps ggml-cuda's default (on);
+/// `RLLAMA_CUDA_GRAPHS=0` or `=1` decides for any process, and a
+/// `GGML_CUDA_DISABLE_GRAPHS` set by hand is left as it is. Other backends read neither.
+static GRAPHS_BY_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// For a process that serves continuous batches (`rserve`): ggml-cuda's CUDA graphs off
+/// unless `RLLAMA_CUDA_GRAPHS=1` (see [`cuda_graphs_policy`]). Call before offloading.
+pub fn cuda_graphs_off_by_default() {
+    GRAPHS_BY_DEFAULT.store(false, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Applies the CUDA-graph choice above, once per process, before ggml-cuda first
+/// computes (it reads `GGML_CUDA_DISABLE_GRAPHS` then). Returns whether the graphs stay on.
+pub fn cuda_graphs_policy() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let on = match std::env::var("RLLAMA_CUDA_GRAPHS").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => GRAPHS_BY_DEFAULT.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        match std::env::var_os("GGML_CUDA_DISABLE_GRAPHS") {
+            Some(_) => false,
+            None => {
+                if !on {
+                    std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
+                }
+                on
+            }
         }
-    });
+    })
 }
 
 /// The inputs of one device call: the batch as the CPU layers leave it.

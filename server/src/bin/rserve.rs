@@ -129,6 +129,9 @@ fn main() {
         _ => a,
     });
     let a = Args::parse_from(argv);
+    // Continuous batches change shape every step; ggml-cuda's CUDA-graph replay failed
+    // under that load (runtime::offload::cuda_graphs_policy).
+    runtime::offload::cuda_graphs_off_by_default();
     if a.parallel == 0 || a.queue_size == 0 || a.max_batch_tokens == 0 {
         eprintln!("rserve: --parallel, --queue-size and --max-batch-tokens must be at least 1");
         std::process::exit(2);
