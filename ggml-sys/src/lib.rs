@@ -14,11 +14,16 @@
 //! when it refuses one (wrong backend API version, missing driver library), and lists the
 //! devices each backend found.
 
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, CStr};
+#[cfg(ggml_built)]
+use std::ffi::{c_void, CString};
 use std::fmt;
 use std::path::{Path, PathBuf};
+#[cfg(ggml_built)]
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+#[cfg(ggml_built)]
+use std::sync::Mutex;
+use std::sync::OnceLock;
 
 #[cfg(ggml_built)]
 #[allow(
@@ -173,6 +178,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
 
 /// ggml's log lines, captured while a backend library loads (ggml prints its loader's
 /// reasons there rather than returning them).
+#[cfg(ggml_built)]
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Whether [`LOG`] collects: only around `ggml_backend_load`. At other times warnings and
@@ -180,14 +186,17 @@ static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// just before ggml aborts the process, is the only account of it there is), and debug
 /// and info lines are dropped (ggml-cuda logs one per CUDA graph capture, which a
 /// long-running server must not keep).
+#[cfg(ggml_built)]
 static CAPTURING: AtomicBool = AtomicBool::new(false);
 
 /// Whether the last line that was not a continuation went to stderr (its continuation
 /// lines follow it).
+#[cfg(ggml_built)]
 static SHOWING: AtomicBool = AtomicBool::new(false);
 
 /// What the log callback does with a line of `level` outside a capture: shown or not
 /// (a continuation as the line it continues).
+#[cfg(ggml_built)]
 fn shown(level: u32, previous_shown: bool) -> bool {
     match level {
         3 | 4 => true,       // GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
@@ -510,6 +519,7 @@ pub fn refusal_reason(log: &[String]) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(ggml_built)]
     #[test]
     fn warnings_and_errors_reach_stderr_debug_and_info_do_not() {
         assert!(shown(3, false) && shown(4, false));
