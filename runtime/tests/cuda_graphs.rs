@@ -11,12 +11,12 @@ fn a_server_turns_cuda_graphs_off_unless_asked() {
         eprintln!("skipping: RLLAMA_CUDA_GRAPHS or GGML_CUDA_DISABLE_GRAPHS set by the caller");
         return;
     }
-    runtime::offload::cuda_graphs_off_by_default();
-    assert!(!runtime::offload::cuda_graphs_policy());
+    // As rserve asks, first thing in main.
+    assert!(!runtime::offload::cuda_graphs_policy(false));
     assert_eq!(
         std::env::var("GGML_CUDA_DISABLE_GRAPHS").as_deref(),
         Ok("1")
     );
-    // Decided once: a later call in the same process gives the same answer.
-    assert!(!runtime::offload::cuda_graphs_policy());
+    // Decided once: the offload's own later call (default on) gets the same answer.
+    assert!(!runtime::offload::cuda_graphs_policy(true));
 }

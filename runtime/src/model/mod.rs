@@ -485,7 +485,7 @@ impl Model {
         #[cfg(ggml)]
         {
             use crate::offload::{LayerWeights, Weight};
-            let _ = crate::offload::cuda_graphs_policy();
+            let _ = crate::offload::cuda_graphs_policy(true);
             let c = &self.config;
             let n = spec.n_gpu_layers.min(c.n_layer);
             let first = c.n_layer - n;

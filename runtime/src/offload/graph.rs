@@ -482,7 +482,7 @@ impl DeviceLayers {
             .as_ref()
             .map_or(String::new(), |why| format!("; {why}"))
             + if self.backend_name().starts_with("CUDA") {
-                if super::cuda_graphs_policy() {
+                if super::cuda_graphs_policy(true) {
                     "; CUDA graphs on"
                 } else {
                     "; CUDA graphs off (RLLAMA_CUDA_GRAPHS=1 turns them on)"

@@ -52,6 +52,11 @@ pub enum OffloadError {
     Backend(String),
 }
 
+/// Whether ggml-cuda may replay its CUDA graphs, decided once per process, before
+/// ggml-cuda first computes (it reads `GGML_CUDA_DISABLE_GRAPHS` then): the first call's
+/// `default_on` unless `RLLAMA_CUDA_GRAPHS=0` or `=1` says otherwise, and off when
+/// `GGML_CUDA_DISABLE_GRAPHS` was set by hand. Later calls return that first answer.
+///
 /// ggml-cuda captures a graph that repeats with the same shapes into a CUDA graph and
 /// replays it. Under serving, where every step's batch (tokens, gathered KV slots, rows
 /// out) differs from the last, that replay failed on an H200: `rserve -ngl 99` at
@@ -60,27 +65,16 @@ pub enum OffloadError {
 /// CUDA graphs off served all 128. Single-sequence runs (`rbench` pp/tg at several
 /// shapes, `-ngl 16` and 99, the offload tests) ran correctly with them, and they decode
 /// small models much faster (smollm2-135m tg128 on the H200: 683 t/s with, 330 without;
-/// an 8B model 193 vs 187). So, until the cause is found, the server turns them off
-/// ([`cuda_graphs_off_by_default`]) and everything else keeps ggml-cuda's default (on);
-/// `RLLAMA_CUDA_GRAPHS=0` or `=1` decides for any process, and a
-/// `GGML_CUDA_DISABLE_GRAPHS` set by hand is left as it is. Other backends read neither.
-static GRAPHS_BY_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// For a process that serves continuous batches (`rserve`): ggml-cuda's CUDA graphs off
-/// unless `RLLAMA_CUDA_GRAPHS=1` (see [`cuda_graphs_policy`]). Call before offloading.
-pub fn cuda_graphs_off_by_default() {
-    GRAPHS_BY_DEFAULT.store(false, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Applies the CUDA-graph choice above, once per process, before ggml-cuda first
-/// computes (it reads `GGML_CUDA_DISABLE_GRAPHS` then). Returns whether the graphs stay on.
-pub fn cuda_graphs_policy() -> bool {
+/// an 8B model 193 vs 187). So, until the cause is found, the server asks first with
+/// `default_on` false and everything else keeps ggml-cuda's default (on, through
+/// `Model::offload`'s call). Other backends read neither variable.
+pub fn cuda_graphs_policy(default_on: bool) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         let on = match std::env::var("RLLAMA_CUDA_GRAPHS").as_deref() {
             Ok("1") => true,
             Ok("0") => false,
-            _ => GRAPHS_BY_DEFAULT.load(std::sync::atomic::Ordering::Relaxed),
+            _ => default_on,
         };
         match std::env::var_os("GGML_CUDA_DISABLE_GRAPHS") {
             Some(_) => false,

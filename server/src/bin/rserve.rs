@@ -132,8 +132,7 @@ fn main() {
     // Continuous batches change shape every step; ggml-cuda's CUDA-graph replay failed
     // under that load (runtime::offload::cuda_graphs_policy). Applied now, while this is
     // the only thread (it may set an environment variable).
-    runtime::offload::cuda_graphs_off_by_default();
-    let _ = runtime::offload::cuda_graphs_policy();
+    let _ = runtime::offload::cuda_graphs_policy(false);
     if a.parallel == 0 || a.queue_size == 0 || a.max_batch_tokens == 0 {
         eprintln!("rserve: --parallel, --queue-size and --max-batch-tokens must be at least 1");
         std::process::exit(2);
