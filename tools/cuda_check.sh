@@ -49,6 +49,21 @@ bundle)
         >"$tmp/llama.cpp/tools/CMakeLists.txt"
     tar -C "$tmp" -cJf "$dir/llama.tar.xz" llama.cpp
     rm -rf "$tmp"
+    # The first 2500 conversations of the ShareGPT file (whole entries; the file may be cut
+    # off mid-entry, so they are decoded one at a time).
+    python3 - "$dir/sharegpt.json" <<'PY'
+import json, os, sys
+src = os.path.expanduser("~/.cache/rllama/datasets/ShareGPT_V3_unfiltered_cleaned_split.json")
+text = open(src, encoding="utf-8").read()
+dec, i, out = json.JSONDecoder(), text.index("[") + 1, []
+while len(out) < 2500:
+    while text[i] in " \n\r\t,":
+        i += 1
+    entry, i = dec.raw_decode(text, i)
+    out.append(entry)
+json.dump(out, open(sys.argv[1], "w"))
+PY
+    xz -f -T2 "$dir/sharegpt.json"
     ls -la "$dir"
     ;;
 build)
@@ -102,22 +117,27 @@ run)
     t=$(nproc)
     if [ -z "${NO_PPL:-}" ]; then
         # Perplexity, ours and llama.cpp's on the same libggml-cuda.so, testdata's text in
-        # 4 chunks of 256 (as the agreement test): a gap between ours and llama.cpp's with
-        # flash attention off (our graph's attention is two products and a softmax, as
-        # theirs then) is ours; the same value on both is the device's arithmetic. (On
-        # ggml's CPU backend: ours 18.4739 with -ngl 99, llama.cpp fa off 18.4739, fa on
-        # 18.3870.)
+        # 4 chunks of 256 (as the agreement test), each with flash attention on (ours by
+        # default where the device runs it) and off: a gap between ours and llama.cpp's in
+        # the same mode is ours; the same value on both is the device's arithmetic. (On
+        # ggml's CPU backend, smollm2 -ngl 99: 18.3870 with it, 18.4739 without, for both.
+        # On an H200 without it: ours 18.2489, llama.cpp 18.2488.)
         for m in "${models[@]}"; do
             for n in 0 99; do
-                ours=$("$B/rllama" perplexity -m "$m" -f testdata/apache-2.0.txt -c 256 --chunks 4 \
-                    -ngl "$n" --device "${DEVICE:-CUDA0}" 2>&1 | grep -o 'PPL = [0-9.]*' | tail -1)
+                ours=""
+                for fa in auto 0; do
+                    v=$(RLLAMA_OFFLOAD_FA=$fa "$B/rllama" perplexity -m "$m" -f testdata/apache-2.0.txt \
+                        -c 256 --chunks 4 -ngl "$n" --device "${DEVICE:-CUDA0}" 2>&1 \
+                        | grep -o 'PPL = [0-9.]*' | tail -1)
+                    ours="$ours RLLAMA_OFFLOAD_FA=$fa ${v:-?};"
+                done
                 theirs=""
                 for fa in off on; do
                     v=$("$work/build/bin/llama-perplexity" -m "$m" -f testdata/apache-2.0.txt -c 256 \
                         --chunks 4 -b 256 -ngl "$n" -fa $fa 2>&1 | grep -o 'PPL = [0-9.]*' | tail -1)
                     theirs="$theirs fa $fa ${v:-?};"
                 done
-                echo "perplexity $(basename "$m") -ngl $n: ours ${ours:-?}; llama.cpp$theirs" \
+                echo "perplexity $(basename "$m") -ngl $n: ours$ours llama.cpp$theirs" \
                     | tee -a "$out/perplexity.txt"
             done
         done

@@ -352,3 +352,82 @@ fn decode_reuses_its_graph() {
     );
     assert!(reuses >= 38, "reused only {reuses}");
 }
+
+/// `RLLAMA_OFFLOAD_FA` (flash attention on the device: on, off, or auto where the device
+/// runs it) is read when layers are offloaded, so each setting runs in a child process of
+/// this test binary (the environment is shared by all tests of one process). On and off
+/// must both be real paths (different arithmetic, perplexity within 1% of each other),
+/// auto must pick the fused op where the device has it, and a bad value must be refused
+/// with the accepted ones named.
+#[test]
+fn flash_attention_setting() {
+    if std::env::var_os("OFFLOAD_FA_CHILD").is_some() {
+        return flash_attention_child();
+    }
+    if !ggml_sys::available_or_skip() || model(MODELS[0]).is_none() {
+        return;
+    }
+    let run = |v: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "flash_attention_setting", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env("OFFLOAD_FA_CHILD", "1")
+            .env("RLLAMA_OFFLOAD_TEST_QUICK", "0")
+            .env("RLLAMA_OFFLOAD_FA", v)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "RLLAMA_OFFLOAD_FA={v}: {text}");
+        let line = |key: &str| {
+            text.lines()
+                .find_map(|l| l.split_once(key).map(|(_, rest)| rest))
+                .unwrap_or_else(|| panic!("RLLAMA_OFFLOAD_FA={v}: no `{key}` in {text}"))
+                .to_string()
+        };
+        match text.contains("offload error: ") {
+            true => (line("offload error: "), f64::NAN),
+            false => (line("summary: "), line("ppl: ").parse::<f64>().unwrap()),
+        }
+    };
+    let (on, ppl_on) = run("on");
+    let (off, ppl_off) = run("off");
+    let (auto, ppl_auto) = run("auto");
+    let (bad, _) = run("sideways");
+    eprintln!("on: {on}, ppl {ppl_on:.4}\noff: {off}, ppl {ppl_off:.4}\nauto: {auto}");
+    assert!(on.contains("; flash attention"), "{on}");
+    assert!(off.contains("; attention as two products"), "{off}");
+    assert_ne!(
+        ppl_on, ppl_off,
+        "flash attention on and off computed the same"
+    );
+    assert!(
+        (ppl_on - ppl_off).abs() / ppl_off < 0.01,
+        "flash attention moved perplexity from {ppl_off} to {ppl_on}"
+    );
+    // ggml's CPU backend and ggml-vulkan both run the fused op.
+    assert_eq!(auto, on);
+    assert_eq!(ppl_auto, ppl_on);
+    assert!(
+        bad.contains("RLLAMA_OFFLOAD_FA=sideways") && bad.contains("on, off or auto"),
+        "{bad}"
+    );
+}
+
+fn flash_attention_child() {
+    compare_in_ggml_sys_flavor();
+    let path = model(MODELS[0]).unwrap();
+    let f = ModelFile::open(path.to_str().unwrap()).unwrap();
+    let mut m = f.model().unwrap();
+    let spec = OffloadSpec {
+        n_gpu_layers: 99,
+        device: Some(device()),
+    };
+    let slots = m.kv_layout(N_CTX, 16).n_blocks * 16;
+    if let Err(e) = m.offload(&spec, slots, THREADS, &mut |_, _| {}) {
+        println!("offload error: {e}");
+        return;
+    }
+    println!("summary: {}", m.device_layers().unwrap().summary());
+    println!("ppl: {}", ppl(m, &f.tokenizer));
+}

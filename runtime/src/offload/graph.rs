@@ -140,6 +140,8 @@ pub struct DeviceLayers {
     freq_factors: Option<*mut ggml_tensor>,
     cfg: Config,
     n_slots: usize,
+    /// Attention as ggml's fused flash-attention op (else two products around a softmax).
+    flash_attn: bool,
     w_ctx: *mut ggml_context,
     w_buf: sys::ggml_backend_buffer_t,
     kv_ctx: *mut ggml_context,
@@ -183,6 +185,18 @@ impl DeviceLayers {
         let dev = pick_device(g, device)?;
         // SAFETY: dev is a registered device; the name is owned by ggml.
         let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
+        // SAFETY: dev is a registered device.
+        let fa_runs = unsafe { device_runs_flash_attn(l, dev, cfg) };
+        let flash_attn = match flash_attn_choice()? {
+            Some(true) if !fa_runs => {
+                return Err(OffloadError::Backend(format!(
+                    "RLLAMA_OFFLOAD_FA=1, but {dev_name} cannot run flash attention at this \
+                     model's head sizes"
+                )))
+            }
+            Some(on) => on,
+            None => fa_runs,
+        };
         // The output matrix stays on the CPU where the device cannot multiply by it, as
         // llama.cpp keeps such a weight in host memory: Vulkan binds at most
         // maxStorageBufferRange bytes per tensor without 64-bit indexing (128 MiB on
@@ -401,6 +415,7 @@ impl DeviceLayers {
             freq_factors: ff,
             cfg: cfg.clone(),
             n_slots,
+            flash_attn,
             w_ctx,
             w_buf,
             kv_ctx,
@@ -481,6 +496,11 @@ impl DeviceLayers {
             .output_on_cpu
             .as_ref()
             .map_or(String::new(), |why| format!("; {why}"))
+            + if self.flash_attn {
+                "; flash attention"
+            } else {
+                "; attention as two products"
+            }
             + if self.backend_name().starts_with("CUDA") {
                 if super::cuda_graphs_policy(true) {
                     "; CUDA graphs on"
@@ -602,9 +622,17 @@ impl DeviceLayers {
             set(l, gr.pos, pos.as_ptr(), n_tok);
             set(l, gr.slot, slot_of.as_ptr(), n_tok);
             set(l, gr.kv, kv_idx.as_ptr(), n_kv);
-            set(l, gr.mask, mask.as_ptr(), n_kv * n_tok);
-            if let (Some(t), Some(m)) = (gr.mask_swa, &mask_swa) {
-                set(l, t, m.as_ptr(), n_kv * n_tok);
+            for (t, m) in [
+                (Some(gr.mask), Some(&mask)),
+                (gr.mask_swa, mask_swa.as_ref()),
+            ] {
+                let (Some(t), Some(m)) = (t, m) else { continue };
+                if self.flash_attn {
+                    let h: Vec<u16> = m.iter().map(|&v| quant::f16::f32_to_f16(v)).collect();
+                    set(l, t, h.as_ptr(), h.len());
+                } else {
+                    set(l, t, m.as_ptr(), m.len());
+                }
             }
             set(l, gr.rows, rows.as_ptr(), n_out);
             let gf = gr.gf;
@@ -655,8 +683,14 @@ impl DeviceLayers {
         let pos = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_tok]);
         let slot = gb.input(sys::ggml_type_GGML_TYPE_I64, &[n_tok]);
         let kv = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_kv]);
-        let mask = gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]);
-        let mask_swa = has_swa.then(|| gb.input(sys::ggml_type_GGML_TYPE_F32, &[n_kv, n_tok]));
+        // Flash attention takes its mask in f16.
+        let mask_ty = if self.flash_attn {
+            sys::ggml_type_GGML_TYPE_F16
+        } else {
+            sys::ggml_type_GGML_TYPE_F32
+        };
+        let mask = gb.input(mask_ty, &[n_kv, n_tok]);
+        let mask_swa = has_swa.then(|| gb.input(mask_ty, &[n_kv, n_tok]));
         let rows = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_out]);
         let gf = l.ggml_new_graph_custom(ctx, GRAPH_SIZE, false);
         let mut h = x;
@@ -838,17 +872,27 @@ impl DeviceLayers {
         // the products round the query and the probabilities to f16 as llama.cpp's (and
         // our CPU path's) f16 attention does.
         let f16 = sys::ggml_type_GGML_TYPE_F16;
-        // The scores need f32 accumulation, as llama.cpp asks for them: a device with f16
-        // arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend always
-        // sums in f32, so this changes nothing there.
-        let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
         let qp = l.ggml_permute(ctx, q, 0, 2, 1, 3); // [hk, n_tok, n_head]
-        let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
-        l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
-        let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
-        let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
-        let kqv = l.ggml_mul_mat(ctx, vt, kq); // [hv, n_tok, n_head]
-        let o = l.ggml_cont(ctx, l.ggml_permute(ctx, kqv, 0, 2, 1, 3)); // [hv, n_head, n_tok]
+        let o = if self.flash_attn {
+            // ggml's fused attention, as llama.cpp runs it by default where the device has
+            // it (flash attention `auto`), with f32 accumulation as llama.cpp asks.
+            let kp = l.ggml_permute(ctx, l.ggml_cast(ctx, kg, f16), 0, 2, 1, 3); // [hk, n_kv, n_head_kv]
+            let vp = l.ggml_permute(ctx, l.ggml_cast(ctx, vg, f16), 0, 2, 1, 3); // [hv, n_kv, n_head_kv]
+            let o = l.ggml_flash_attn_ext(ctx, qp, kp, vp, mask, kq_scale, 0.0, 0.0); // [hv, n_head, n_tok]
+            l.ggml_prec_set_acc(o, sys::ggml_prec_GGML_PREC_F32);
+            o
+        } else {
+            // The scores need f32 accumulation, as llama.cpp asks for them: a device with
+            // f16 arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend
+            // always sums in f32, so this changes nothing there.
+            let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
+            let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
+            l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
+            let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
+            let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
+            let kqv = l.ggml_mul_mat(ctx, vt, kq); // [hv, n_tok, n_head]
+            l.ggml_cont(ctx, l.ggml_permute(ctx, kqv, 0, 2, 1, 3)) // [hv, n_head, n_tok]
+        };
         let o = l.ggml_reshape_2d(ctx, o, hv * nh, nt);
         let mut o = l.ggml_mul_mat(ctx, w.wo, o);
         if let Some(pn) = w.post_attn_norm {
@@ -931,6 +975,50 @@ fn new_ctx(l: &GgmlLib, n_tensors: usize) -> Result<*mut ggml_context, OffloadEr
     } else {
         Ok(ctx)
     }
+}
+
+/// `RLLAMA_OFFLOAD_FA`: `1`/`on` or `0`/`off` forces flash attention on the device on or
+/// off; unset or `auto`, it is on where the device runs it (llama.cpp's `-fa auto`).
+fn flash_attn_choice() -> Result<Option<bool>, OffloadError> {
+    match std::env::var("RLLAMA_OFFLOAD_FA").as_deref() {
+        Err(_) | Ok("auto") | Ok("") => Ok(None),
+        Ok("1") | Ok("on") => Ok(Some(true)),
+        Ok("0") | Ok("off") => Ok(Some(false)),
+        Ok(v) => Err(OffloadError::Backend(format!(
+            "RLLAMA_OFFLOAD_FA={v}: expected on, off or auto"
+        ))),
+    }
+}
+
+/// Whether `dev` runs flash attention at the model's head sizes, for one token and for a
+/// batch, with the f16 K/V views and mask our graph gives it (metadata-only tensors).
+unsafe fn device_runs_flash_attn(l: &GgmlLib, dev: sys::ggml_backend_dev_t, cfg: &Config) -> bool {
+    let Ok(ctx) = new_ctx(l, 16) else {
+        return false;
+    };
+    let (hk, hv) = (cfg.head_dim_k as i64, cfg.head_dim_v as i64);
+    let (nh, nkv, n_kv) = (cfg.n_head as i64, cfg.n_head_kv as i64, KV_PAD as i64);
+    let (f16, f32) = (sys::ggml_type_GGML_TYPE_F16, sys::ggml_type_GGML_TYPE_F32);
+    let ok = [1, 256].iter().all(|&n_tok| {
+        let q = l.ggml_new_tensor_3d(ctx, f32, hk, nh, n_tok);
+        let k = l.ggml_new_tensor_3d(ctx, f16, hk, nkv, n_kv);
+        let v = l.ggml_new_tensor_3d(ctx, f16, hv, nkv, n_kv);
+        let mask = l.ggml_new_tensor_2d(ctx, f16, n_kv, n_tok);
+        let o = l.ggml_flash_attn_ext(
+            ctx,
+            l.ggml_permute(ctx, q, 0, 2, 1, 3),
+            l.ggml_permute(ctx, k, 0, 2, 1, 3),
+            l.ggml_permute(ctx, v, 0, 2, 1, 3),
+            mask,
+            1.0,
+            0.0,
+            0.0,
+        );
+        l.ggml_prec_set_acc(o, sys::ggml_prec_GGML_PREC_F32);
+        l.ggml_backend_dev_supports_op(dev, o)
+    });
+    l.ggml_free(ctx);
+    ok
 }
 
 /// Whether `dev` can multiply by a `ty` matrix of `n_out` rows of `n_in` (asked of the
