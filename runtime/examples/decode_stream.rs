@@ -6,7 +6,8 @@
 //! decode products of one token (QKV, O, gate/up, down per layer, as the forward pass
 //! calls them) and a plain read of the same packed bytes (the roofline of this run).
 //! Prints the median GB/s of each and their ratio. Defaults: 8 layers (about 1.06 GB,
-//! well past the caches), 2 threads, 7 passes each.
+//! well past the caches), 2 threads, 7 passes each. `DECODE_STREAM_TYPE=q4_k|q6_k` makes
+//! every matrix that type, to see each kernel's share of the gap.
 
 use quant::GgmlType;
 use rand::{Rng, SeedableRng};
@@ -36,6 +37,14 @@ fn main() {
     let layers = a.first().copied().unwrap_or(8);
     let threads = a.get(1).copied().unwrap_or(2);
     let passes = a.get(2).copied().unwrap_or(7);
+    // `DECODE_STREAM_TYPE=q4_k|q6_k` makes every matrix that type (each kernel alone).
+    let only = std::env::var("DECODE_STREAM_TYPE")
+        .ok()
+        .map(|t| match t.as_str() {
+            "q4_k" => GgmlType::Q4_K,
+            "q6_k" => GgmlType::Q6_K,
+            _ => panic!("DECODE_STREAM_TYPE: q4_k or q6_k"),
+        });
     let more = |l: usize| runtime::synth::use_more_bits(l, 32);
     // (type, n_out, n_in) of each matrix, in the file's order per layer: q, k, v, o, gate,
     // up, down (layers 0..LAYERS of a 32-layer model's types).
@@ -55,6 +64,10 @@ fn main() {
             (GgmlType::Q4_K, FF, D),
             (v, D, FF),
         ]);
+        if let Some(t) = only {
+            let n = shapes.len();
+            shapes[n - 7..].iter_mut().for_each(|s| s.0 = t);
+        }
     }
     let mut mats = Vec::new();
     let mut total = 0;
