@@ -281,6 +281,9 @@ pub(crate) struct KernelRow {
     pub packed_into: Option<TileIntoFn>,
     /// Rows `packed_into` takes per call at most: 8 (one group) or 16 (two).
     pub packed_rows: usize,
+    /// Rows `packed_into` takes per call at most when given one or two tokens (whole
+    /// groups of eight, at least `packed_rows`): the decode stream.
+    pub stream_rows: usize,
     /// Most activation rows one `packed_into` call takes.
     pub packed_tokens: usize,
 }

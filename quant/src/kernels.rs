@@ -52,6 +52,10 @@ pub struct KernelSet {
     /// Rows `packed_into` takes per call at most (whole groups of eight: 8 or 16); a call
     /// may always take one group of eight.
     pub packed_rows: usize,
+    /// Rows `packed_into` takes per call at most when given one or two tokens (whole
+    /// groups of eight, at least `packed_rows`): a decode task's rows in one call, its
+    /// arguments checked once (the K-quants' packed kernels), else `packed_rows`.
+    pub stream_rows: usize,
     /// Most activation rows one `packed_into` call takes.
     pub packed_tokens: usize,
     offset_sums: bool,
@@ -84,6 +88,7 @@ impl KernelSet {
             tile_into: r.tile_into,
             packed_into: r.packed_into,
             packed_rows: r.packed_rows,
+            stream_rows: r.stream_rows,
             packed_tokens: r.packed_tokens,
             offset_sums: r.offset_sums,
         }
@@ -178,6 +183,7 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         tile_into: None,
         packed_into: None,
         packed_rows: crate::PACK_ROWS,
+        stream_rows: crate::PACK_ROWS,
         packed_tokens: crate::contract::TILE_MAX_TOKENS,
     }
 }

@@ -180,6 +180,7 @@ fn packed_kernels_match_the_twin() {
     let mut rng = StdRng::seed_from_u64(0x9ac8);
     let mut checked = 0;
     let mut wide_calls = 0;
+    let mut stream_calls = 0;
     // Every fast order, and the llama.cpp orders the exact mode reads packed rows in
     // (the 32-element formats' and the K-quants').
     let cases = FAST_TYPES
@@ -236,18 +237,29 @@ fn packed_kernels_match_the_twin() {
                     for ar in &a[..cols] {
                         side.push(k, ar);
                     }
-                    for (sd, wide) in [
-                        (ActSide::default(), false),
-                        (side.rows(k, 0, cols), false),
-                        (side.rows(k, 0, cols), true),
+                    for (sd, per) in [
+                        (ActSide::default(), 1),
+                        (side.rows(k, 0, cols), 1),
+                        (side.rows(k, 0, cols), k.packed_rows / 8),
+                        (ActSide::default(), k.stream_rows / 8),
+                        (side.rows(k, 0, cols), k.stream_rows / 8),
                     ] {
-                        // Calls of `packed_rows` rows (two groups on AVX-512) where that many
-                        // are left, else of one group.
-                        let per = if wide { k.packed_rows / 8 } else { 1 };
+                        // Calls of `per` groups where that many are left, else of one
+                        // group: one, `packed_rows` rows (two groups on AVX-512), and for
+                        // one or two tokens `stream_rows` (a decode task's rows at once).
+                        if per > k.packed_rows / 8 && cols > 2 {
+                            continue;
+                        }
                         let mut m = vec![f32::NAN; cols * rows];
                         let mut g = 0;
                         while g < groups {
-                            let take = if g + per <= groups { per } else { 1 };
+                            let take = if g + per <= groups {
+                                per
+                            } else if per > k.packed_rows / 8 {
+                                groups - g
+                            } else {
+                                1
+                            };
                             let wg = &packed[g * 8 * rb..(g + take) * 8 * rb];
                             // SAFETY: slots c * rows + 8g + r (r < 8 take, c < cols) are in
                             // `m`.
@@ -263,7 +275,8 @@ fn packed_kernels_match_the_twin() {
                                     rows,
                                 )
                             };
-                            wide_calls += usize::from(take > 1);
+                            wide_calls += usize::from(take == 2);
+                            stream_calls += usize::from(take > 2);
                             g += take;
                         }
                         for c in 0..cols {
@@ -287,6 +300,12 @@ fn packed_kernels_match_the_twin() {
     }
     if Isa::Avx512.available() {
         assert!(wide_calls > 0, "no sixteen-row packed call was checked");
+    }
+    if Isa::Avx2.available() {
+        assert!(
+            stream_calls > 0,
+            "no call of more than two groups was checked"
+        );
     }
 }
 

@@ -394,7 +394,10 @@ fn product_task(
         // the rows repacked at load where there are some (one sequential stream per group
         // of eight, already in the kernel's order; `o0`, `o1` are multiples of eight, so
         // a call takes one or two whole groups), else over the file's rows.
+        // One or two tokens: as many rows per call as the kernel streams (a K-quant
+        // decode task is one call, its arguments checked once).
         let into = match (set.packed_into, packed) {
+            (Some(into), Some(packed)) if k <= 2 => Some((into, packed, set.stream_rows)),
             (Some(into), Some(packed)) => Some((into, packed, set.packed_rows)),
             _ => set.tile_into.map(|into| (into, wdata, set.tile_rows)),
         };

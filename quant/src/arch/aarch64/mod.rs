@@ -56,6 +56,7 @@ const fn row(
         tile_into: None,
         packed_into: None,
         packed_rows: crate::PACK_ROWS,
+        stream_rows: crate::PACK_ROWS,
         packed_tokens: crate::contract::TILE_MAX_TOKENS,
     }
 }

@@ -357,6 +357,8 @@ impl Rows for Z {
 struct KCall {
     w: *const u8,
     group: usize,
+    /// Groups of eight rows one after the other (one or two tokens only; else 1).
+    groups: usize,
     nb: usize,
     a: *const u8,
     stride: usize,
@@ -676,6 +678,7 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
     let KCall {
         w,
         group,
+        groups,
         nb,
         a,
         stride,
@@ -694,23 +697,28 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
         // (perf); 8B model, tg32, t=2, Zen 5, alternated: 9.0-9.3 -> 9.6-9.7 t/s with
         // 16 KiB. Prefetching only the next super-block measured 28% slower on Zen 4:
         // too close, it competes with the demand loads.
-        let mut acc = [[V::zero_f(); ACC]; 2];
+        // A call may take a decode task's groups one after the other: the stream goes on
+        // across them (they are consecutive), and the call's checks are made once.
         let sb = 8 * <K::Block as Block>::BYTES;
         let ahead = crate::kernels::decode_prefetch();
-        for i in 0..nb {
-            prefetch_lines(w.wrapping_add(i * sb + ahead), sb);
-            let h = K::head::<V, ALT>(w, group, i);
-            let t = |j: usize| K::unit::<V>(w, group, i, j);
-            if n == 2 {
-                K::tokens::<V, 2, ALT>(&h, t, [y(0, i), y(1, i)], &mut acc);
-            } else {
-                let mut one = [acc[0]];
-                K::tokens::<V, 1, ALT>(&h, t, [y(0, i)], &mut one);
-                acc[0] = one[0];
+        for g in 0..groups {
+            let w = w.add(g * group);
+            let mut acc = [[V::zero_f(); ACC]; 2];
+            for i in 0..nb {
+                prefetch_lines(w.wrapping_add(i * sb + ahead), sb);
+                let h = K::head::<V, ALT>(w, group, i);
+                let t = |j: usize| K::unit::<V>(w, group, i, j);
+                if n == 2 {
+                    K::tokens::<V, 2, ALT>(&h, t, [y(0, i), y(1, i)], &mut acc);
+                } else {
+                    let mut one = [acc[0]];
+                    K::tokens::<V, 1, ALT>(&h, t, [y(0, i)], &mut one);
+                    acc[0] = one[0];
+                }
             }
-        }
-        for (c, acc) in acc.into_iter().enumerate().take(n) {
-            store(c, acc);
+            for (c, acc) in acc.into_iter().enumerate().take(n) {
+                V::store(out.add(c * out_stride + 8 * g), K::finish::<V, ALT>(acc));
+            }
         }
         return;
     }
@@ -778,10 +786,13 @@ fn kcall<W: Block>(
     out: *mut f32,
     out_stride: usize,
 ) -> KCall {
+    let stream = n <= 2;
     assert!(
-        rows == 8 || rows == max_rows,
-        "packed tile: {rows} rows, not one group of eight or {max_rows} rows"
+        rows == 8 || rows == max_rows || (stream && rows.is_multiple_of(8)),
+        "packed tile: {rows} rows, not one group of eight or {max_rows} rows (or, for \
+         one or two tokens, whole groups)"
     );
+    let limit = if stream { STREAM_ROWS } else { max_rows };
     let k = check_tile_rows::<W, BlockQ8K>(
         w,
         rows,
@@ -789,12 +800,13 @@ fn kcall<W: Block>(
         stride,
         side,
         rows * n,
-        (max_rows, FAST_TILE_TOKENS),
+        (limit, FAST_TILE_TOKENS),
         1,
     );
     KCall {
         w: w.as_ptr(),
         group: 8 * k.wstride,
+        groups: if stream { rows / 8 } else { 1 },
         nb: k.nb,
         a: a.as_ptr(),
         stride,
@@ -811,6 +823,10 @@ const AVX512: u8 = 2;
 
 /// Rows of one AVX-512 packed call: two groups.
 pub(super) const PACKED512_ROWS: usize = 16;
+
+/// Most rows of one packed call for one or two tokens (`KernelRow::stream_rows`): whole
+/// groups of eight, streamed one after the other by the eight-row kernel.
+pub(super) const STREAM_ROWS: usize = 1 << 16;
 
 /// A packed tile (`crate::contract::TileIntoFn`) of format `K` (`ALT`: its second order)
 /// at `LEVEL`: AVX2 and AVX2+VNNI take one group of eight rows, AVX-512 sixteen rows (or
@@ -835,17 +851,13 @@ unsafe fn packed<K: KFormat, const ALT: bool, const LEVEL: u8>(
         AVX2 => run_avx2::<K, ALT>(c),
         VNNI => run_vnni::<K, ALT>(c),
         _ if rows == 8 => run_vnni::<K, ALT>(c),
-        _ if c.n <= 2 => {
-            // Decode streams each group through the ymm kernel in turn: one ascending
-            // stream at a time (the sixteen-row pass reads two groups at once and
-            // measured 5.5-5.8 vs 7.7-8.6 t/s on the 8B model's tg32, Zen 4).
-            run_vnni::<K, ALT>(c);
-            run_vnni::<K, ALT>(KCall {
-                w: c.w.add(c.group),
-                out: c.out.add(8),
-                ..c
-            })
-        }
+        // Decode streams each group through the ymm kernel in turn (`c.groups` of them):
+        // one ascending stream at a time. The sixteen-row pass reads two groups at once
+        // and measured 5.5-5.8 vs 7.7-8.6 t/s on the 8B model's tg32 (Zen 4); on Zen 5 it
+        // is faster from cache (Q4_K 104 vs 87-92 G multiply-adds/s) but 0.71-0.75 of a
+        // plain read from memory against the ymm kernel's 0.92, even with both groups'
+        // super-blocks interleaved into one stream.
+        _ if c.n <= 2 => run_vnni::<K, ALT>(c),
         _ => run_512::<K, ALT>(c),
     }
 }

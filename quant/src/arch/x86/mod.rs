@@ -66,6 +66,7 @@ const fn row(
         tile_into: None,
         packed_into: None,
         packed_rows: crate::PACK_ROWS,
+        stream_rows: crate::PACK_ROWS,
         packed_tokens: crate::contract::TILE_MAX_TOKENS,
     }
 }
@@ -90,6 +91,7 @@ const fn fast_row(
         tile_into: Some(into),
         packed_into: Some(packed),
         packed_rows: crate::PACK_ROWS,
+        stream_rows: crate::PACK_ROWS,
         packed_tokens: crate::contract::FAST_TILE_TOKENS,
     }
 }
@@ -104,6 +106,7 @@ const fn fast_row512(
 ) -> KernelRow {
     KernelRow {
         packed_rows: legacy::PACKED512_ROWS,
+        stream_rows: legacy::PACKED512_ROWS,
         ..fast_row(ty, Isa::Avx512, dot, (tile, into, packed), offset_sums)
     }
 }
@@ -123,6 +126,7 @@ const fn exact_packed512(r: KernelRow, packed: TileIntoFn) -> KernelRow {
     KernelRow {
         isa: Isa::Avx512,
         packed_rows: legacy::PACKED512_ROWS,
+        stream_rows: legacy::PACKED512_ROWS,
         ..exact_packed(r, packed)
     }
 }
@@ -140,6 +144,7 @@ const fn packed_row_k(
     KernelRow {
         packed_into: Some(packed),
         packed_rows,
+        stream_rows: kpacked::STREAM_ROWS,
         packed_tokens: crate::contract::FAST_TILE_TOKENS,
         ..row(ty, order, isa, dot, Some(tile), false)
     }
