@@ -547,3 +547,70 @@ fn numerics_fast_is_recorded_per_row() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exact"));
 }
+
+/// `--interleave N`: tg tests take turns every N tokens (at depth too), each engine's
+/// rows keep their statistics, pp tests still alternate whole repetitions, and the note
+/// says how the engines alternated.
+#[cfg(feature = "llamacpp")]
+#[test]
+fn interleaved_tg_with_llamacpp() {
+    if !reference_has_host_simd() {
+        return;
+    }
+    let out = rbench(&[
+        "-m",
+        MODEL,
+        "-p",
+        "8",
+        "-n",
+        "10",
+        "-d",
+        "0,12",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--engine",
+        "rllama,llamacpp",
+        "--interleave",
+        "4",
+        "-o",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    // pp8, tg10 at depths 0 and 12, on both engines.
+    assert_eq!(rows.len(), 8, "{v}");
+    for r in rows {
+        check_stats(r, 2);
+        assert!(u(r, "avg_ns") > 0);
+    }
+    let tg: Vec<(&str, u64)> = rows
+        .iter()
+        .filter(|r| u(r, "n_gen") == 10)
+        .map(|r| (r["engine"].as_str().unwrap(), u(r, "n_depth")))
+        .collect();
+    assert_eq!(
+        tg,
+        [
+            ("rllama", 0),
+            ("llamacpp", 0),
+            ("rllama", 12),
+            ("llamacpp", 12)
+        ]
+    );
+    assert!(
+        stderr.contains("engines took turns every 4 generated tokens"),
+        "{stderr}"
+    );
+    // Without a second engine there is nothing to interleave.
+    let out = rbench(&["-m", MODEL, "-n", "4", "--interleave", "4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--engine rllama,llamacpp"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -189,6 +189,14 @@ pub struct Cli {
     /// there are enough CPUs; RLLAMA_NO_PIN=1 does the same)
     #[arg(long = "no-pin")]
     pub no_pin: bool,
+    /// With two engines, tg tests alternate the engines every N generated tokens instead
+    /// of every repetition, so both see the same machine state (a shared host whose
+    /// memory bandwidth drifts between runs); each engine's time is the sum of its own
+    /// tokens, and which engine goes first alternates per repetition (each turn starts
+    /// after an untimed 20 ms pause, for the other engine's threads to stop spinning).
+    /// 0: alternate whole repetitions
+    #[arg(long = "interleave", value_name = "N", default_value_t = 0)]
+    pub interleave: usize,
     /// rllama's kernel orders: exact (llama.cpp's own, bit-identical to it) or fast (the
     /// 32-element formats sum each block once and put eight rows in a register; Q4_K and
     /// Q6_K keep one llama.cpp order for every token, eight rows per register; other
@@ -394,6 +402,9 @@ pub struct Params {
     pub progress: bool,
     /// Pin rllama's compute threads (`--no-pin` turns it off).
     pub pin: bool,
+    /// `--interleave`: tg tests alternate engines every this many tokens (0: per
+    /// repetition).
+    pub interleave: usize,
     /// rllama's kernel orders (`--exact`: llama.cpp's).
     pub numerics: runtime::Numerics,
     /// `-ngl` values to sweep.
@@ -497,6 +508,13 @@ impl Params {
                  llama-bench, or run -ngl sweeps with --engine rllama"
             );
         }
+        if cli.interleave > 0 && engines.len() < 2 {
+            bail!(
+                "--interleave {} alternates two engines token by token: give them with \
+                 --engine rllama,llamacpp",
+                cli.interleave
+            );
+        }
         let p = Params {
             models,
             n_prompt,
@@ -517,6 +535,7 @@ impl Params {
             engines,
             progress: !cli.no_progress,
             pin: !cli.no_pin,
+            interleave: cli.interleave,
             numerics: cli.numerics.into(),
             n_gpu_layers,
             device: cli.device,

@@ -84,6 +84,14 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
         cpu_mask: params.cpu_mask.clone().unwrap_or_else(|| "0x0".into()),
         llamacpp_system_info,
         load_note,
+        interleave_note: (params.interleave > 0).then(|| {
+            format!(
+                "note: tg tests interleaved: the engines took turns every {} generated tokens \
+                 (--interleave), so both ran in the same machine state; pp and pg tests \
+                 alternate whole repetitions",
+                params.interleave
+            )
+        }),
     };
     let mut printer = Printer::new(out, params, info);
     printer.header()?;

@@ -61,6 +61,27 @@ impl RefInstance {
         Ok(ns)
     }
 
+    /// Clears the cache and fills it with the depth tokens (not timed), for a repetition
+    /// whose tokens are generated in turns ([`RefInstance::gen_tokens`]).
+    pub(super) fn start_gen(&mut self, t: &RepTokens) -> Result<()> {
+        if t.depth.is_empty() {
+            self.m.clear_kv();
+        } else {
+            self.m.time_prompt(&t.depth)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes `toks` one at a time, continuing at the current position; nanoseconds of
+    /// decoding.
+    pub(super) fn gen_tokens(&mut self, toks: &[u32]) -> Result<u64> {
+        let mut ns = 0;
+        for &tok in toks {
+            ns += self.m.time_generate(tok, 1)?;
+        }
+        Ok(ns)
+    }
+
     /// What its result row says: the model as llama.cpp describes it, and the KV cache
     /// (bytes when our model is loaded to size it, tokens).
     pub(super) fn describe(&self, model: &LoadedModel) -> (ModelDesc, Option<u64>, u64) {

@@ -26,6 +26,8 @@ pub struct RunInfo {
     pub llamacpp_system_info: Option<String>,
     /// A warning that other processes were competing for the CPUs when the run started.
     pub load_note: Option<String>,
+    /// How the engines alternated, when not by whole repetitions (`--interleave`).
+    pub interleave_note: Option<String>,
 }
 
 impl RunInfo {
@@ -479,6 +481,9 @@ impl<W: Write> Printer<W> {
                 if let Some(t) = &ratio {
                     write!(self.out, "\n{t}")?;
                 }
+                if let Some(n) = &self.info.interleave_note {
+                    writeln!(self.out, "\n{n}")?;
+                }
                 if let Some(s) = &sysinfo {
                     writeln!(self.out, "\n{s}")?;
                 }
@@ -510,6 +515,9 @@ impl<W: Write> Printer<W> {
             let mut e = io::stderr().lock();
             if let Some(t) = &ratio {
                 write!(e, "\n{t}")?;
+            }
+            if let Some(n) = &self.info.interleave_note {
+                writeln!(e, "{n}")?;
             }
             if let Some(s) = &sysinfo {
                 writeln!(e, "{s}")?;

@@ -249,6 +249,25 @@ impl OursInstance {
         Ok(t0.elapsed().as_nanos() as u64)
     }
 
+    /// Clears the cache and fills it with the depth tokens (not timed), for a repetition
+    /// whose tokens are generated in turns ([`OursInstance::gen_tokens`]).
+    fn start_gen(&mut self, t: &RepTokens) -> Result<()> {
+        self.runner.clear();
+        if !t.depth.is_empty() {
+            self.runner.feed(&t.depth, false)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes `toks` one at a time, continuing at the current position; nanoseconds.
+    fn gen_tokens(&mut self, toks: &[u32]) -> Result<u64> {
+        let t0 = Instant::now();
+        for &tok in toks {
+            self.runner.feed(&[tok], false)?;
+        }
+        Ok(t0.elapsed().as_nanos() as u64)
+    }
+
     fn kv(&self) -> (u64, u64) {
         let l = self.runner.kv.layout();
         (l.total_bytes() as u64, l.capacity_tokens() as u64)
@@ -568,6 +587,8 @@ pub struct RunOptions<'a> {
     /// Pin rllama's compute threads to their own CPUs.
     pub pin: bool,
     pub numa: Option<NumaMode>,
+    /// tg tests alternate engines every this many tokens (0: per repetition).
+    pub interleave: usize,
 }
 
 impl<'a> RunOptions<'a> {
@@ -578,6 +599,7 @@ impl<'a> RunOptions<'a> {
             warmup: params.warmup,
             pin: params.pin,
             numa: params.numa,
+            interleave: params.interleave,
         }
     }
 }
@@ -599,6 +621,7 @@ pub fn run_test(
         warmup,
         pin,
         numa,
+        interleave,
     } = *opts;
     let name = spec.name();
     let test_time = utc_now();
@@ -640,8 +663,54 @@ pub fn run_test(
     }
 
     let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(repetitions); engines.len()];
+    // `--interleave N` on a tg test: the engines take turns every N tokens (after each
+    // fills its depth, untimed), so drift in the machine's state reaches both alike.
+    let interleaved = interleave > 0 && insts.len() > 1 && spec.n_prompt == 0 && spec.n_gen > 0;
     for rep in 0..repetitions {
         let t = rep_tokens(&model.tokens, spec, test_idx, rep);
+        if interleaved {
+            for (inst, &e) in insts.iter_mut().zip(engines) {
+                progress.update(&format!(
+                    "{label} [{e}] rep {}/{repetitions} depth",
+                    rep + 1
+                ));
+                match inst {
+                    Inst::Ours(o) => o.start_gen(&t),
+                    #[cfg(feature = "llamacpp")]
+                    Inst::Ref(r) => r.start_gen(&t),
+                }
+                .with_context(|| format!("{name} repetition {} on {e}", rep + 1))?;
+            }
+            progress.update(&format!(
+                "{label} [interleaved every {interleave} tokens] rep {}/{repetitions}",
+                rep + 1
+            ));
+            let n = insts.len();
+            let mut ns = vec![0u64; n];
+            let mut i = 0;
+            while i < t.gen.len() {
+                let toks = &t.gen[i..(i + interleave).min(t.gen.len())];
+                for k in (0..n).map(|k| (k + rep) % n) {
+                    // The other engine's threads spin for a while after its turn
+                    // (llama.cpp's OpenMP workers for milliseconds): let them settle,
+                    // untimed, so a turn never shares its cores with the previous one's
+                    // spinners (smollm2 tg128, t=2, 8-token turns: ours/llama.cpp 1.48
+                    // without, 1.63 with 20 ms, 1.64 alternating whole repetitions).
+                    std::thread::sleep(TURN_SETTLE);
+                    ns[k] += match &mut insts[k] {
+                        Inst::Ours(o) => o.gen_tokens(toks),
+                        #[cfg(feature = "llamacpp")]
+                        Inst::Ref(r) => r.gen_tokens(toks),
+                    }
+                    .with_context(|| format!("{name} repetition {} on {}", rep + 1, engines[k]))?;
+                }
+                i += toks.len();
+            }
+            for (s, ns) in samples.iter_mut().zip(ns) {
+                s.push(ns);
+            }
+            continue;
+        }
         for (i, (inst, &e)) in insts.iter_mut().zip(engines).enumerate() {
             progress.update(&format!("{label} [{e}] rep {}/{repetitions}", rep + 1));
             let ns = match inst {
@@ -734,6 +803,9 @@ pub fn run_test(
     }
     Ok(out)
 }
+
+/// The untimed pause before each engine's turn of an interleaved tg test.
+const TURN_SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Sleeps `--delay` seconds (between tests, not before the first).
 pub fn delay(seconds: f64) {
