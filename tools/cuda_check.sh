@@ -14,7 +14,8 @@
 #       local GPU's architecture, plus llama-bench, into $CUDA_CHECK_WORK (/tmp/cudacheck).
 #   tools/cuda_check.sh run DIR MODEL...   (on the GPU machine) prints `rllama devices`,
 #       runs the offload agreement test for smollm2 on CUDA0 when smollm2-135m.gguf is
-#       among the models, `rbench -ngl $NGL_SWEEP` (default 0,99) beside
+#       among the models, `rbench -ngl $NGL_SWEEP` (default 0,99; flash attention on
+#       the device where it runs, and with FA_COMPARE=1 also -ngl 99 without it) beside
 #       `llama-bench -ngl 99 -fa 0,1` for each model, and with SERVE_MODEL set a ShareGPT
 #       sweep (chat, --ignore-eos; SERVE_POINTS "concurrency:prompts ...") of
 #       `rserve -ngl 99` against `rserve -ngl 0`. Logs go to $OUT when set, else
@@ -147,6 +148,11 @@ run)
         echo "== $name: rbench -ngl 0,half,99 (t=$t) and llama-bench -ngl 99 -fa 0,1"
         timeout 400 "$B/rbench" -m "$m" -ngl "${NGL_SWEEP:-0,99}" --device "${DEVICE:-CUDA0}" -p 512 -n 128 -r 3 -t "$t" \
             2>&1 | tee "$out/rbench_$name.txt" | grep -E '^\||isa|kernels' || true
+        if [ -n "${FA_COMPARE:-}" ]; then
+            echo "== $name: rbench -ngl 99 with the two-product attention (RLLAMA_OFFLOAD_FA=off)"
+            RLLAMA_OFFLOAD_FA=off timeout 400 "$B/rbench" -m "$m" -ngl 99 --device "${DEVICE:-CUDA0}" \
+                -p 512 -n 128 -r 3 -t "$t" 2>&1 | tee "$out/rbench_fa_off_$name.txt" | grep -E '^\|' || true
+        fi
         timeout 300 "$work/build/bin/llama-bench" -m "$m" -ngl 99 -fa 0,1 -p 512 -n 128 -r 3 \
             -t "$t" 2>&1 | tee "$out/llamabench_$name.txt" | grep -E '^\|' || true
     done
