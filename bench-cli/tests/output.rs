@@ -602,7 +602,8 @@ fn interleaved_tg_with_llamacpp() {
         ]
     );
     assert!(
-        stderr.contains("engines took turns every 4 generated tokens"),
+        stderr.contains("engines took turns every 4 generated tokens")
+            && stderr.contains("tg tests take turns every few tokens"),
         "{stderr}"
     );
     // Without a second engine there is nothing to interleave.

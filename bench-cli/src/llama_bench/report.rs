@@ -570,10 +570,15 @@ impl<W: Write> Printer<W> {
             }
             s.push('\n');
         }
-        s.push_str(
-            "\nours/llama.cpp = rllama t/s / llama.cpp t/s; repetitions alternate between the \
-             engines; llama.cpp with its defaults (flash_attn auto, f16 KV cache).\n",
-        );
+        let how = if self.info.interleave_note.is_some() {
+            "tg tests take turns every few tokens (below), other tests alternate repetitions"
+        } else {
+            "repetitions alternate between the engines"
+        };
+        s.push_str(&format!(
+            "\nours/llama.cpp = rllama t/s / llama.cpp t/s; {how}; llama.cpp with its defaults \
+             (flash_attn auto, f16 KV cache).\n"
+        ));
         Some(s)
     }
 }
