@@ -44,12 +44,7 @@ impl RefInstance {
     }
 
     pub(super) fn rep(&mut self, t: &RepTokens) -> Result<u64> {
-        if t.depth.is_empty() {
-            self.m.clear_kv();
-        } else {
-            // Clears the cache, then fills it with the depth tokens (not timed).
-            self.m.time_prompt(&t.depth)?;
-        }
+        self.fill_depth(t)?;
         let mut ns = 0;
         if !t.prompt.is_empty() {
             // After the depth tokens, where there are some.
@@ -61,12 +56,13 @@ impl RefInstance {
         Ok(ns)
     }
 
-    /// Clears the cache and fills it with the depth tokens (not timed), for a repetition
-    /// whose tokens are generated in turns ([`RefInstance::gen_tokens`]).
-    pub(super) fn start_gen(&mut self, t: &RepTokens) -> Result<()> {
+    /// Clears the cache and fills it with the depth tokens (not timed): the start of a
+    /// repetition, whole or generated in turns ([`RefInstance::gen_tokens`]).
+    pub(super) fn fill_depth(&mut self, t: &RepTokens) -> Result<()> {
         if t.depth.is_empty() {
             self.m.clear_kv();
         } else {
+            // Clears the cache, then fills it with the depth tokens.
             self.m.time_prompt(&t.depth)?;
         }
         Ok(())

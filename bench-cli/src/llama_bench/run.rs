@@ -235,10 +235,7 @@ impl OursInstance {
     }
 
     fn rep(&mut self, t: &RepTokens) -> Result<u64> {
-        self.runner.clear();
-        if !t.depth.is_empty() {
-            self.runner.feed(&t.depth, false)?;
-        }
+        self.fill_depth(t)?;
         let t0 = Instant::now();
         if !t.prompt.is_empty() {
             self.runner.feed(&t.prompt, false)?;
@@ -249,9 +246,9 @@ impl OursInstance {
         Ok(t0.elapsed().as_nanos() as u64)
     }
 
-    /// Clears the cache and fills it with the depth tokens (not timed), for a repetition
-    /// whose tokens are generated in turns ([`OursInstance::gen_tokens`]).
-    fn start_gen(&mut self, t: &RepTokens) -> Result<()> {
+    /// Clears the cache and fills it with the depth tokens (not timed): the start of a
+    /// repetition, whole or generated in turns ([`OursInstance::gen_tokens`]).
+    fn fill_depth(&mut self, t: &RepTokens) -> Result<()> {
         self.runner.clear();
         if !t.depth.is_empty() {
             self.runner.feed(&t.depth, false)?;
@@ -675,9 +672,9 @@ pub fn run_test(
                     rep + 1
                 ));
                 match inst {
-                    Inst::Ours(o) => o.start_gen(&t),
+                    Inst::Ours(o) => o.fill_depth(&t),
                     #[cfg(feature = "llamacpp")]
-                    Inst::Ref(r) => r.start_gen(&t),
+                    Inst::Ref(r) => r.fill_depth(&t),
                 }
                 .with_context(|| format!("{name} repetition {} on {e}", rep + 1))?;
             }

@@ -185,17 +185,18 @@ impl DeviceLayers {
         let dev = pick_device(g, device)?;
         // SAFETY: dev is a registered device; the name is owned by ggml.
         let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
+        // The device is asked only when the setting leaves it a say.
         // SAFETY: dev is a registered device.
-        let fa_runs = unsafe { device_runs_flash_attn(l, dev, cfg) };
+        let fa_runs = || unsafe { device_runs_flash_attn(l, dev, cfg) };
         let flash_attn = match flash_attn_choice()? {
-            Some(true) if !fa_runs => {
+            Some(true) if !fa_runs() => {
                 return Err(OffloadError::Backend(format!(
-                    "RLLAMA_OFFLOAD_FA=1, but {dev_name} cannot run flash attention at this \
-                     model's head sizes"
+                    "RLLAMA_OFFLOAD_FA asks for flash attention, but {dev_name} cannot run it \
+                     at this model's head sizes"
                 )))
             }
             Some(on) => on,
-            None => fa_runs,
+            None => fa_runs(),
         };
         // The output matrix stays on the CPU where the device cannot multiply by it, as
         // llama.cpp keeps such a weight in host memory: Vulkan binds at most
