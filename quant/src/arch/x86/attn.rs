@@ -9,7 +9,7 @@
 
 use core::arch::x86_64::*;
 
-use super::simd::prefetch_lines;
+use super::simd::{arr, prefetch_lines};
 
 /// Queries (and keys) per register tile.
 const QUAD: usize = 4;
@@ -107,8 +107,7 @@ pub(crate) unsafe fn scores_heads_vecdot_avx2(
         for g in 0..n_kv {
             prefetch_slices(row, s, n, g * hk, hk);
             // A short last quad repeats its last key; those scores are never stored.
-            let rows: [*const u16; QUAD] =
-                core::array::from_fn(|k| row(s + k.min(nk - 1)).add(g * hk));
+            let rows: [*const u16; QUAD] = arr(|k| row(s + k.min(nk - 1)).add(g * hk));
             for i in 0..group {
                 let h = g * group + i;
                 let d = super::f16::vecdot_dots::<1, QUAD>(&q16[h * hk..(h + 1) * hk], rows);
@@ -168,20 +167,19 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
     while s < n {
         let nk = (n - s).min(QUAD);
         // A short last quad repeats its last key; those lanes are never stored.
-        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        let rows: [*const u16; QUAD] = arr(|k| key(s + k.min(nk - 1)));
         let mut i = 0;
         while i < m {
             let nq = (m - i).min(QUAD);
-            let qs: [*const f32; QUAD] = core::array::from_fn(|k| qp.add((i + k.min(nq - 1)) * hk));
+            let qs: [*const f32; QUAD] = arr(|k| qp.add((i + k.min(nq - 1)) * hk));
             // acc[4 * key + query]: after the transposed reduction, lane 4 * query + key.
             // One chain over all dims (GEMM), or chain j over dims 16 j mod 64 (VecDot).
             let chain = |first: usize, step: usize| {
                 let mut acc = [_mm512_setzero_ps(); 16];
                 let mut d = first;
                 while d < hk {
-                    let kv: [__m512; QUAD] = core::array::from_fn(|k| {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(rows[k].add(d).cast()))
-                    });
+                    let kv: [__m512; QUAD] =
+                        arr(|k| _mm512_cvtph_ps(_mm256_loadu_si256(rows[k].add(d).cast())));
                     for (qi, &q) in qs.iter().enumerate() {
                         let qv = _mm512_loadu_ps(q.add(d));
                         for (ki, &k) in kv.iter().enumerate() {
@@ -194,9 +192,9 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
             };
             let acc = if VECDOT {
                 let (c0, c2) = (chain(0, 64), chain(32, 64));
-                let a02: [__m512; 16] = core::array::from_fn(|j| _mm512_add_ps(c0[j], c2[j]));
+                let a02: [__m512; 16] = arr(|j| _mm512_add_ps(c0[j], c2[j]));
                 let (c1, c3) = (chain(16, 64), chain(48, 64));
-                core::array::from_fn(|j| _mm512_add_ps(a02[j], _mm512_add_ps(c1[j], c3[j])))
+                arr(|j| _mm512_add_ps(a02[j], _mm512_add_ps(c1[j], c3[j])))
             } else {
                 chain(0, 16)
             };
@@ -236,7 +234,7 @@ unsafe fn scores_tile_order<const VECDOT: bool>(
 #[target_feature(enable = "avx512f")]
 unsafe fn reduce16(acc: &[__m512; 16]) -> __m512 {
     // y: quarters [a: l0..4 + l8..12, a: l4..8 + l12..16, b: .., b: ..] per pair (a, b).
-    let y: [__m512; 8] = core::array::from_fn(|p| {
+    let y: [__m512; 8] = arr(|p| {
         let (a, b) = (acc[2 * p], acc[2 * p + 1]);
         _mm512_add_ps(
             _mm512_shuffle_f32x4::<0x44>(a, b),
@@ -244,7 +242,7 @@ unsafe fn reduce16(acc: &[__m512; 16]) -> __m512 {
         )
     });
     // r: quarter j holds acc[4p + j]'s four sums of y_i + y_{i+4}.
-    let r: [__m512; 4] = core::array::from_fn(|p| {
+    let r: [__m512; 4] = arr(|p| {
         let (a, b) = (y[2 * p], y[2 * p + 1]);
         _mm512_add_ps(
             _mm512_shuffle_f32x4::<0x88>(a, b),
@@ -343,11 +341,10 @@ unsafe fn vsum_block<V: VReg, const Q: usize, const R: usize>(
     prob: &impl Fn(usize, usize) -> *const f32,
     v: &impl Fn(usize) -> *const u16,
 ) {
-    let mut acc: [[V; R]; Q] =
-        core::array::from_fn(|i| core::array::from_fn(|j| V::load(parts[i].add(d + V::N * j))));
+    let mut acc: [[V; R]; Q] = arr(|i| arr(|j| V::load(parts[i].add(d + V::N * j))));
     for cell in cells {
         let r = v(cell).add(d);
-        let vv: [V; R] = core::array::from_fn(|j| V::half(r.add(V::N * j)));
+        let vv: [V; R] = arr(|j| V::half(r.add(V::N * j)));
         for (i, acc) in acc.iter_mut().enumerate() {
             let p = *prob(i, cell);
             for (a, &x) in acc.iter_mut().zip(&vv) {
@@ -545,21 +542,26 @@ unsafe fn vsum_cells_in<R: VReg>(
     let row_len = groups * hv;
     let chunk = (VSUM_CHUNK / (32 * row_len)).clamp(1, runs.max(1));
     // Each partial's cells in cell order: the head's cells come before every run's, the
-    // tail's after.
-    let one = |k: usize, i: usize| {
-        for (q, &dst) in parts.iter().enumerate() {
-            let p = *prob(q).add(i);
-            let src = v(i).add(q / group * hv);
-            let mut d = 0;
-            while d < hv {
-                let at = dst.add(k * hv + d);
-                R::madd(p, R::half(src.add(d)), R::load(at)).store(at);
-                d += R::N;
+    // tail's after. A macro, not a closure: a closure called from two places was left out
+    // of line in the portable build, where it lacks the AVX-512 features of `R`'s
+    // intrinsics and called each of them.
+    macro_rules! one {
+        ($k:expr, $i:expr) => {{
+            let (k, i): (usize, usize) = ($k, $i);
+            for (q, &dst) in parts.iter().enumerate() {
+                let p = *prob(q).add(i);
+                let src = v(i).add(q / group * hv);
+                let mut d = 0;
+                while d < hv {
+                    let at = dst.add(k * hv + d);
+                    R::madd(p, R::half(src.add(d)), R::load(at)).store(at);
+                    d += R::N;
+                }
             }
-        }
-    };
+        }};
+    }
     for i in 0..head {
-        one(c0 + i, i);
+        one!(c0 + i, i);
     }
     // The chunk starting at run `r0` (`rc` runs) has `rc * 16` rows of `row_bytes` each.
     let row_bytes = 2 * row_len;
@@ -648,7 +650,7 @@ unsafe fn vsum_cells_in<R: VReg>(
         });
     }
     for i in tail..n {
-        one((c0 + i) % np, i);
+        one!((c0 + i) % np, i);
     }
 }
 
@@ -728,12 +730,11 @@ impl VsumRuns {
         row: &impl Fn(usize, usize) -> *const u16,
     ) {
         let at = |q: usize, k: usize| parts[q].add((self.b0 + self.j + k) * self.hv + self.d);
-        let pr: [*const f32; Q] = core::array::from_fn(|q| prob(self.q + q));
-        let mut acc: [[R; 4]; Q] =
-            core::array::from_fn(|q| core::array::from_fn(|k| R::load(at(q, k))));
+        let pr: [*const f32; Q] = arr(|q| prob(self.q + q));
+        let mut acc: [[R; 4]; Q] = arr(|q| arr(|k| R::load(at(q, k))));
         for r in 0..self.runs {
             let i = self.start + r * self.np + self.j;
-            let x: [R; 4] = core::array::from_fn(|k| R::half(row(r, k)));
+            let x: [R; 4] = arr(|k| R::half(row(r, k)));
             for (a, p) in acc.iter_mut().zip(pr) {
                 for k in 0..4 {
                     a[k] = R::madd(*p.add(i + k), x[k], a[k]);
@@ -772,20 +773,19 @@ pub(crate) unsafe fn scores_tile_avx2<const REGS: usize>(
     let mut s = 0;
     while s < n {
         let nk = (n - s).min(QUAD);
-        let rows: [*const u16; QUAD] = core::array::from_fn(|k| key(s + k.min(nk - 1)));
+        let rows: [*const u16; QUAD] = arr(|k| key(s + k.min(nk - 1)));
         let mut i = 0;
         while i < m {
             let nq = (m - i).min(2);
-            let qs: [*const f32; 2] = core::array::from_fn(|k| qp.add((i + k.min(nq - 1)) * hk));
+            let qs: [*const f32; 2] = arr(|k| qp.add((i + k.min(nq - 1)) * hk));
             // acc[2 * key + query]: after the reduction, lane 4 * query + key.
             let mut sum = [_mm256_setzero_ps(); 8];
             for h in 0..REGS {
                 let mut acc = [_mm256_setzero_ps(); 8];
                 let mut d = 8 * h;
                 while d < hk {
-                    let kv: [__m256; QUAD] = core::array::from_fn(|k| {
-                        _mm256_cvtph_ps(_mm_loadu_si128(rows[k].add(d).cast()))
-                    });
+                    let kv: [__m256; QUAD] =
+                        arr(|k| _mm256_cvtph_ps(_mm_loadu_si128(rows[k].add(d).cast())));
                     for (qi, &q) in qs.iter().enumerate() {
                         let qv = _mm256_loadu_ps(q.add(d));
                         for (ki, &k) in kv.iter().enumerate() {
@@ -827,7 +827,7 @@ pub(crate) unsafe fn scores_tile_avx2<const REGS: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn reduce8(acc: &[__m256; 8]) -> __m256 {
     // y: [a: l0..4 + l4..8 | b: the same] per pair (a, b).
-    let y: [__m256; 4] = core::array::from_fn(|p| {
+    let y: [__m256; 4] = arr(|p| {
         let (a, b) = (acc[2 * p], acc[2 * p + 1]);
         _mm256_add_ps(
             _mm256_permute2f128_ps::<0x20>(a, b),
@@ -859,7 +859,7 @@ unsafe fn reduce8(acc: &[__m256; 8]) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn vector_sums(x: *const f32, lanes: usize) -> [f32; 8] {
     debug_assert!(lanes == 8 || lanes == 16);
-    let v: [__m256; 8] = core::array::from_fn(|j| {
+    let v: [__m256; 8] = arr(|j| {
         let p = x.add(j * lanes);
         if lanes == 16 {
             _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
@@ -869,7 +869,7 @@ pub(crate) unsafe fn vector_sums(x: *const f32, lanes: usize) -> [f32; 8] {
     });
     let mut l = [0.0f32; 8];
     _mm256_storeu_ps(l.as_mut_ptr(), reduce8(&v));
-    core::array::from_fn(|j| l[j / 2 + 4 * (j % 2)])
+    arr(|j| l[j / 2 + 4 * (j % 2)])
 }
 
 /// [`vsum_tile`] on 256-bit registers: 16 elements at a time.

@@ -5,7 +5,7 @@ use core::arch::x86_64::*;
 
 use half::f16;
 
-use super::simd::hsum_ps;
+use super::simd::{arr, hsum_ps};
 use crate::order::{hsum, F16Order, Flavor};
 
 /// `ops::f16::sum_rows_f16_scalar` over slots `0, step, 2 * step, ..`, vectorised: 64 output
@@ -210,7 +210,7 @@ pub(crate) unsafe fn vecdot_dots<const REGS: usize, const KEYS: usize>(
         }
         i += 4 * lanes;
     }
-    std::array::from_fn(|k| vecdot_reduce::<REGS>(&acc[k]))
+    arr(|k| vecdot_reduce::<REGS>(&acc[k]))
 }
 
 /// Keys scored together by [`scores_f16_keys`]: four independent FMA chains instead of
@@ -245,7 +245,7 @@ unsafe fn gemm_dots<const REGS: usize>(
         }
         i += 8 * REGS;
     }
-    std::array::from_fn(|k| {
+    arr(|k| {
         hsum_ps(if REGS == 2 {
             _mm256_add_ps(acc[k][0], acc[k][REGS - 1])
         } else {
@@ -288,7 +288,7 @@ pub(crate) unsafe fn scores_f16_keys(
     let mut d = [0.0f32; SCORE_KEYS];
     let mut s = 0;
     while s < full {
-        let rows = || std::array::from_fn(|k| row(s + k));
+        let rows = || arr(|k| row(s + k));
         match (ord, wide) {
             (F16Order::Gemm, true) => d = gemm_dots::<2>(a, rows()),
             (F16Order::Gemm, false) => d = gemm_dots::<1>(a, rows()),

@@ -24,7 +24,7 @@
 use core::arch::x86_64::*;
 
 use super::legacy::bcast4;
-use super::simd::{ld128, ld256, prefetch_lines};
+use super::simd::{arr, ld128, ld256, prefetch_lines};
 use crate::contract::{check_tile_rows, ActSide, TileIntoFn, FAST_TILE_TOKENS};
 use crate::formats::common::Block;
 use crate::formats::q4_k::BlockQ4K;
@@ -459,7 +459,7 @@ impl KFormat for Q4K {
         let q = |g: usize, v: usize| {
             ld256(w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 128 + 128 * b + 32 * v))
         };
-        core::array::from_fn(|k| {
+        arr(|k| {
             if k % 2 == 0 {
                 V::gather(|g| nib::<false>(q(g, k / 2)))
             } else {
@@ -518,8 +518,8 @@ impl KFormat for Q4K {
         };
         let yd = ys.map(|y| V::set1_ps(y.cast::<f32>().read_unaligned()));
         if ALT {
-            let d: [V::F; Q] = core::array::from_fn(|q| V::mul(h.d, yd[q]));
-            let dm: [V::F; Q] = core::array::from_fn(|q| V::mul(h.dmin, yd[q]));
+            let d: [V::F; Q] = arr(|q| V::mul(h.d, yd[q]));
+            let dm: [V::F; Q] = arr(|q| V::mul(h.dmin, yd[q]));
             for k in 0..4 {
                 let mut s1 = [V::zero(); Q];
                 for b in [2 * k, 2 * k + 1] {
@@ -564,7 +564,7 @@ impl KFormat for Q6K {
         let m = _mm256_set1_epi8(0x30);
         // Registers 8j..8j+8: sub-blocks 2j and 2j+1 (four registers each); register
         // 4u + r takes its low nibble, then its bit pair r moved to bits 4..6.
-        core::array::from_fn(|k| {
+        arr(|k| {
             V::gather(|g| {
                 let unit = at(g).add(144 + 192 * j);
                 let lo = ld256(unit.add(32 * (k / 2)));
@@ -661,7 +661,7 @@ impl KFormat for Q6K {
         if ALT {
             // `hsum_float_8` across the lane accumulators: v_i = x_{i+4} + x_i, then
             // (v0 + v2) + (v1 + v3).
-            let v: [V::F; 4] = core::array::from_fn(|i| V::add_f(acc[i + 4], acc[i]));
+            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
             V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
         } else {
             acc[0]
@@ -741,8 +741,8 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
         let t = |j: usize| *st.add(j);
         let mut c0 = 0;
         while c0 + 4 <= n {
-            let mut acc4: [[V::F; ACC]; 4] = core::array::from_fn(|q| acc[c0 + q]);
-            let ys = core::array::from_fn(|q| y(c0 + q, i));
+            let mut acc4: [[V::F; ACC]; 4] = arr(|q| acc[c0 + q]);
+            let ys = arr(|q| y(c0 + q, i));
             K::tokens::<V, 4, ALT>(&h, t, ys, &mut acc4);
             acc[c0..c0 + 4].copy_from_slice(&acc4);
             c0 += 4;

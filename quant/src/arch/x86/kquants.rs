@@ -133,8 +133,7 @@ unsafe fn q4_k_many<const N: usize, const ORD: u8>(
             // Lane k: the mins of 64-element chunk k times its bsums.
             let mins_k = _mm_madd_epi16(mins16, q8s);
             if ORD == ORD_GEMM4 {
-                let s: [__m256i; 4] =
-                    std::array::from_fn(|k| _mm256_add_epi32(p(2 * k), p(2 * k + 1)));
+                let s: [__m256i; 4] = arr(|k| _mm256_add_epi32(p(2 * k), p(2 * k + 1)));
                 let h =
                     _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
                 let s1 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));

@@ -849,13 +849,12 @@ macro_rules! legacy_fast {
                     let mut c0 = 0;
                     if INT == FastInt::Vnni {
                         while c0 + 4 <= n {
-                            let mut acc4: [__m256; 4] = core::array::from_fn(|q| acc[c0 + q]);
+                            let mut acc4: [__m256; 4] = arr(|q| acc[c0 + q]);
                             for j in 0..nc {
                                 let i = i0 + j;
                                 // SAFETY: entry j < nc was written above.
                                 let t = &*tq.add(j);
-                                let ai: [(*const u8, i32); 4] =
-                                    core::array::from_fn(|q| act(c0 + q, i));
+                                let ai: [(*const u8, i32); 4] = arr(|q| act(c0 + q, i));
                                 let mut s0 = ai.map(|(_, init)| _mm256_set1_epi32(init));
                                 let mut s1 = [_mm256_setzero_si256(); 4];
                                 for k in (0..8).step_by(2) {
@@ -1366,7 +1365,7 @@ unsafe fn stage512<T: Legacy>(
     let ta = packed_regs::<T>(pa.add(16 * heads));
     let tb = packed_regs::<T>(pb.add(16 * heads));
     let flip = _mm512_set1_epi8(0x80u8 as i8);
-    let t: [__m512i; 8] = core::array::from_fn(|k| {
+    let t: [__m512i; 8] = arr(|k| {
         let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ta[k]), tb[k]);
         // Q8_0 is stored signed; VNNI wants the weights unsigned (`q + 128`).
         if T::EIGHT_BIT {
@@ -1486,12 +1485,12 @@ unsafe fn fast_vnni512_packed<T: Legacy>(f: FastCall) {
             // Four tokens per pass: each staged register is loaded once for four.
             let mut c0 = 0;
             while c0 + 4 <= n {
-                let mut acc4: [__m512; 4] = core::array::from_fn(|q| acc[c0 + q]);
+                let mut acc4: [__m512; 4] = arr(|q| acc[c0 + q]);
                 for j in 0..nc {
                     let i = i0 + j;
                     // SAFETY: entry j < nc was written above.
                     let t = &*tq.add(j);
-                    let ai: [(*const u8, i32); 4] = core::array::from_fn(|q| act(c0 + q, i));
+                    let ai: [(*const u8, i32); 4] = arr(|q| act(c0 + q, i));
                     let mut s0 = ai.map(|(_, init)| _mm512_set1_epi32(init));
                     let mut s1 = [_mm512_setzero_si512(); 4];
                     for k in (0..8).step_by(2) {
@@ -1863,7 +1862,7 @@ unsafe fn exact_packed_body<T: Legacy, const VNNI: u8>(f: FastCall) {
         // `hsum_float_8`, lane by lane: v_i = x_{i+4} + x_i, then (v0 + v2) + (v1 + v3),
         // then the unsigned formats' mins.
         let x = &acc[c];
-        let v: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(x[i + 4], x[i]));
+        let v: [__m256; 4] = arr(|i| _mm256_add_ps(x[i + 4], x[i]));
         let mut r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
         if !T::SIGNED {
             r = _mm256_add_ps(r, summs[c]);
@@ -2099,8 +2098,8 @@ unsafe fn exact512_tokens<T: Legacy, const M: usize>(
         ([[_mm512_setzero_ps(); 8]; M], [_mm512_setzero_ps(); M])
     } else {
         (
-            core::array::from_fn(|q| acc.add(c0 + q).read()),
-            core::array::from_fn(|q| summs.add(c0 + q).read()),
+            arr(|q| acc.add(c0 + q).read()),
+            arr(|q| summs.add(c0 + q).read()),
         )
     };
     for j in 0..nc {
@@ -2242,7 +2241,7 @@ unsafe fn exact_vnni512_packed<T: Legacy>(f: FastCall) {
         // then the mins' sum for the unsigned formats.
         // SAFETY: entries 0..n were written by the first chunk.
         let x = &*acc.add(c);
-        let v: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(x[i + 4], x[i]));
+        let v: [__m512; 4] = arr(|i| _mm512_add_ps(x[i + 4], x[i]));
         let mut r = _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3]));
         if !T::SIGNED {
             r = _mm512_add_ps(r, *summs.add(c));

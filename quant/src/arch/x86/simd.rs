@@ -153,6 +153,25 @@ pub(super) unsafe fn prefetch_block(p: *const u8, bytes: usize) {
     prefetch_lines(p.wrapping_add(PREFETCH), bytes)
 }
 
+/// `core::array::from_fn` as a plain loop, always inlined. In the portable build
+/// (`x86-64-v3` baseline) code outside a `#[target_feature]` function cannot inline an
+/// AVX-512 or VNNI intrinsic: `from_fn` with many call sites was left out of line there
+/// (its closure wrapper too), so every intrinsic in its closure became a call, with the
+/// vectors passed through memory (qwen2.5 pp512 0.93-0.96x of the native build). Here the
+/// closure is called in the caller's own body and inlined with the caller's features.
+#[inline(always)]
+pub(crate) fn arr<T, const N: usize>(mut f: impl FnMut(usize) -> T) -> [T; N] {
+    let mut a = core::mem::MaybeUninit::<[T; N]>::uninit();
+    let p = a.as_mut_ptr().cast::<T>();
+    for k in 0..N {
+        // SAFETY: slot k of the N-element array, written once.
+        unsafe { p.add(k).write(f(k)) };
+    }
+    // SAFETY: all N slots were written (a panic in `f` leaves before this, leaking the
+    // written ones, which is safe).
+    unsafe { a.assume_init() }
+}
+
 /// Prefetches the cache lines of the `bytes`-long block at `p`.
 #[inline]
 #[target_feature(enable = "avx2")]
