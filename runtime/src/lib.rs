@@ -22,4 +22,6 @@ pub mod tune;
 pub use gguf::{GgufError, GgufFile};
 pub use load::{load, LoadError, Loaded, ModelFile};
 pub use matmul::Numerics;
+pub use quant::isa::{active as kernel_isa, Isa};
+pub use quant::order::{flavor as ggml_flavor, Flavor};
 pub use quant::DotOrder;

@@ -476,6 +476,9 @@ impl<W: Write> Printer<W> {
                 isas.push(line);
             }
         }
+        if !isas.is_empty() {
+            isas.extend(super::run::flavor_note());
+        }
         match self.format {
             OutputFormat::Md => {
                 if let Some(t) = &ratio {
@@ -521,6 +524,9 @@ impl<W: Write> Printer<W> {
             }
             if let Some(s) = &sysinfo {
                 writeln!(e, "{s}")?;
+            }
+            for n in isas.iter().filter(|l| l.starts_with("note:")) {
+                writeln!(e, "{n}")?;
             }
             for n in &roofline {
                 writeln!(e, "{n}")?;

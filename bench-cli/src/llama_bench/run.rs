@@ -444,6 +444,34 @@ pub fn kernel_isas(m: &Model) -> String {
         .join(",")
 }
 
+/// A note for runs whose element-wise and attention order (the ggml flavor, which the
+/// exact numerics follow) is not the one a CPU at the kernels' level would run: on an
+/// AVX-512 machine `RLLAMA_SIMD=avx2` lowers the kernels but keeps the AVX-512 flavor,
+/// so it does not measure what an AVX2-only CPU runs unless `RLLAMA_GGML_FLAVOR=avx2` is
+/// set too. `None` where the two agree.
+pub fn flavor_note() -> Option<String> {
+    flavor_mismatch(runtime::kernel_isa(), runtime::ggml_flavor())
+}
+
+fn flavor_mismatch(isa: runtime::Isa, flavor: runtime::Flavor) -> Option<String> {
+    use runtime::{Flavor, Isa};
+    let wide = isa.includes(Isa::Avx512);
+    match (flavor, isa) {
+        (_, Isa::Scalar | Isa::Neon | Isa::NeonDotprod) => None,
+        (Flavor::Avx512, _) if !wide => Some(format!(
+            "note: rllama kernels at {isa}, but element-wise and attention arithmetic in \
+             llama.cpp's avx512 order (this CPU's); an AVX2-only CPU runs the avx2 order: \
+             add RLLAMA_GGML_FLAVOR=avx2 to measure it"
+        )),
+        (Flavor::Avx2, _) if wide => Some(
+            "note: rllama kernels at avx512, but element-wise and attention arithmetic in \
+             llama.cpp's avx2 order (RLLAMA_GGML_FLAVOR=avx2)"
+                .to_string(),
+        ),
+        _ => None,
+    }
+}
+
 /// The widest x86 SIMD level llama.cpp's `system_info` says its CPU backend was built
 /// with (it picks its kernels at compile time): `avx512`, `avx2` or `scalar`, with
 /// `-vnni` when its VNNI paths are compiled in.
@@ -808,5 +836,31 @@ const TURN_SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 pub fn delay(seconds: f64) {
     if seconds > 0.0 {
         std::thread::sleep(Duration::from_secs_f64(seconds));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flavor_mismatch;
+    use runtime::{Flavor, Isa};
+
+    #[test]
+    fn flavor_note_only_where_kernels_and_order_disagree() {
+        // What a CPU at each level runs by itself: no note.
+        assert_eq!(flavor_mismatch(Isa::Avx512, Flavor::Avx512), None);
+        assert_eq!(flavor_mismatch(Isa::Avx2, Flavor::Avx2), None);
+        assert_eq!(flavor_mismatch(Isa::AvxVnni, Flavor::Avx2), None);
+        assert_eq!(flavor_mismatch(Isa::Scalar, Flavor::Avx512), None);
+        assert_eq!(flavor_mismatch(Isa::NeonDotprod, Flavor::Avx2), None);
+        // RLLAMA_SIMD lowered on an AVX-512 machine, flavor left alone.
+        for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx2Vnni] {
+            let n = flavor_mismatch(isa, Flavor::Avx512).expect("a note");
+            assert!(
+                n.contains(isa.name()) && n.contains("RLLAMA_GGML_FLAVOR=avx2"),
+                "{n}"
+            );
+        }
+        let n = flavor_mismatch(Isa::Avx512, Flavor::Avx2).expect("a note");
+        assert!(n.contains("avx2 order"), "{n}");
     }
 }

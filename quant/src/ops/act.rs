@@ -122,6 +122,49 @@ pub(crate) unsafe fn expf_row_avx2(fl: Flavor, x: &mut [f32], sub: f32) {
     }
 }
 
+/// [`expf_row_avx2`] for the 16-lane flavor on sixteen lanes with AVX-512, scaling by
+/// `vscalefps` as ggml's AVX-512 `ggml_v_expf` does (one rounding, which [`expf`]'s two
+/// products reproduce); vectors with a lane whose `|n|` exceeds 192 (or a NaN) take
+/// [`expf`] lane by lane, as does the tail.
+///
+/// # Safety
+/// AVX-512 F must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn expf_row_avx512(x: &mut [f32], sub: f32) {
+    use core::arch::x86_64::*;
+    let k = |b: u32| _mm512_set1_ps(c(b));
+    let shift = _mm512_set1_ps(SHIFT);
+    let m = _mm512_set1_ps(sub);
+    let limit = _mm512_set1_ps(192.0);
+    let one = _mm512_set1_ps(1.0);
+    let mut chunks = x.chunks_exact_mut(16);
+    for ch in &mut chunks {
+        let p = ch.as_mut_ptr();
+        let v = _mm512_sub_ps(_mm512_loadu_ps(p), m);
+        let z = _mm512_fmadd_ps(v, k(0x3fb8_aa3b), shift);
+        let n = _mm512_sub_ps(z, shift);
+        if _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(_mm512_abs_ps(n), limit) != 0 {
+            for y in ch.iter_mut() {
+                *y = expf(Flavor::Avx512, *y - sub);
+            }
+            continue;
+        }
+        let b = _mm512_fnmadd_ps(n, k(0x35bf_be8e), _mm512_fnmadd_ps(n, k(0x3f31_7200), v));
+        let u = _mm512_mul_ps(b, b);
+        let poly = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(k(0x3c07_2010), b, k(0x3d2b_9f17)),
+            u,
+            _mm512_fmadd_ps(k(0x3e2a_af33), b, k(0x3eff_fedb)),
+        );
+        let j = _mm512_fmadd_ps(poly, u, _mm512_fmadd_ps(k(0x3f7f_fff6), b, one));
+        _mm512_storeu_ps(p, _mm512_scalef_ps(j, n));
+    }
+    for y in chunks.into_remainder() {
+        *y = expf(Flavor::Avx512, *y - sub);
+    }
+}
+
 /// The steps of `ggml_v_expf` that both flavors share: `z` (x·log2 e plus the rounding
 /// shift), `n` (x·log2 e rounded), the reduced argument `b`, `u = b²` and the polynomial's
 /// shared part.
@@ -324,6 +367,47 @@ mod tests {
                         "{fl:?} exp({x} - {sub}): {g} vs {want}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The AVX-512 row (`vscalefps`) gives [`expf`]'s 16-lane-flavor bits for every case.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn expf_row_avx512_gives_the_twins_bits() {
+        if !crate::isa::active().includes(crate::Isa::Avx512) {
+            return;
+        }
+        let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 0.0075).collect();
+        xs.extend((0..4000).map(|i| -80.0 - i as f32 * 0.03));
+        xs.extend((0..4000).map(|i| -130.0 + i as f32 * 0.07));
+        for (i, x) in [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+            -0.0,
+            -88.7,
+            -103.9,
+            -132.0,
+            133.0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            xs.insert(i * 997, x);
+        }
+        for sub in [0.0f32, 1.5, -2.25] {
+            let mut got = xs[..xs.len() - 5].to_vec();
+            // SAFETY: AVX-512 F is active.
+            unsafe { expf_row_avx512(&mut got, sub) };
+            for (x, g) in xs.iter().zip(&got) {
+                let want = expf(Flavor::Avx512, *x - sub);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "exp({x} - {sub}): {g} vs {want}"
+                );
             }
         }
     }

@@ -34,8 +34,13 @@ fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, simd: bool) {
     let max = row_max(x);
     #[cfg(target_arch = "x86_64")]
     if simd {
-        // SAFETY: `simd` only where AVX2 and FMA are active.
-        unsafe { super::act::expf_row_avx2(fl, x, max) };
+        if fl == Flavor::Avx512 && crate::isa::active().includes(crate::Isa::Avx512) {
+            // SAFETY: the active ISA includes AVX-512 F.
+            unsafe { super::act::expf_row_avx512(x, max) };
+        } else {
+            // SAFETY: `simd` only where AVX2 and FMA are active.
+            unsafe { super::act::expf_row_avx2(fl, x, max) };
+        }
     }
     if !cfg!(target_arch = "x86_64") || !simd {
         for v in x.iter_mut() {
