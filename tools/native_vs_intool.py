@@ -8,6 +8,13 @@ then prints medians (tokens/s) and ratios to the best native configuration.
       --rbench after=target/release/rbench --rbench before=/tmp/rbench-old \\
       -m smollm2-135m -m gemma3-270m -p 512 -n 128 -t 2 --rounds 3
   ... --ours --numerics exact,fast     # our engine too, in both numerics
+  ... --membw                          # memory bandwidth before every run, paired ratios
+
+On a host whose memory bandwidth drifts, `--membw` runs `rbench membw` before every engine
+run and prints, besides the medians, the median of the per-round ratios (each contestant
+against the best native configuration of the same round), the same ratio per GB/s of the
+bandwidth read just before each run, and the bandwidth each contestant's runs started in,
+so a tg ratio can be checked for a shared memory state.
 
 A native llama-bench: cmake -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON on a llama.cpp
 checkout (llama.cpp's own defaults otherwise: OpenMP, repacking, llamafile sgemm).
@@ -50,17 +57,28 @@ def main():
                     help="our engine's numerics with --ours: exact, fast, or exact,fast (both)")
     ap.add_argument("--no-intool", action="store_true",
                     help="skip rbench's llama.cpp")
+    ap.add_argument("--membw", action="store_true",
+                    help="measure memory bandwidth (rbench membw) before every run")
     a = ap.parse_args()
     rbenches = [r.split("=", 1) for r in a.rbench]
     common = ["-p", str(a.p), "-n", str(a.n), "-t", str(a.t), "-r", "1", "-o", "json"]
     if a.d:
         common += ["-d", str(a.d)]
-    samples = {}  # (model, contestant, test) -> [t/s]
+    samples = {}  # (model, contestant, test) -> [t/s], one per round
+    bandwidth = {}  # (model, contestant) -> [GB/s before each run]
 
     def add(model, who, rows):
         for r in rows:
             test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
             samples.setdefault((model, who, test), []).append(r["avg_ts"])
+
+    def membw():
+        p = subprocess.run([rbenches[0][1], "membw", "-t", str(a.t)], capture_output=True, text=True)
+        for line in p.stdout.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 6 and cells[0] == str(a.t):
+                return float(cells[5])
+        sys.exit(f"rbench membw printed no row for -t {a.t}:\n{p.stdout}{p.stderr[-2000:]}")
 
     for rnd in range(a.rounds):
         for m in a.m:
@@ -77,8 +95,14 @@ def main():
             if rnd % 2:
                 jobs.reverse()
             for who, cmd in jobs:
-                add(m, who, run_json(cmd))
-                print(f"round {rnd + 1} {m} {who} done", file=sys.stderr)
+                state = ""
+                if a.membw:
+                    bandwidth.setdefault((m, who), []).append(membw())
+                    state = f" after membw {bandwidth[(m, who)][-1]:.1f} GB/s"
+                rows = run_json(cmd)
+                add(m, who, rows)
+                got = ", ".join(f"{r['avg_ts']:.2f}" for r in rows)
+                print(f"round {rnd + 1} {m} {who}: {got} t/s{state}", file=sys.stderr)
 
     tests = sorted({k[2] for k in samples}, key=lambda t: (t[:2] != "pp", t))
     whos = sorted({k[1] for k in samples}, key=lambda w: (not w.startswith("native"), w))
@@ -99,6 +123,33 @@ def main():
                     cells.append(f"{v:.1f}")
                 else:
                     cells.append(f"{v:.1f} ({v / best:.2f}x)")
+            print(f"| {m} | {t} | " + " | ".join(cells) + " |")
+
+    if not a.membw:
+        return
+    print(f"\nmedian of per-round ratios (each round's run / that round's best native), the same"
+          f" with each run's t/s divided by the `rbench membw -t {a.t}` GB/s read just before it"
+          f" (a memory-bound tg's ratio in one memory state), and that bandwidth's median"
+          f" (min-max) per contestant\n")
+    print("| model | test | " + " | ".join(whos) + " |")
+    print("|---|---|" + "---:|" * len(whos))
+    for m in a.m:
+        for t in tests:
+            natives = [w for w in whos if w.startswith("native") and (m, w, t) in samples]
+            # Per round: the best native's t/s and the bandwidth its run started in.
+            best = [max((samples[(m, w, t)][i], bandwidth[(m, w)][i]) for w in natives)
+                    for i in range(a.rounds)]
+            cells = []
+            for w in whos:
+                bw = bandwidth.get((m, w), [])
+                state = f"{statistics.median(bw):.0f} ({min(bw):.0f}-{max(bw):.0f}) GB/s" if bw else ""
+                if w.startswith("native") or (m, w, t) not in samples:
+                    cells.append(state)
+                else:
+                    runs = list(zip(samples[(m, w, t)], bw, best))
+                    r = statistics.median(v / nv for v, _, (nv, _) in runs)
+                    per_gbs = statistics.median((v / b) / (nv / nb) for v, b, (nv, nb) in runs)
+                    cells.append(f"{r:.2f}x; per GB/s {per_gbs:.2f}x; {state}")
             print(f"| {m} | {t} | " + " | ".join(cells) + " |")
 
 
