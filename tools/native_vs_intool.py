@@ -73,12 +73,17 @@ def main():
             samples.setdefault((model, who, test), []).append(r["avg_ts"])
 
     def membw():
+        # The highest row's median: the plain read or, where rbench has it, the read that
+        # prefetches as the decode kernels do.
         p = subprocess.run([rbenches[0][1], "membw", "-t", str(a.t)], capture_output=True, text=True)
+        rows = []
         for line in p.stdout.splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) >= 6 and cells[0] == str(a.t):
-                return float(cells[5])
-        sys.exit(f"rbench membw printed no row for -t {a.t}:\n{p.stdout}{p.stderr[-2000:]}")
+                rows.append(float(cells[5]))
+        if not rows:
+            sys.exit(f"rbench membw printed no row for -t {a.t}:\n{p.stdout}{p.stderr[-2000:]}")
+        return max(rows)
 
     for rnd in range(a.rounds):
         for m in a.m:

@@ -12,6 +12,13 @@
 //! caches; written first so every page is resident) with AVX2 loads where the CPU has them.
 //! GB = 1e9 bytes.
 //!
+//! On x86 a second row reads the same buffer with a software prefetch of every cache line
+//! 8 KiB ahead of the loads (as the decode kernels read their weights), passes of the two
+//! alternated so both meet the same memory state. On some hosts a plain read is far from
+//! the memory's ceiling (a Zen 5 server VM: 78-105 GB/s plain, 94-121 prefetched, two
+//! threads), and a roofline against the plain read alone would flatter a decode that
+//! prefetches.
+//!
 //! `--numa` adds the node matrix: for every node with CPUs we may use, threads pinned on
 //! that node's CPUs read a buffer bound (`mbind`) to each memory node in turn, so the
 //! diagonal is local bandwidth and the rest is what crossing the interconnect costs. The
@@ -68,7 +75,12 @@ const TASK_WORDS: usize = TASK_BYTES / 8;
 pub enum Kernel {
     Scalar,
     Avx2,
+    /// AVX2 loads, each cache line prefetched [`PREFETCH_AHEAD`] bytes before it is read.
+    Avx2Prefetch,
 }
+
+/// How far ahead [`Kernel::Avx2Prefetch`] asks for the lines it will read.
+pub const PREFETCH_AHEAD: usize = 8 << 10;
 
 impl Kernel {
     /// The best kernel this CPU runs.
@@ -80,10 +92,20 @@ impl Kernel {
         Kernel::Scalar
     }
 
+    /// The kernels `rbench membw` measures on this CPU: the plain read, then (on x86
+    /// with AVX2) the prefetching one.
+    pub fn measured() -> Vec<Kernel> {
+        match Kernel::detect() {
+            Kernel::Scalar => vec![Kernel::Scalar],
+            _ => vec![Kernel::Avx2, Kernel::Avx2Prefetch],
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
+            Kernel::Avx2Prefetch => "avx2+prefetch",
         }
     }
 
@@ -93,9 +115,14 @@ impl Kernel {
             Kernel::Scalar => sum_scalar(xs),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: only chosen by `detect` when the CPU has AVX2 (tests do the same).
-            Kernel::Avx2 => unsafe { sum_avx2(xs) },
+            Kernel::Avx2 => unsafe { sum_avx2::<false>(xs) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Kernel::Avx2Prefetch => unsafe { sum_avx2::<true>(xs) },
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => unreachable!("AVX2 is never detected off x86_64"),
+            Kernel::Avx2 | Kernel::Avx2Prefetch => {
+                unreachable!("AVX2 is never detected off x86_64")
+            }
         }
     }
 }
@@ -105,16 +132,23 @@ pub fn sum_scalar(xs: &[u64]) -> u64 {
     xs.iter().fold(0u64, |a, &x| a.wrapping_add(x))
 }
 
-/// Four independent 256-bit accumulators keep several loads in flight per thread.
+/// Four independent 256-bit accumulators keep several loads in flight per thread;
+/// `PREFETCH`: each 128-byte block first asks for its two cache lines [`PREFETCH_AHEAD`]
+/// bytes on (a prefetch never faults, so past the slice's end is fine).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn sum_avx2(xs: &[u64]) -> u64 {
+unsafe fn sum_avx2<const PREFETCH: bool>(xs: &[u64]) -> u64 {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_si256(); 4];
     let blocks = xs.chunks_exact(16);
     let rest = blocks.remainder();
     for b in blocks {
         let p = b.as_ptr() as *const __m256i;
+        if PREFETCH {
+            let ahead = b.as_ptr().cast::<i8>().wrapping_add(PREFETCH_AHEAD);
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+        }
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: `b` holds 16 u64 = four 32-byte vectors; unaligned loads.
             *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(k)));
@@ -164,13 +198,27 @@ impl Measurement {
     }
 }
 
-/// Reads a `size_mib` buffer `repetitions` times with `threads` pool threads.
+/// Reads a `size_mib` buffer `repetitions` times with `threads` pool threads (the plain
+/// read).
 pub fn measure(
     threads: usize,
     size_mib: usize,
     repetitions: usize,
     pin: bool,
 ) -> Result<Measurement> {
+    let mut m = measure_kernels(threads, size_mib, repetitions, pin, &[Kernel::detect()])?;
+    Ok(m.remove(0))
+}
+
+/// [`measure`] with each of `kernels` in turn, pass by pass (so all meet the same memory
+/// states); one measurement per kernel, in order.
+pub fn measure_kernels(
+    threads: usize,
+    size_mib: usize,
+    repetitions: usize,
+    pin: bool,
+    kernels: &[Kernel],
+) -> Result<Vec<Measurement>> {
     if threads == 0 || size_mib == 0 || repetitions == 0 {
         bail!("threads, --size-mib and repetitions must be > 0");
     }
@@ -181,24 +229,33 @@ pub fn measure(
     let words = bytes / 8;
     let pool = ThreadPool::with_options(threads, PoolOptions { pin, numa: None });
     let mut buf = vec![0u64; words];
-    let samples_gbps = passes(&pool, &mut buf, repetitions)?;
-    Ok(Measurement {
-        threads,
-        bytes: bytes as u64,
-        kernel: Kernel::detect(),
-        pinned: pool.pinned_cpus(),
-        samples_gbps,
-    })
+    let samples = passes(&pool, &mut buf, repetitions, kernels)?;
+    Ok(kernels
+        .iter()
+        .zip(samples)
+        .map(|(&kernel, samples_gbps)| Measurement {
+            threads,
+            bytes: bytes as u64,
+            kernel,
+            pinned: pool.pinned_cpus(),
+            samples_gbps,
+        })
+        .collect())
 }
 
 /// Writes `buf` from the pool (so every page is resident, first touched by a reader), then
-/// times `repetitions` read passes (after one untimed pass); GB/s per pass.
-fn passes(pool: &ThreadPool, buf: &mut [u64], repetitions: usize) -> Result<Vec<f64>> {
+/// times `repetitions` read passes per kernel, the kernels taking turns (after one untimed
+/// pass each); GB/s per pass, per kernel.
+fn passes(
+    pool: &ThreadPool,
+    buf: &mut [u64],
+    repetitions: usize,
+    kernels: &[Kernel],
+) -> Result<Vec<Vec<f64>>> {
     let words = buf.len();
     let bytes = words * 8;
     let n_tasks = words.div_ceil(TASK_WORDS);
     let task = |t: usize| t * TASK_WORDS..((t + 1) * TASK_WORDS).min(words);
-    let kernel = Kernel::detect();
     // Untouched pages would all read the shared zero page: write every word first.
     let out = SharedMut::new(buf);
     pool.run(n_tasks, &|t| {
@@ -212,7 +269,7 @@ fn passes(pool: &ThreadPool, buf: &mut [u64], repetitions: usize) -> Result<Vec<
     let buf: &[u64] = buf;
     // The sum of 0..words, wrapped as the kernels wrap: proves every word was read once.
     let expect = ((words as u128) * (words as u128).saturating_sub(1) / 2) as u64;
-    let pass = || -> Result<f64> {
+    let pass = |kernel: Kernel| -> Result<f64> {
         let total = AtomicU64::new(0);
         let t0 = Instant::now();
         pool.run(n_tasks, &|t| {
@@ -226,8 +283,16 @@ fn passes(pool: &ThreadPool, buf: &mut [u64], repetitions: usize) -> Result<Vec<
         }
         Ok(bytes as f64 / secs.max(1e-9) / 1e9)
     };
-    pass()?; // untimed: wakes the workers and warms the TLB
-    (0..repetitions).map(|_| pass()).collect()
+    for &k in kernels {
+        pass(k)?; // untimed: wakes the workers and warms the TLB
+    }
+    let mut out = vec![Vec::with_capacity(repetitions); kernels.len()];
+    for _ in 0..repetitions {
+        for (samples, &k) in out.iter_mut().zip(kernels) {
+            samples.push(pass(k)?);
+        }
+    }
+    Ok(out)
 }
 
 /// One cell of the NUMA matrix.
@@ -278,7 +343,8 @@ pub fn numa_matrix(
                 let words: &mut [u64] = unsafe {
                     std::slice::from_raw_parts_mut(raw.as_mut_ptr().cast(), raw.len() / 8)
                 };
-                let samples_gbps = passes(&pool, words, repetitions)?;
+                let kernel = Kernel::detect();
+                let samples_gbps = passes(&pool, words, repetitions, &[kernel])?.remove(0);
                 out.push(NodePair {
                     cpu_node: c,
                     mem_node: m,
@@ -286,7 +352,7 @@ pub fn numa_matrix(
                     m: Measurement {
                         threads: n,
                         bytes: bytes as u64,
-                        kernel: Kernel::detect(),
+                        kernel,
                         pinned: pool.pinned_cpus(),
                         samples_gbps,
                     },
@@ -341,36 +407,60 @@ pub fn matrix_markdown(cells: &[NodePair]) -> String {
 
 /// The result as a markdown table.
 pub fn markdown(m: &Measurement) -> String {
-    let pinned = m.pinned.as_ref().map_or_else(
-        || "no".to_string(),
-        |c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
-    );
-    let cols = [
-        ("threads", m.threads.to_string()),
-        ("pinned CPUs", pinned),
-        ("buffer MiB", (m.bytes >> 20).to_string()),
-        ("kernel", m.kernel.name().to_string()),
-        ("reps", m.samples_gbps.len().to_string()),
-        ("median GB/s", format!("{:.2}", m.median())),
-        ("min GB/s", format!("{:.2}", m.min())),
-        ("max GB/s", format!("{:.2}", m.max())),
+    markdown_rows(std::slice::from_ref(m))
+}
+
+/// Several results as one markdown table, a row each.
+pub fn markdown_rows(ms: &[Measurement]) -> String {
+    const HEADS: [&str; 8] = [
+        "threads",
+        "pinned CPUs",
+        "buffer MiB",
+        "kernel",
+        "reps",
+        "median GB/s",
+        "min GB/s",
+        "max GB/s",
     ];
-    let w: Vec<usize> = cols.iter().map(|(h, v)| h.len().max(v.len())).collect();
+    let rows: Vec<[String; 8]> = ms
+        .iter()
+        .map(|m| {
+            let pinned = m.pinned.as_ref().map_or_else(
+                || "no".to_string(),
+                |c| c.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            );
+            [
+                m.threads.to_string(),
+                pinned,
+                (m.bytes >> 20).to_string(),
+                m.kernel.name().to_string(),
+                m.samples_gbps.len().to_string(),
+                format!("{:.2}", m.median()),
+                format!("{:.2}", m.min()),
+                format!("{:.2}", m.max()),
+            ]
+        })
+        .collect();
+    let w: Vec<usize> = (0..HEADS.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .fold(HEADS[i].len(), usize::max)
+        })
+        .collect();
     let row = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
-    let mut s = row(cols
+    let mut s = row(HEADS
         .iter()
         .zip(&w)
-        .map(|((h, _), &w)| format!("{h:>w$}"))
+        .map(|(h, &w)| format!("{h:>w$}"))
         .collect());
     s += &row(w
         .iter()
         .map(|&w| format!("{}:", "-".repeat(w - 1)))
         .collect());
-    s += &row(cols
-        .iter()
-        .zip(&w)
-        .map(|((_, v), &w)| format!("{v:>w$}"))
-        .collect());
+    for r in &rows {
+        s += &row(r.iter().zip(&w).map(|(v, &w)| format!("{v:>w$}")).collect());
+    }
     s
 }
 
@@ -384,9 +474,11 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
         eprintln!("rbench: {n}");
     }
     let threads = a.threads.unwrap_or_else(default_threads);
-    match measure(threads, a.size_mib, a.repetitions, !a.no_pin) {
-        Ok(m) => {
-            print!("{}", markdown(&m));
+    let kernels = Kernel::measured();
+    match measure_kernels(threads, a.size_mib, a.repetitions, !a.no_pin, &kernels) {
+        Ok(ms) => {
+            let m = &ms[0];
+            print!("{}", markdown_rows(&ms));
             println!(
                 "\nread bandwidth: {} MiB summed by {} thread(s) in {} KiB tasks, median of {} \
                  passes; GB = 1e9 bytes. Compare with the tg roofline note of `rbench -m MODEL \
@@ -397,6 +489,15 @@ pub fn main_with_args(args: Vec<String>) -> std::process::ExitCode {
                 m.samples_gbps.len(),
                 m.threads,
             );
+            if ms.len() > 1 {
+                println!(
+                    "{} reads each line after a prefetch {} KiB ahead, as the decode kernels \
+                     do; the kernels' passes alternate. The higher row is the ceiling to \
+                     compare with.",
+                    ms[1].kernel.name(),
+                    PREFETCH_AHEAD >> 10
+                );
+            }
             if a.numa {
                 match numa_matrix(a.threads, a.size_mib, a.repetitions) {
                     Ok(cells) => {
@@ -433,12 +534,29 @@ mod tests {
         for len in [0, 1, 15, 16, 17, 63, 64, 1000, 4099] {
             let xs: Vec<u64> = (0..len).map(|_| rng.gen()).collect();
             let want = sum_scalar(&xs);
-            assert_eq!(Kernel::detect().sum(&xs), want, "len {len}");
+            for k in Kernel::measured() {
+                assert_eq!(k.sum(&xs), want, "{k:?} len {len}");
+            }
             // Unaligned starts too.
             if len > 3 {
                 assert_eq!(Kernel::detect().sum(&xs[3..]), sum_scalar(&xs[3..]));
             }
         }
+    }
+
+    #[test]
+    fn kernels_take_turns_and_print_a_row_each() {
+        let ms = measure_kernels(1, 8, 2, true, &Kernel::measured()).unwrap();
+        assert_eq!(ms.len(), Kernel::measured().len());
+        for (m, k) in ms.iter().zip(Kernel::measured()) {
+            assert_eq!(m.kernel, k);
+            assert_eq!(m.samples_gbps.len(), 2);
+            assert!(m.samples_gbps.iter().all(|&g| g.is_finite() && g > 0.0));
+        }
+        let t = markdown_rows(&ms);
+        assert_eq!(t.lines().count(), 2 + ms.len(), "{t}");
+        let width = t.lines().next().unwrap().chars().count();
+        assert!(t.lines().all(|l| l.chars().count() == width), "{t}");
     }
 
     #[test]

@@ -2,10 +2,10 @@
 
 use std::process::Command;
 
-/// The cells of the table's one data row, by header.
-fn table(stdout: &str) -> Vec<(String, String)> {
+/// The cells of each of the table's data rows, by header.
+fn table(stdout: &str) -> Vec<Vec<(String, String)>> {
     let lines: Vec<&str> = stdout.lines().take_while(|l| l.starts_with('|')).collect();
-    assert_eq!(lines.len(), 3, "header, rule, one row:\n{stdout}");
+    assert!(lines.len() >= 3, "header, rule, rows:\n{stdout}");
     let cells = |l: &str| -> Vec<String> {
         l.trim_matches('|')
             .split('|')
@@ -13,7 +13,10 @@ fn table(stdout: &str) -> Vec<(String, String)> {
             .collect()
     };
     assert!(cells(lines[1]).iter().all(|c| c.ends_with(':')), "{stdout}");
-    cells(lines[0]).into_iter().zip(cells(lines[2])).collect()
+    lines[2..]
+        .iter()
+        .map(|l| cells(lines[0]).into_iter().zip(cells(l)).collect())
+        .collect()
 }
 
 fn get<'a>(row: &'a [(String, String)], key: &str) -> &'a str {
@@ -32,19 +35,33 @@ fn membw_reports_positive_bandwidth() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}\n{stdout}");
-    let row = table(&stdout);
-    assert_eq!(get(&row, "threads"), "1");
-    assert_eq!(get(&row, "buffer MiB"), "64");
-    assert_eq!(get(&row, "reps"), "2");
-    let gbps = |k: &str| -> f64 {
-        let v: f64 = get(&row, k)
-            .parse()
-            .unwrap_or_else(|_| panic!("{k}: {row:?}"));
-        assert!(v.is_finite() && v > 0.0, "{k} = {v}");
-        v
-    };
-    let (median, min, max) = (gbps("median GB/s"), gbps("min GB/s"), gbps("max GB/s"));
-    assert!(min <= median && median <= max, "{row:?}");
+    let rows = table(&stdout);
+    // The plain read, then (x86 with AVX2) the read that prefetches ahead.
+    let kernels: Vec<&str> = rows.iter().map(|r| get(r, "kernel")).collect();
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    if avx2 {
+        assert_eq!(kernels, ["avx2", "avx2+prefetch"], "{stdout}");
+        assert!(stdout.contains("The higher row is the ceiling"), "{stdout}");
+    } else {
+        assert_eq!(kernels, ["scalar"], "{stdout}");
+    }
+    for row in &rows {
+        assert_eq!(get(row, "threads"), "1");
+        assert_eq!(get(row, "buffer MiB"), "64");
+        assert_eq!(get(row, "reps"), "2");
+        let gbps = |k: &str| -> f64 {
+            let v: f64 = get(row, k)
+                .parse()
+                .unwrap_or_else(|_| panic!("{k}: {row:?}"));
+            assert!(v.is_finite() && v > 0.0, "{k} = {v}");
+            v
+        };
+        let (median, min, max) = (gbps("median GB/s"), gbps("min GB/s"), gbps("max GB/s"));
+        assert!(min <= median && median <= max, "{row:?}");
+    }
 }
 
 #[test]
