@@ -14,9 +14,9 @@
 //!
 //! On x86 a second row reads the same buffer with a software prefetch of every cache line
 //! 8 KiB ahead of the loads (as the decode kernels read their weights), passes of the two
-//! alternated so both meet the same memory state. On some hosts a plain read is far from
-//! the memory's ceiling (a Zen 5 server VM: 78-105 GB/s plain, 94-121 prefetched, two
-//! threads), and a roofline against the plain read alone would flatter a decode that
+//! alternated so both meet the same memory state. A plain read can fall short of what a
+//! prefetching reader gets (our Zen 5 VM: 3-5% at one and at two threads, slow memory
+//! state), and a roofline against the plain read alone would flatter a decode that
 //! prefetches.
 //!
 //! `--numa` adds the node matrix: for every node with CPUs we may use, threads pinned on
