@@ -103,7 +103,7 @@ def main():
                 state = ""
                 if a.membw:
                     bandwidth.setdefault((m, who), []).append(membw())
-                    state = f" after membw {bandwidth[(m, who)][-1]:.1f} GB/s"
+                    state = f" (membw just before: {bandwidth[(m, who)][-1]:.1f} GB/s)"
                 rows = run_json(cmd)
                 add(m, who, rows)
                 got = ", ".join(f"{r['avg_ts']:.2f}" for r in rows)

@@ -405,11 +405,6 @@ pub fn matrix_markdown(cells: &[NodePair]) -> String {
     s
 }
 
-/// The result as a markdown table.
-pub fn markdown(m: &Measurement) -> String {
-    markdown_rows(std::slice::from_ref(m))
-}
-
 /// Several results as one markdown table, a row each.
 pub fn markdown_rows(ms: &[Measurement]) -> String {
     const HEADS: [&str; 8] = [
@@ -565,7 +560,7 @@ mod tests {
         assert_eq!(m.samples_gbps.len(), 2);
         assert!(m.samples_gbps.iter().all(|&g| g.is_finite() && g > 0.0));
         assert!(m.min() <= m.median() && m.median() <= m.max());
-        let t = markdown(&m);
+        let t = markdown_rows(std::slice::from_ref(&m));
         assert_eq!(t.lines().count(), 3, "{t}");
         assert!(t
             .lines()

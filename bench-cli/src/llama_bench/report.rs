@@ -476,9 +476,8 @@ impl<W: Write> Printer<W> {
                 isas.push(line);
             }
         }
-        if !isas.is_empty() {
-            isas.extend(super::run::flavor_note());
-        }
+        // Only beside our kernels' line: the note is about them.
+        let flavor = (!isas.is_empty()).then(super::run::flavor_note).flatten();
         match self.format {
             OutputFormat::Md => {
                 if let Some(t) = &ratio {
@@ -492,6 +491,9 @@ impl<W: Write> Printer<W> {
                 }
                 if !isas.is_empty() {
                     writeln!(self.out, "\n{}", isas.join("\n"))?;
+                }
+                if let Some(n) = &flavor {
+                    writeln!(self.out, "{n}")?;
                 }
                 if !roofline.is_empty() {
                     writeln!(self.out, "\n{}", roofline.join("\n"))?;
@@ -525,7 +527,7 @@ impl<W: Write> Printer<W> {
             if let Some(s) = &sysinfo {
                 writeln!(e, "{s}")?;
             }
-            for n in isas.iter().filter(|l| l.starts_with("note:")) {
+            if let Some(n) = &flavor {
                 writeln!(e, "{n}")?;
             }
             for n in &roofline {

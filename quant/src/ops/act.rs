@@ -328,56 +328,11 @@ mod tests {
         }
     }
 
-    /// The AVX2 row (fast vectors, lane-by-lane fallback) gives [`expf`]'s bits for every
-    /// case, with rows that mix the cases within one vector and ragged tails.
+    /// Inputs for the row kernels: a dense sweep, the range where the 8-lane flavor leaves
+    /// its common case, the range around the 16-lane flavor's edge (|n| near 192), and
+    /// the special values scattered so that vectors mix the cases.
     #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn expf_row_gives_the_twins_bits() {
-        if !crate::isa::avx2() {
-            return;
-        }
-        let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 0.0075).collect();
-        xs.extend((0..4000).map(|i| -80.0 - i as f32 * 0.03));
-        for (i, x) in [
-            f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::MAX,
-            f32::MIN,
-            -0.0,
-            -88.7,
-            -103.9,
-            -132.0,
-            133.0,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            xs.insert(i * 997, x);
-        }
-        for fl in [Flavor::Avx2, Flavor::Avx512] {
-            for sub in [0.0f32, 1.5, -2.25] {
-                let mut got = xs[..xs.len() - 3].to_vec();
-                // SAFETY: AVX2 and FMA are active.
-                unsafe { expf_row_avx2(fl, &mut got, sub) };
-                for (x, g) in xs.iter().zip(&got) {
-                    let want = expf(fl, *x - sub);
-                    assert!(
-                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                        "{fl:?} exp({x} - {sub}): {g} vs {want}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// The AVX-512 row (`vscalefps`) gives [`expf`]'s 16-lane-flavor bits for every case.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn expf_row_avx512_gives_the_twins_bits() {
-        if !crate::isa::active().includes(crate::Isa::Avx512) {
-            return;
-        }
+    fn row_cases() -> Vec<f32> {
         let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 0.0075).collect();
         xs.extend((0..4000).map(|i| -80.0 - i as f32 * 0.03));
         xs.extend((0..4000).map(|i| -130.0 + i as f32 * 0.07));
@@ -398,18 +353,52 @@ mod tests {
         {
             xs.insert(i * 997, x);
         }
+        xs
+    }
+
+    /// `row(x, sub)` gives `expf(fl, x[i] - sub)`'s bits for every case, with ragged tails
+    /// (the row cut `cut` short of the cases).
+    #[cfg(target_arch = "x86_64")]
+    fn assert_row_is_expf(fl: Flavor, cut: usize, row: impl Fn(&mut [f32], f32)) {
+        let xs = row_cases();
         for sub in [0.0f32, 1.5, -2.25] {
-            let mut got = xs[..xs.len() - 5].to_vec();
-            // SAFETY: AVX-512 F is active.
-            unsafe { expf_row_avx512(&mut got, sub) };
+            let mut got = xs[..xs.len() - cut].to_vec();
+            row(&mut got, sub);
             for (x, g) in xs.iter().zip(&got) {
-                let want = expf(Flavor::Avx512, *x - sub);
+                let want = expf(fl, *x - sub);
                 assert!(
                     g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                    "exp({x} - {sub}): {g} vs {want}"
+                    "{fl:?} exp({x} - {sub}): {g} vs {want}"
                 );
             }
         }
+    }
+
+    /// The AVX2 row (fast vectors, lane-by-lane fallback) gives [`expf`]'s bits for every
+    /// case, with rows that mix the cases within one vector and ragged tails.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn expf_row_gives_the_twins_bits() {
+        if !crate::isa::avx2() {
+            return;
+        }
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            // SAFETY: AVX2 and FMA are active.
+            assert_row_is_expf(fl, 3, |x, sub| unsafe { expf_row_avx2(fl, x, sub) });
+        }
+    }
+
+    /// The AVX-512 row (`vscalefps`) gives [`expf`]'s 16-lane-flavor bits for every case.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn expf_row_avx512_gives_the_twins_bits() {
+        if !crate::isa::active().includes(crate::Isa::Avx512) {
+            return;
+        }
+        // SAFETY: AVX-512 F is active.
+        assert_row_is_expf(Flavor::Avx512, 5, |x, sub| unsafe {
+            expf_row_avx512(x, sub)
+        });
     }
 
     #[test]

@@ -704,11 +704,11 @@ unsafe fn body<V: Rows, K: KFormat, const ALT: bool>(c: KCall) {
         // A call may take a decode task's groups one after the other: the stream goes on
         // across them (they are consecutive), and the call's checks are made once.
         let sb = 8 * <K::Block as Block>::BYTES;
+        let lines = sb.div_ceil(64);
         let ahead = crate::kernels::decode_prefetch();
         for g in 0..groups {
             let w = w.add(g * group);
             let mut acc = [[V::zero_f(); ACC]; 2];
-            let lines = sb.div_ceil(64);
             for i in 0..nb {
                 let pf = w.wrapping_add(i * sb + ahead);
                 let h = K::head::<V, ALT>(w, group, i);
