@@ -363,7 +363,7 @@ fn settings(a: &SchedArgs) -> Result<Settings> {
         threads: a
             .threads
             .or(pf.threads)
-            .unwrap_or_else(runtime::pool::default_threads),
+            .unwrap_or_else(runtime::options::default_threads),
         cooldown: a.cooldown.or(pf.cooldown).unwrap_or(5.0),
         retries: a.retries.or(pf.retries).unwrap_or(2),
         order,

@@ -51,8 +51,11 @@ fn defaults_match_llama_bench() {
     assert_eq!(p.output, OutputFormat::Md);
     assert!(p.warmup);
     assert_eq!(p.engines, vec![Engine::Rllama]);
-    assert!(p.pin, "threads are pinned unless --no-pin");
-    assert!(!params(&["--no-pin"]).pin);
+    assert!(
+        p.run_options(1, 0).pin || runtime::options::Env::get().no_pin,
+        "threads are pinned unless --no-pin"
+    );
+    assert!(!params(&["--no-pin"]).run_options(1, 0).pin);
     let names: Vec<String> = p.tests().iter().map(TestSpec::name).collect();
     assert_eq!(names, ["pp512", "tg128"]);
     // Prompts are evaluated in ubatch-sized forward passes.
@@ -227,7 +230,7 @@ fn cpu_masks() {
 fn offload_sweeps() {
     let p = params(&["-ngl", "0,16,99", "-dev", "CPU", "-p", "8", "-n", "0"]);
     assert_eq!(p.n_gpu_layers, vec![0, 16, 99]);
-    assert_eq!(p.device.as_deref(), Some("CPU"));
+    assert_eq!(p.run.device.as_deref(), Some("CPU"));
     let ngl: Vec<usize> = p.tests().iter().map(|t| t.n_gpu_layers).collect();
     assert_eq!(ngl, vec![0, 16, 99]);
     let p = params(&["--n-gpu-layers=4", "-p", "8"]);

@@ -154,12 +154,21 @@ impl fmt::Debug for Ggml {
     }
 }
 
-/// The directories searched for ggml's libraries, in order: `$RLLAMA_GGML_DIR`, `ggml/`
-/// beside the running binary (where the build copies them), the build's own output.
+static LIB_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// A directory to search before the others (the runtime passes `RLLAMA_GGML_DIR`; this
+/// crate reads no environment): set before ggml is first opened.
+pub fn set_lib_dir(dir: PathBuf) {
+    let _ = LIB_DIR.set(dir);
+}
+
+/// The directories searched for ggml's libraries, in order: the one [`set_lib_dir`]
+/// gave (`RLLAMA_GGML_DIR`), `ggml/` beside the running binary (where the build copies
+/// them), the build's own output.
 pub fn search_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Some(d) = std::env::var_os("RLLAMA_GGML_DIR") {
-        dirs.push(PathBuf::from(d));
+    if let Some(d) = LIB_DIR.get() {
+        dirs.push(d.clone());
     }
     if let Ok(exe) = std::env::current_exe() {
         if let Some(parent) = exe.parent() {
@@ -427,13 +436,14 @@ pub unsafe fn cstr(p: *const c_char) -> String {
 }
 
 /// For tests that need ggml: true when it loads; otherwise prints why and returns false
-/// (the test skips), unless `GGML_SYS_REQUIRED=1` (CI), where a missing ggml fails.
+/// (the test skips), unless the build required ggml (`GGML_SYS_REQUIRED=1`, as CI sets
+/// it), where a missing ggml fails.
 pub fn available_or_skip() -> bool {
     match Ggml::global() {
         Ok(_) => true,
         Err(e) => {
             assert!(
-                std::env::var("GGML_SYS_REQUIRED").as_deref() != Ok("1"),
+                option_env!("GGML_SYS_REQUIRED") != Some("1"),
                 "GGML_SYS_REQUIRED=1 but ggml is not available: {e}"
             );
             eprintln!("SKIPPED: no ggml: {e}");

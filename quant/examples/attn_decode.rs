@@ -36,11 +36,7 @@ fn main() {
         hv: hd,
     };
     let kv = layer(0);
-    let p = AttnParams {
-        flavor,
-        order: F16Order::VecDot,
-        kq_scale: 1.0 / (hd as f32).sqrt(),
-    };
+    let p = AttnParams::new(flavor, F16Order::VecDot, 1.0 / (hd as f32).sqrt());
     let serial = |m: usize, f: &(dyn Fn(usize) + Sync)| (0..m).for_each(f);
     let per_head = |kv: &KvLayer<'_>, out: &mut [f32]| {
         for h in 0..n_head {
@@ -51,7 +47,7 @@ fn main() {
     let mut out = vec![0.0f32; n_head * hd];
     let mut check = vec![0.0f32; n_head * hd];
     per_head(&kv, &mut check);
-    attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, &mut out);
+    attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, None, &mut out);
     assert!(
         out.iter()
             .zip(&check)
@@ -70,7 +66,7 @@ fn main() {
             for r in 0..reps {
                 let kv = layer(r);
                 if name == "heads" {
-                    attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, &mut out);
+                    attend_heads(&p, &serial, &q, n_head, &kv, &slots, 0, None, &mut out);
                 } else {
                     per_head(&kv, &mut out);
                 }

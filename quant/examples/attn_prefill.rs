@@ -32,11 +32,7 @@ fn main() {
         hk: hd,
         hv: hd,
     };
-    let p = AttnParams {
-        flavor,
-        order: F16Order::Gemm,
-        kq_scale: 1.0 / (hd as f32).sqrt(),
-    };
+    let p = AttnParams::new(flavor, F16Order::Gemm, 1.0 / (hd as f32).sqrt());
     let group = n_head / n_kv;
     let per_tile = (tile_queries / group).max(1);
     let mut out = vec![0.0f32; tokens * n_head * hd];
@@ -52,7 +48,7 @@ fn main() {
                     ranges.extend(std::iter::repeat_n((0, depth + t), group));
                 }
                 o.resize(qs.len(), 0.0);
-                attend_tile(&p, &qs, &ranges, &kv.head(g), &slots, &mut o);
+                attend_tile(&p, &qs, &ranges, &kv.head(g), &slots, None, &mut o);
                 for (i, t) in (t0..t1).enumerate() {
                     out[(t * n_head + g * group) * hd..][..group * hd]
                         .copy_from_slice(&o[i * group * hd..][..group * hd]);

@@ -4,15 +4,16 @@
 //! detected at run time, so a binary built for a baseline CPU stays correct (it falls back
 //! to the scalar code) and one built with `target-cpu=native` still never runs an
 //! instruction the CPU lacks. Every kernel returns its scalar twin's bits, so the level is
-//! purely a speed choice; the environment can lower it for testing and comparison:
+//! purely a speed choice; [`configure`] can lower it for testing and comparison (the
+//! runtime's run options pass the environment's requests, `runtime::options`):
 //!
 //! - `RLLAMA_SIMD=scalar|avx2|avx-vnni|avx2-vnni|avx512|neon|neon-dotprod`: the highest
-//!   level to use (a level the CPU lacks is refused with a message on stderr, and the
-//!   detected one is kept);
+//!   level to use (a level the CPU lacks is refused with a message, and the detected one
+//!   is kept);
 //! - `RLLAMA_FORCE_SCALAR=1`: the scalar code only (same as `RLLAMA_SIMD=scalar`);
 //! - `RLLAMA_NO_VNNI=1`: nothing above plain AVX2.
 //!
-//! All three are read once, the first time a kernel is picked.
+//! The level is fixed the first time a kernel is picked.
 
 use std::sync::OnceLock;
 
@@ -182,13 +183,6 @@ pub fn detected() -> Isa {
         .unwrap_or(Isa::Scalar)
 }
 
-fn env_flag(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| {
-        let v = v.trim();
-        v == "1" || v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes")
-    })
-}
-
 /// The level to use given the detected one, which levels this CPU has, and the
 /// environment's requests (pure, for tests): the message is for a request this CPU cannot
 /// honour.
@@ -227,25 +221,47 @@ fn choose(
     (level, warning)
 }
 
-/// The level the kernels use: [`detected`], lowered by `RLLAMA_SIMD`,
-/// `RLLAMA_FORCE_SCALAR` or `RLLAMA_NO_VNNI` (read once, then cached).
+/// Requests that lower the kernels' level below the detected one (the runtime's run
+/// options pass them from `RLLAMA_SIMD`, `RLLAMA_FORCE_SCALAR`, `RLLAMA_NO_VNNI`; this
+/// crate reads no environment).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// A level by name (`scalar`, `avx2`, ...): used when this CPU has it.
+    pub simd: Option<String>,
+    pub force_scalar: bool,
+    /// Stay on plain AVX2 where the level would add VNNI.
+    pub no_vnni: bool,
+}
+
+static ACTIVE: OnceLock<Isa> = OnceLock::new();
+
+/// Sets the level from `o` before the kernels first run; returns a warning for a request
+/// this CPU cannot honour. After the first use of [`active`] the level is fixed: a later
+/// call changes nothing and says so.
+pub fn configure(o: Overrides) -> Option<String> {
+    let (isa, warning) = choose(
+        detected(),
+        Isa::available,
+        o.simd.as_deref(),
+        o.force_scalar,
+        o.no_vnni,
+    );
+    match ACTIVE.set(isa) {
+        Ok(()) => warning,
+        Err(_) if *ACTIVE.get().expect("set") == isa => warning,
+        Err(_) => Some(format!(
+            "kernel level {isa} asked for after the kernels chose {}; keeping {}",
+            active(),
+            active()
+        )),
+    }
+}
+
+/// The level the kernels use: [`detected`], unless [`configure`] lowered it before the
+/// first use (then fixed).
 #[inline]
 pub fn active() -> Isa {
-    static ACTIVE: OnceLock<Isa> = OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        let simd = std::env::var("RLLAMA_SIMD").ok();
-        let (isa, warning) = choose(
-            detected(),
-            Isa::available,
-            simd.as_deref(),
-            env_flag("RLLAMA_FORCE_SCALAR"),
-            env_flag("RLLAMA_NO_VNNI"),
-        );
-        if let Some(w) = warning {
-            eprintln!("warning: {w}");
-        }
-        isa
-    })
+    *ACTIVE.get_or_init(detected)
 }
 
 /// Whether the f32/f16 helpers may use AVX2, FMA and F16C (the active level includes

@@ -91,16 +91,19 @@ impl Flavor {
     }
 }
 
+static FLAVOR: OnceLock<Flavor> = OnceLock::new();
+
+/// Follows the given llama.cpp build's float order instead of this CPU's (the runtime
+/// passes `RLLAMA_GGML_FLAVOR`): before the first use of [`flavor`], which fixes it.
+/// Returns whether it took effect.
+pub fn configure_flavor(f: Flavor) -> bool {
+    FLAVOR.set(f).is_ok() || FLAVOR.get() == Some(&f)
+}
+
 /// The flavor a host-native llama.cpp build uses on this CPU: AVX-512 where the CPU has
-/// AVX-512 F and DQ, else AVX2. `RLLAMA_GGML_FLAVOR=avx2|avx512` overrides (read once).
+/// AVX-512 F and DQ, else AVX2; or what [`configure_flavor`] set first.
 pub fn flavor() -> Flavor {
-    static F: OnceLock<Flavor> = OnceLock::new();
-    *F.get_or_init(|| {
-        match std::env::var("RLLAMA_GGML_FLAVOR").as_deref() {
-            Ok("avx2") => return Flavor::Avx2,
-            Ok("avx512") => return Flavor::Avx512,
-            _ => {}
-        }
+    *FLAVOR.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq")

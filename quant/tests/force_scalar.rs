@@ -1,13 +1,18 @@
-//! `RLLAMA_FORCE_SCALAR=1` switches every dispatcher to the scalar code. The variable is
-//! read once per process, so this binary holds a single test that sets it first.
+//! `force_scalar` (what `RLLAMA_FORCE_SCALAR=1` asks the runtime for) switches every
+//! dispatcher to the scalar code. The level is fixed at first use, so this binary holds a
+//! single test that configures it first.
 
 use half::f16;
 use quant::{kernels, quantize_activations, quantize_row, vec_dot, vec_dot_type};
 use quant::{DotOrder, GgmlType, Isa};
 
 #[test]
-fn force_scalar_env_selects_scalar_kernels() {
-    std::env::set_var("RLLAMA_FORCE_SCALAR", "1");
+fn force_scalar_selects_scalar_kernels() {
+    let warning = quant::isa::configure(quant::isa::Overrides {
+        force_scalar: true,
+        ..Default::default()
+    });
+    assert_eq!(warning, None);
     assert_eq!(quant::isa::active(), Isa::Scalar);
     let n = 512;
     let x: Vec<f32> = (0..n)

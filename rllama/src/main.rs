@@ -11,14 +11,14 @@ use clap::{Parser, Subcommand};
 use runtime::chat::{ChatMessage, ChatTemplate};
 use runtime::gguf::{GgufFile, Value};
 use runtime::numa::{self, NumaMode, WeightPlacement};
-use runtime::offload::OffloadSpec;
-use runtime::pool::{default_threads, PoolOptions, ThreadPool};
+use runtime::options::{default_threads, RunArgs, RunOptions};
+use runtime::pool::ThreadPool;
 use runtime::registry;
 use runtime::runner::{FinishReason, Runner};
 use runtime::sampling::{Sampler, SamplingParams};
 use runtime::synth;
 use runtime::tokenizer::StreamDecoder;
-use runtime::ModelFile;
+use runtime::{ContextSize, ModelFile};
 
 #[derive(Parser)]
 #[command(name = "rllama", version, about = "CPU GGUF inference runtime")]
@@ -111,25 +111,15 @@ enum Cmd {
         /// System message for --chat.
         #[arg(long)]
         system: Option<String>,
+        /// Compute threads; default: the CPUs this process may use.
         #[arg(short = 't', long)]
         threads: Option<usize>,
-        /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
-        #[arg(long, env = "RLLAMA_NUMA")]
-        numa: Option<NumaMode>,
-        /// Weight placement: first-touch, interleave or replicate.
-        #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
-        numa_weights: WeightPlacement,
-        /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental;
-        /// see ARCHITECTURE.md, "The fast order").
-        #[arg(long, default_value = "exact")]
-        numerics: runtime::Numerics,
         /// Layers on a ggml device (`-ngl`, as llama.cpp): the last N; above the layer count
         /// the output layer too. `rllama devices` lists the devices.
         #[arg(long = "n-gpu-layers", default_value_t = 0)]
         n_gpu_layers: usize,
-        /// The ggml device for -ngl (`-dev`; CPU is ggml's CPU backend); default: the first GPU.
-        #[arg(long = "device")]
-        device: Option<String>,
+        #[command(flatten)]
+        run: RunArgs,
         #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
         ctx: usize,
         #[arg(long)]
@@ -138,12 +128,15 @@ enum Cmd {
     /// Write a synthetic model: a real family's shape with random weights and a real
     /// tokenizer. Its text is meaningless; its speed is the real model's.
     Synth {
-        /// Model shape: llama3-8b or qwen2.5-7b.
+        /// Model shape: llama3-8b, qwen2.5-7b, qwen3-0.6b, qwen3-4b, qwen3-30b-a3b,
+        /// gpt-oss-20b, phi4-mini, gemma2-2b or smollm3-3b.
         #[arg(long)]
         shape: String,
-        /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q4_0 or q8_0.
-        #[arg(long, default_value = "q4_k_m")]
-        quant: String,
+        /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q4_0, q8_0 or mxfp4_moe
+        /// (MXFP4 experts, Q8_0 elsewhere) [default: mxfp4_moe for gpt-oss-20b, else
+        /// q4_k_m].
+        #[arg(long)]
+        quant: Option<String>,
         /// Output .gguf file.
         #[arg(short, long)]
         output: PathBuf,
@@ -176,35 +169,23 @@ enum Cmd {
         /// Stop after this many chunks (0 = all).
         #[arg(long, default_value_t = 0)]
         chunks: usize,
+        /// Compute threads; default: the CPUs this process may use.
         #[arg(short = 't', long)]
         threads: Option<usize>,
-        /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
-        #[arg(long, env = "RLLAMA_NUMA")]
-        numa: Option<NumaMode>,
-        /// Weight placement: first-touch, interleave or replicate.
-        #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
-        numa_weights: WeightPlacement,
-        /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental;
-        /// see ARCHITECTURE.md, "The fast order").
-        #[arg(long, default_value = "exact")]
-        numerics: runtime::Numerics,
         /// Layers on a ggml device (`-ngl`, as llama.cpp): the last N; above the layer count
         /// the output layer too. `rllama devices` lists the devices.
         #[arg(long = "n-gpu-layers", default_value_t = 0)]
         n_gpu_layers: usize,
-        /// The ggml device for -ngl (`-dev`; CPU is ggml's CPU backend); default: the first GPU.
-        #[arg(long = "device")]
-        device: Option<String>,
+        #[command(flatten)]
+        run: RunArgs,
     },
 }
 
 fn main() -> ExitCode {
+    // The environment's settings (kernel level, caches) before anything else runs.
+    runtime::options::init();
     // llama.cpp's multi-letter single-dash spellings.
-    let argv = std::env::args().map(|a| match a.as_str() {
-        "-ngl" => "--n-gpu-layers".into(),
-        "-dev" => "--device".into(),
-        _ => a,
-    });
+    let argv = std::env::args().map(runtime::options::llama_flag_spelling);
     let cli = Cli::parse_from(argv);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -295,24 +276,14 @@ fn run(cli: Cli) -> Result<()> {
             chat,
             system,
             threads,
-            numa,
-            numa_weights,
-            numerics,
             n_gpu_layers,
-            device,
+            run,
             ctx,
             json,
         } => {
             let t_load = Instant::now();
-            let threads = threads.unwrap_or_else(default_threads);
-            let spec = OffloadSpec {
-                n_gpu_layers,
-                device,
-            };
-            let l = ModelFile::open(&model)?
-                .with_numerics(numerics)
-                .with_offload(spec, ctx.div_ceil(16) * 16)
-                .load_placed(numa_weights, numa, threads)?;
+            let opts = run.options(threads.unwrap_or_else(default_threads), n_gpu_layers);
+            let l = ModelFile::open(&model)?.load_with(&opts, ContextSize::single(ctx))?;
             let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
             let text = if chat {
                 let tmpl = ChatTemplate::from_gguf(&l.file);
@@ -353,7 +324,7 @@ fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             params.validate().map_err(anyhow::Error::msg)?;
-            let mut runner = Runner::with_pool(l.model.clone(), numa_pool(threads, numa)?, ctx);
+            let mut runner = Runner::with_pool(l.model.clone(), ThreadPool::for_run(&opts)?, ctx);
             let mut sampler = Sampler::new(params);
             let tok = &l.tokenizer;
             let mut dec = StreamDecoder::new(tok, true);
@@ -433,21 +404,11 @@ fn run(cli: Cli) -> Result<()> {
             ctx,
             chunks,
             threads,
-            numa,
-            numa_weights,
-            numerics,
             n_gpu_layers,
-            device,
+            run,
         } => {
-            let threads = threads.unwrap_or_else(default_threads);
-            let spec = OffloadSpec {
-                n_gpu_layers,
-                device,
-            };
-            let l = ModelFile::open(&model)?
-                .with_numerics(numerics)
-                .with_offload(spec, ctx.div_ceil(16) * 16)
-                .load_placed(numa_weights, numa, threads)?;
+            let opts = run.options(threads.unwrap_or_else(default_threads), n_gpu_layers);
+            let l = ModelFile::open(&model)?.load_with(&opts, ContextSize::single(ctx))?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let mut tokens = l.tokenizer.encode(&text, true, false);
@@ -463,7 +424,7 @@ fn run(cli: Cli) -> Result<()> {
             if chunks > 0 {
                 tokens.truncate(chunks * ctx);
             }
-            let mut runner = Runner::with_pool(l.model.clone(), numa_pool(threads, numa)?, ctx);
+            let mut runner = Runner::with_pool(l.model.clone(), ThreadPool::for_run(&opts)?, ctx);
             eprintln!(
                 "perplexity: {} tokens, {} chunks of {ctx}",
                 tokens.len(),
@@ -491,7 +452,7 @@ fn run(cli: Cli) -> Result<()> {
             synth(
                 &mut out,
                 &shape,
-                &quant,
+                quant.as_deref(),
                 &output,
                 tokenizer_from,
                 seed,
@@ -539,7 +500,7 @@ fn run(cli: Cli) -> Result<()> {
 fn synth(
     out: &mut impl Write,
     shape: &str,
-    quant: &str,
+    quant: Option<&str>,
     output: &std::path::Path,
     tokenizer_from: Option<String>,
     seed: u64,
@@ -548,14 +509,17 @@ fn synth(
     scale_down: Option<usize>,
 ) -> Result<()> {
     let mut shape = synth::Shape::named(shape)?;
-    let quant = synth::SynthQuant::parse(quant)?;
+    let quant = match quant {
+        Some(q) => synth::SynthQuant::parse(q)?,
+        None => shape.default_quant(),
+    };
     if let Some(div) = scale_down {
         shape = shape.scaled_down(div);
     }
     if let Some(n) = layers {
         shape = shape.with_layers(n);
     }
-    shape.validate()?;
+    shape.validate(quant)?;
     let tok_name = tokenizer_from.unwrap_or_else(|| shape.tokenizer_from.to_string());
     let tok_path = registry::resolve(&tok_name)?;
     let tok = GgufFile::open(&tok_path)
@@ -615,15 +579,6 @@ fn synth(
     Ok(())
 }
 
-/// A pool for `threads` threads placed by `numa` (an error when the mode cannot be
-/// honoured).
-fn numa_pool(threads: usize, numa: Option<NumaMode>) -> Result<ThreadPool> {
-    Ok(ThreadPool::try_with_options(
-        threads,
-        PoolOptions { pin: true, numa },
-    )?)
-}
-
 /// `inspect --numa`: the topology, the thread plan and what the threads report, and the
 /// weight pages per node after an 8-token prompt ran on those threads.
 fn numa_report(
@@ -633,8 +588,14 @@ fn numa_report(
     threads: usize,
 ) -> Result<serde_json::Value> {
     let topo = numa::Topology::read()?;
-    let l = ModelFile::open(model)?.load_placed(weights, mode, threads)?;
-    let pool = numa_pool(threads, mode)?;
+    let opts = RunOptions {
+        threads,
+        numa: mode,
+        weights,
+        ..RunOptions::default()
+    };
+    let l = ModelFile::open(model)?.load_with(&opts, ContextSize::single(64))?;
+    let pool = ThreadPool::for_run(&opts)?;
     let observed = pool.observe();
     let mut runner = Runner::with_pool(l.model.clone(), pool, 64);
     let toks: Vec<u32> = (0..8u32).map(|i| 100 + i).collect();

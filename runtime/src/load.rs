@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::matmul::Numerics;
 use crate::model::{Model, ModelError};
-use crate::numa::{self, NumaError, NumaMode, WeightPlacement};
-use crate::offload::{OffloadError, OffloadSpec};
+use crate::numa::{self, NumaError, WeightPlacement};
+use crate::offload::OffloadError;
+use crate::options::RunOptions;
 use crate::registry::{self, FetchError};
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::weights::WeightPlan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -38,28 +39,29 @@ pub struct ModelFile {
     pub path: PathBuf,
     pub file: Arc<GgufFile>,
     pub tokenizer: Arc<Tokenizer>,
-    /// The kernel orders the models built from here use (`Exact` unless set).
-    pub numerics: Numerics,
-    /// Layers to put on a ggml device, with the KV slots to allocate there (see
-    /// [`ModelFile::with_offload`]).
-    pub offload: Option<(OffloadSpec, usize)>,
+}
+
+/// How big a model's contexts are where building it depends on that: the context it runs
+/// with (Phi-3 picks its RoPE factors by it, as llama.cpp by its `n_ctx`) and the KV
+/// slots of its cache (what an offloaded model's device cache holds:
+/// `Model::kv_layout(n_ctx, block).n_blocks * block`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextSize {
+    pub n_ctx: Option<usize>,
+    pub kv_slots: usize,
+}
+
+impl ContextSize {
+    /// One sequence of `n_ctx` positions in blocks of 16.
+    pub fn single(n_ctx: usize) -> ContextSize {
+        ContextSize {
+            n_ctx: Some(n_ctx),
+            kv_slots: n_ctx.div_ceil(16) * 16,
+        }
+    }
 }
 
 impl ModelFile {
-    /// Sets the kernel orders of the models built from here (see [`Numerics`]).
-    pub fn with_numerics(mut self, numerics: Numerics) -> ModelFile {
-        self.numerics = numerics;
-        self
-    }
-
-    /// Offloads the models built from here as `spec` says (`-ngl`, `--device`), with a
-    /// device KV cache of `n_slots` slots: the size of the `KvCache` the model will run
-    /// with (`Model::kv_layout(n_ctx, block).n_blocks * block`). `-ngl 0` changes nothing.
-    pub fn with_offload(mut self, spec: OffloadSpec, n_slots: usize) -> ModelFile {
-        self.offload = (spec.n_gpu_layers > 0).then_some((spec, n_slots));
-        self
-    }
-
     /// Resolves `name_or_path` (a registry name or a path; see [`registry::resolve`]) and
     /// opens it.
     pub fn open(name_or_path: &str) -> Result<ModelFile, LoadError> {
@@ -80,51 +82,54 @@ impl ModelFile {
             path: path.to_path_buf(),
             file: Arc::new(file),
             tokenizer: Arc::new(tokenizer),
-            numerics: Numerics::Exact,
-            offload: None,
         })
     }
 
-    /// Builds the model (weights stay in the mapped file, the packable ones packed for
-    /// its numerics).
+    /// Builds the model with the default options (exact numerics, packed, first-touch,
+    /// nothing offloaded).
     pub fn model(&self) -> Result<Model, LoadError> {
-        let mut m = self.unpacked()?;
-        m.set_numerics(self.numerics);
-        Ok(m)
+        self.model_with(&RunOptions::default(), ContextSize::default())
     }
 
-    /// The model over the mapped file, nothing packed yet.
-    fn unpacked(&self) -> Result<Model, LoadError> {
-        Model::from_gguf(self.file.clone()).map_err(|source| LoadError::Model {
+    /// Builds the model as `opts` say: its numerics and packing, its weights placed for
+    /// `opts.threads` threads under `opts.numa` (see [`numa::weight_nodes`]), and the
+    /// layers `opts.offload` asks for on a device, with a device KV cache of
+    /// `ctx.kv_slots` slots. The one place a model's run options become its plan.
+    pub fn model_with(&self, opts: &RunOptions, ctx: ContextSize) -> Result<Model, LoadError> {
+        let numa_err = |source| LoadError::Numa {
             path: self.path.clone(),
             source,
-        })
-    }
-
-    /// Builds the model with its weights placed as `weights` says, for `threads` compute
-    /// threads under `mode` (see [`numa::weight_nodes`]).
-    pub fn model_placed(
-        &self,
-        weights: WeightPlacement,
-        mode: Option<NumaMode>,
-        threads: usize,
-    ) -> Result<Model, LoadError> {
-        let mut model = self.model()?;
-        if weights != WeightPlacement::FirstTouch {
-            let err = |source| LoadError::Numa {
-                path: self.path.clone(),
-                source,
-            };
-            let topo = numa::Topology::read().map_err(err)?;
-            let nodes = numa::weight_nodes(&topo, weights, mode, threads).map_err(err)?;
-            model
-                .place_weights(weights, &nodes, Some(&topo))
-                .map_err(err)?;
-            if let Some(n) = model.weight_placement_note() {
-                eprintln!("{}: {n}", self.path.display());
-            }
+        };
+        let weights = opts.weights;
+        let (nodes, topo) = if weights != WeightPlacement::FirstTouch {
+            let topo = numa::Topology::read().map_err(numa_err)?;
+            let nodes =
+                numa::weight_nodes(&topo, weights, opts.numa, opts.threads).map_err(numa_err)?;
+            (nodes, Some(topo))
+        } else {
+            (Vec::new(), None)
+        };
+        let plan = WeightPlan {
+            numerics: opts.numerics,
+            pack: opts.pack,
+            placement: weights,
+            nodes,
+        };
+        let mut model =
+            Model::build(self.file.clone(), plan, topo.as_ref(), ctx.n_ctx).map_err(|source| {
+                match source {
+                    ModelError::Numa(source) => numa_err(source),
+                    source => LoadError::Model {
+                        path: self.path.clone(),
+                        source,
+                    },
+                }
+            })?;
+        if let Some(n) = model.weight_placement_note() {
+            eprintln!("{}: {n}", self.path.display());
         }
-        if let Some((spec, n_slots)) = &self.offload {
+        let spec = &opts.offload;
+        if spec.n_gpu_layers > 0 {
             let n = spec.n_gpu_layers.min(model.config.n_layer);
             eprintln!(
                 "offload: uploading {n} of {} layers{} to {} ...",
@@ -138,7 +143,7 @@ impl ModelFile {
             );
             let mut last = 0;
             model
-                .offload(spec, *n_slots, threads, &mut |done, total| {
+                .offload(spec, ctx.kv_slots, opts.threads, &mut |done, total| {
                     let pct = done * 100 / total.max(1);
                     if pct >= last + 25 {
                         last = pct;
@@ -156,19 +161,14 @@ impl ModelFile {
         Ok(model)
     }
 
-    /// Builds the model and keeps everything together.
+    /// Builds the model with the default options and keeps everything together.
     pub fn load(self) -> Result<Loaded, LoadError> {
-        self.load_placed(WeightPlacement::FirstTouch, None, 1)
+        self.load_with(&RunOptions::default(), ContextSize::default())
     }
 
-    /// As [`ModelFile::load`], with the weights placed (see [`ModelFile::model_placed`]).
-    pub fn load_placed(
-        self,
-        weights: WeightPlacement,
-        mode: Option<NumaMode>,
-        threads: usize,
-    ) -> Result<Loaded, LoadError> {
-        let model = Arc::new(self.model_placed(weights, mode, threads)?);
+    /// As [`ModelFile::model_with`], keeping file, tokenizer and model together.
+    pub fn load_with(self, opts: &RunOptions, ctx: ContextSize) -> Result<Loaded, LoadError> {
+        let model = Arc::new(self.model_with(opts, ctx)?);
         Ok(Loaded {
             path: self.path,
             file: self.file,

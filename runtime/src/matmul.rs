@@ -151,15 +151,22 @@ fn quantize_rows(
 /// Rows of W handled by one task: big enough to amortise dispatch, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
 
-/// Most matrices one [`matmul_many`] call takes.
-pub const MAX_MANY: usize = 4;
+/// One product of a [`matmul_jobs`] call: `y = x · wᵀ` for the activation rows of `x`, one
+/// per token, token `t` at place `ub[t]` of llama.cpp's micro-batch.
+pub struct Job<'w, 'b> {
+    pub w: MatRef<'w>,
+    pub x: &'b [f32],
+    pub ub: &'b [UbPos],
+    pub y: &'b mut [f32],
+}
 
-/// One product of a [`matmul_many`] call, prepared: its kernels, each token's order, where
+/// One product of a [`matmul_jobs`] call, prepared: its kernels, each token's order, where
 /// its quantized activations lie in the shared buffer, and its share of the tasks.
 #[derive(Default)]
 struct Prep {
     sets: Option<[KernelSet; 4]>,
     fast: bool,
+    n_tok: usize,
     orders: Vec<DotOrder>,
     /// Byte range of its quantized activations in the call's buffer.
     xq: (usize, usize),
@@ -189,13 +196,11 @@ pub fn matmul(
     xq: &mut Vec<u8>,
     y: &mut [f32],
 ) {
-    matmul_many(pool, &[*w], x, ub, xq, &mut [y]);
+    matmul_jobs(pool, &mut [Job { w: *w, x, ub, y }], xq);
 }
 
 /// `ys[i] = x · ws[i]ᵀ` for matrices that share their input (Q, K and V; gate and up):
-/// the activations are quantized once per distinct kernel choice and all rows of all the
-/// matrices are one dispatch of the pool. Every output is the one [`matmul`] gives alone
-/// (same kernels, same orders, same activation bits).
+/// [`matmul_jobs`] with one input.
 pub fn matmul_many(
     pool: &ThreadPool,
     ws: &[MatRef<'_>],
@@ -204,25 +209,43 @@ pub fn matmul_many(
     xq: &mut Vec<u8>,
     ys: &mut [&mut [f32]],
 ) {
-    assert!(
-        ws.len() == ys.len() && ws.len() <= MAX_MANY,
-        "matmul_many: {} matrices",
-        ws.len()
-    );
-    let n_tok = ub.len();
-    if n_tok == 0 || ws.is_empty() {
+    assert_eq!(ws.len(), ys.len(), "matmul_many: {} matrices", ws.len());
+    let mut job = ws
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(w, y)| Job { w: *w, x, ub, y });
+    let mut next = || job.next().expect("counted");
+    // No allocation for the usual two or three products.
+    match ws.len() {
+        2 => matmul_jobs(pool, &mut [next(), next()], xq),
+        3 => matmul_jobs(pool, &mut [next(), next(), next()], xq),
+        _ => matmul_jobs(pool, &mut job.collect::<Vec<_>>(), xq),
+    }
+}
+
+/// Several products in one dispatch of the pool (every row of every matrix a task's
+/// share): the products of a layer that share their input (Q, K and V; gate and up;
+/// their activations are quantized once per distinct kernel choice), or the experts of
+/// a mixture each over its own tokens. Every output is the one [`matmul`] gives alone
+/// (same kernels, same orders, same activation bits).
+pub fn matmul_jobs(pool: &ThreadPool, jobs: &mut [Job<'_, '_>], xq: &mut Vec<u8>) {
+    let jobs_n = jobs.len();
+    if jobs_n == 0 {
         return;
     }
-    let n_in = ws[0].n_in;
-    debug_assert_eq!(x.len(), n_tok * n_in);
     let mut preps = PREPS.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    preps.resize_with(ws.len(), Prep::default);
+    preps.resize_with(jobs_n, Prep::default);
     let mut xq_len = 0;
-    for (i, w) in ws.iter().enumerate() {
-        assert_eq!(w.n_in, n_in, "matmul_many: matrices of different widths");
-        debug_assert_eq!(ys[i].len(), n_tok * w.n_out);
+    // Each product looks back at the earlier ones (shared activations): by index.
+    #[allow(clippy::needless_range_loop)]
+    for i in 0..jobs_n {
         let (before, rest) = preps.split_at_mut(i);
         let p = &mut rest[0];
+        let (w, x, ub) = (&jobs[i].w, jobs[i].x, jobs[i].ub);
+        let n_tok = ub.len();
+        p.n_tok = n_tok;
+        debug_assert_eq!(x.len(), n_tok * w.n_in);
+        debug_assert_eq!(jobs[i].y.len(), n_tok * w.n_out);
         // The fast order, where asked for and the format has a SIMD kernel for it, serves
         // every token (one order for all, so a token's result never depends on its batch).
         let fast = (w.numerics == Numerics::Fast)
@@ -247,13 +270,12 @@ pub fn matmul_many(
         if p.orders.iter().all(|&o| o == DotOrder::Single) {
             p.orders.clear();
         }
-        p.xrb = sets[0].act.row_bytes(n_in as u64).expect("whole blocks") as usize;
-        // The same weight type and token orders quantize the activations identically:
-        // share an earlier product's rows.
-        let same = before
-            .iter()
-            .zip(ws)
-            .find(|(q, qw)| qw.ty == w.ty && q.fast == p.fast && q.orders == p.orders);
+        p.xrb = sets[0].act.row_bytes(w.n_in as u64).expect("whole blocks") as usize;
+        // The same input, weight type and token orders quantize the activations
+        // identically: share an earlier product's rows.
+        let same = before.iter().zip(jobs.iter()).find(|(q, qj)| {
+            qj.w.ty == w.ty && std::ptr::eq(qj.x, x) && q.fast == p.fast && q.orders == p.orders
+        });
         p.xq = match same {
             Some((q, _)) => q.xq,
             None => {
@@ -264,12 +286,14 @@ pub fn matmul_many(
         };
     }
     xq.resize(xq_len, 0);
-    for (i, w) in ws.iter().enumerate() {
+    for (i, job) in jobs.iter().enumerate() {
         let (before, rest) = preps.split_at_mut(i);
         let p = &mut rest[0];
+        let (w, x) = (&job.w, job.x);
+        let n_tok = p.n_tok;
         let sets = p.sets.expect("prepared");
         if !before.iter().any(|q| q.xq == p.xq) {
-            quantize_rows(pool, &sets, x, n_in, &p.orders, &mut xq[p.xq.0..p.xq.1]);
+            quantize_rows(pool, &sets, x, w.n_in, &p.orders, &mut xq[p.xq.0..p.xq.1]);
         }
         let n_out = w.n_out;
         // Few tokens: the weights stream from memory, and longer contiguous runs per task
@@ -286,7 +310,11 @@ pub fn matmul_many(
             rows_per_task /= 2;
         }
         p.rows_per_task = rows_per_task;
-        p.n_tasks = n_out.div_ceil(rows_per_task);
+        p.n_tasks = if n_tok == 0 {
+            0
+        } else {
+            n_out.div_ceil(rows_per_task)
+        };
         p.has_tile = sets.iter().all(|k| k.tile.is_some());
         // For token tiles, the per-block activation data (scales widened to f32, offset
         // sums) is computed once here instead of in every weight row's kernel call (same
@@ -304,12 +332,13 @@ pub fn matmul_many(
         }
     }
     let xq: &[u8] = xq;
-    let mut outs = [SharedMut(std::ptr::null_mut::<f32>()); MAX_MANY];
-    for (o, y) in outs.iter_mut().zip(ys.iter_mut()) {
-        *o = SharedMut::new(y);
-    }
+    let mut outs = OUTS.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    outs.clear();
+    outs.extend(jobs.iter_mut().map(|j| SharedMut::new(&mut *j.y)));
+    // From here the outputs are written through `outs` only.
+    let jobs: &[Job<'_, '_>] = jobs;
     let n_tasks: usize = preps.iter().map(|p| p.n_tasks).sum();
-    let preps_ref: &[Prep] = &preps;
+    let (preps_ref, outs_ref): (&[Prep], &[SharedMut<f32>]) = (&preps, &outs);
     let dispatch = || {
         pool.run(n_tasks, &|task| {
             let (mut k, mut task) = (0, task);
@@ -318,23 +347,31 @@ pub fn matmul_many(
                 k += 1;
             }
             let p = &preps_ref[k];
-            product_task(p, &ws[k], &xq[p.xq.0..p.xq.1], n_tok, outs[k], task);
+            product_task(
+                p,
+                &jobs[k].w,
+                &xq[p.xq.0..p.xq.1],
+                p.n_tok,
+                outs_ref[k],
+                task,
+            );
         })
     };
     // One or two tokens over packed K-quant rows: the weights stream, at the prefetch
     // distance the tuner picks (`crate::tune`; x86 kernels only read it).
     let streamed = cfg!(target_arch = "x86_64")
-        && n_tok <= 2
-        && ws
+        && preps.iter().all(|p| p.n_tok <= 2)
+        && jobs
             .iter()
-            .all(|w| matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && w.packed.is_some());
+            .all(|j| matches!(j.w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && j.w.packed.is_some());
     if streamed {
-        let bytes = ws.iter().map(|w| w.data.len() as u64).sum();
+        let bytes = jobs.iter().map(|j| j.w.data.len() as u64).sum();
         crate::tune::decode_dispatch(bytes, dispatch);
     } else {
         dispatch();
     }
     PREPS.with(|s| *s.borrow_mut() = preps);
+    OUTS.with(|s| *s.borrow_mut() = outs);
 }
 
 /// Task `task` of one prepared product: its rows `[o0, o1)` for every token.
@@ -441,6 +478,8 @@ thread_local! {
     /// The products' preparations (their side data and token orders keep their memory
     /// between calls on this thread).
     static PREPS: std::cell::RefCell<Vec<Prep>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each product's output, as the tasks write it.
+    static OUTS: std::cell::RefCell<Vec<SharedMut<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Dequantizes row `r` of `w` into `out` (embedding lookup).

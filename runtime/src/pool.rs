@@ -124,13 +124,6 @@ impl Default for PoolOptions {
     }
 }
 
-/// The default number of compute threads for every binary: the CPUs this process may
-/// run on (its affinity mask and cgroup CPU quota, as `available_parallelism` reads them,
-/// so `taskset` and `numactl` limits hold), or 1 when that cannot be read.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 /// The environment variable that turns pinning off for every pool.
 pub const NO_PIN_ENV: &str = "RLLAMA_NO_PIN";
 
@@ -178,6 +171,18 @@ impl ThreadPool {
         ThreadPool::build(n_threads, options, plan)
     }
 
+    /// The pool `opts` ask for: `opts.threads` threads, pinned and placed as they say (a
+    /// NUMA mode that cannot be honoured is an error).
+    pub fn for_run(opts: &crate::options::RunOptions) -> Result<ThreadPool, NumaError> {
+        ThreadPool::try_with_options(
+            opts.threads,
+            PoolOptions {
+                pin: opts.pin,
+                numa: opts.numa,
+            },
+        )
+    }
+
     /// As [`ThreadPool::with_options`], but a NUMA mode that cannot be honoured (no CPU
     /// on the node to isolate on, an unreadable topology) is an error.
     pub fn try_with_options(
@@ -190,7 +195,7 @@ impl ThreadPool {
 
     fn plan(n_threads: usize, options: PoolOptions) -> Result<Option<ThreadPlan>, NumaError> {
         let n_threads = n_threads.max(1);
-        let pin = options.pin && !no_pin_requested(std::env::var(NO_PIN_ENV).ok().as_deref());
+        let pin = options.pin && !crate::options::Env::get().no_pin;
         if !pin && options.numa.is_none() {
             return Ok(None);
         }

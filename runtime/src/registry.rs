@@ -148,34 +148,36 @@ pub fn find_dataset(name: &str) -> Option<&'static Asset> {
     DATASETS.iter().find(|m| m.name.eq_ignore_ascii_case(name))
 }
 
-/// `$VAR` when set, else `$XDG_CACHE_HOME/rllama/SUB`, else `~/.cache/rllama/SUB`.
-fn cache_under(var: &str, sub: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os(var).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+/// `dir` (the variable's value) when set, else `$XDG_CACHE_HOME/rllama/SUB`, else
+/// `~/.cache/rllama/SUB`.
+fn cache_under(dir: Option<&PathBuf>, sub: &str) -> PathBuf {
+    if let Some(d) = dir {
+        return d.clone();
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    let env = crate::options::Env::get();
+    let base = env
+        .xdg_cache_home
+        .clone()
+        .or_else(|| env.home.as_ref().map(|h| h.join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("rllama").join(sub)
 }
 
 /// `$RLLAMA_MODELS`, else `$XDG_CACHE_HOME/rllama/models`, else `~/.cache/rllama/models`.
 pub fn cache_dir() -> PathBuf {
-    cache_under("RLLAMA_MODELS", "models")
+    cache_under(crate::options::Env::get().models_dir.as_ref(), "models")
 }
 
 /// `$RLLAMA_TOOLS`, else `$XDG_CACHE_HOME/rllama/tools`, else `~/.cache/rllama/tools`:
 /// builds of other programs (a llama-server for side-by-side serving runs).
 pub fn tools_cache_dir() -> PathBuf {
-    cache_under("RLLAMA_TOOLS", "tools")
+    cache_under(crate::options::Env::get().tools_dir.as_ref(), "tools")
 }
 
 /// `$RLLAMA_DATASETS`, else `$XDG_CACHE_HOME/rllama/datasets`, else
 /// `~/.cache/rllama/datasets`.
 pub fn dataset_cache_dir() -> PathBuf {
-    cache_under("RLLAMA_DATASETS", "datasets")
+    cache_under(crate::options::Env::get().datasets_dir.as_ref(), "datasets")
 }
 
 fn dir_of(kind: AssetKind) -> PathBuf {
@@ -215,7 +217,7 @@ pub fn resolve_dataset(name_or_path: &str) -> Result<Option<PathBuf>, FetchError
 /// once and caches), or None when `RLLAMA_SKIP_MODEL_TESTS` is set (the test then skips).
 /// Panics when the model cannot be had: a model test that cannot run must fail loudly.
 pub fn test_model(name: &str) -> Option<PathBuf> {
-    if std::env::var_os("RLLAMA_SKIP_MODEL_TESTS").is_some() {
+    if crate::options::Env::get().skip_model_tests {
         eprintln!("skipping: RLLAMA_SKIP_MODEL_TESTS is set");
         return None;
     }

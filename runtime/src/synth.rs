@@ -43,7 +43,7 @@ pub const WEIGHT_STD: f32 = 0.02;
 pub enum SynthError {
     #[error("unknown shape {0:?} (known: {known})", known = SHAPE_NAMES.join(", "))]
     UnknownShape(String),
-    #[error("unknown quantization {0:?} (known: q4_k_m, q4_0, q8_0)")]
+    #[error("unknown quantization {0:?} (known: q4_k_m, q4_0, q8_0, mxfp4_moe)")]
     UnknownQuant(String),
     #[error("invalid shape: {0}")]
     InvalidShape(String),
@@ -58,34 +58,127 @@ pub enum SynthError {
 }
 
 /// The names [`Shape::named`] knows.
-pub const SHAPE_NAMES: [&str; 2] = ["llama3-8b", "qwen2.5-7b"];
+pub const SHAPE_NAMES: [&str; 9] = [
+    "llama3-8b",
+    "qwen2.5-7b",
+    "qwen3-0.6b",
+    "qwen3-4b",
+    "qwen3-30b-a3b",
+    "gpt-oss-20b",
+    "phi4-mini",
+    "gemma2-2b",
+    "smollm3-3b",
+];
+
+/// A mixture of experts in every layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeShape {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub n_ff: usize,
+    /// Router and expert biases (gpt-oss).
+    pub biases: bool,
+}
+
+/// How the RoPE of a shape is scaled beyond its original context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// YaRN by `factor` over the original context (gpt-oss).
+    Yarn {
+        factor: f32,
+        orig_ctx: usize,
+    },
+    /// LongRoPE: per-pair factors for long and short contexts (Phi-3/4), written as
+    /// `rope_factors_long` / `rope_factors_short`, with its attention factor.
+    LongRope {
+        orig_ctx: usize,
+        attn_factor: f32,
+    },
+}
+
+/// The features of a family beyond llama's layer, as its GGUF files carry them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Features {
+    /// Per-head RMS norms of Q and K (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// No `output.weight`: the logits reuse `token_embd` (and llama.cpp's quantizer gives
+    /// it the output's type).
+    pub tied_output: bool,
+    pub moe: Option<MoeShape>,
+    /// Sliding-window size and its layer period (every layer but the period's last
+    /// slides): 0 for none.
+    pub sliding_window: usize,
+    pub swa_period: usize,
+    /// Attention sinks per head (gpt-oss).
+    pub sinks: bool,
+    /// Gemma's norms after attention and after the feed-forward.
+    pub post_norms: bool,
+    /// Gemma 2's soft-capping of the attention scores and of the logits.
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+    /// Rotated dimensions per head when not all (Phi-4-mini: 96 of 128).
+    pub n_rot: Option<usize>,
+    /// One `attn_qkv` and one double-width `ffn_up` (Phi-3/4).
+    pub fused: bool,
+    /// A bias on the attention output (gpt-oss).
+    pub attn_out_bias: bool,
+    pub rope_scaling: RopeScaling,
+    /// RoPE base of the sliding-window layers, when it differs.
+    pub rope_theta_swa: Option<f32>,
+}
+
+impl Features {
+    /// Llama's layer: nothing extra.
+    pub const LLAMA: Features = Features {
+        qk_norm: false,
+        tied_output: false,
+        moe: None,
+        sliding_window: 0,
+        swa_period: 0,
+        sinks: false,
+        post_norms: false,
+        attn_softcap: None,
+        final_softcap: None,
+        n_rot: None,
+        fused: false,
+        attn_out_bias: false,
+        rope_scaling: RopeScaling::None,
+        rope_theta_swa: None,
+    };
+}
 
 /// A model family at one size: what the architecture's GGUF keys and tensor shapes need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Shape {
     /// The shape's name (`llama3-8b`).
     pub name: &'static str,
-    /// `general.architecture`: `llama` or `qwen2`.
+    /// `general.architecture`.
     pub arch: &'static str,
     pub n_embd: usize,
     pub n_layer: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
+    /// Per-head width (not always `n_embd / n_head`: Qwen3, Gemma 2, gpt-oss).
+    pub head_dim: usize,
+    /// Dense feed-forward width (for a mixture, `feed_forward_length` as the file has it).
     pub n_ff: usize,
     pub n_ctx: usize,
     pub rope_theta: f32,
     pub rms_eps: f32,
-    /// Q, K and V projections carry biases (Qwen2).
+    /// Q, K and V projections carry biases (Qwen2, gpt-oss).
     pub qkv_bias: bool,
     /// The real model's vocabulary size (ours comes from the tokenizer source).
     pub real_vocab: usize,
     /// Registry model whose tokenizer is used by default (same tokenizer kind as the
-    /// family's: byte-level BPE with the family's pre-tokenizer style).
+    /// family's where one is available).
     pub tokenizer_from: &'static str,
     /// Layers of the full model (equal to `n_layer` unless [`Shape::with_layers`] cut it).
     pub full_layers: usize,
     /// Width divisor from [`Shape::scaled_down`] (1 = real widths).
     pub scale: usize,
+    pub feat: Features,
 }
 
 impl Shape {
@@ -100,6 +193,7 @@ impl Shape {
             n_layer: 32,
             n_head: 32,
             n_head_kv: 8,
+            head_dim: 128,
             n_ff: 14336,
             n_ctx: 8192,
             rope_theta: 500_000.0,
@@ -109,6 +203,7 @@ impl Shape {
             tokenizer_from: "smollm2-135m",
             full_layers: 32,
             scale: 1,
+            feat: Features::LLAMA,
         }
     }
 
@@ -123,6 +218,7 @@ impl Shape {
             n_layer: 28,
             n_head: 28,
             n_head_kv: 4,
+            head_dim: 128,
             n_ff: 18944,
             n_ctx: 32768,
             rope_theta: 1_000_000.0,
@@ -132,6 +228,214 @@ impl Shape {
             tokenizer_from: "qwen2.5-coder-0.5b",
             full_layers: 28,
             scale: 1,
+            feat: Features::LLAMA,
+        }
+    }
+
+    /// A Qwen3 dense model: QK-norm, no biases, rope_theta 1e6, rms_norm_eps 1e-6, 40960
+    /// positions, vocab 151936, tied embeddings; head dim 128 whatever the width.
+    fn qwen3(
+        name: &'static str,
+        n_embd: usize,
+        n_layer: usize,
+        n_head: usize,
+        n_ff: usize,
+    ) -> Shape {
+        Shape {
+            name,
+            arch: "qwen3",
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_ff,
+            n_ctx: 40960,
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            qkv_bias: false,
+            real_vocab: 151_936,
+            tokenizer_from: "qwen2.5-coder-0.5b",
+            full_layers: n_layer,
+            scale: 1,
+            feat: Features {
+                qk_norm: true,
+                tied_output: true,
+                ..Features::LLAMA
+            },
+        }
+    }
+
+    /// Qwen3-0.6B: hidden 1024, 28 layers, 16 heads / 8 KV heads, intermediate 3072.
+    pub fn qwen3_06b() -> Shape {
+        Shape::qwen3("qwen3-0.6b", 1024, 28, 16, 3072)
+    }
+
+    /// Qwen3-4B: hidden 2560, 36 layers, 32 heads / 8 KV heads, intermediate 9728.
+    pub fn qwen3_4b() -> Shape {
+        Shape::qwen3("qwen3-4b", 2560, 36, 32, 9728)
+    }
+
+    /// Qwen3-30B-A3B: hidden 2048, 48 layers, 32 heads / 4 KV heads (head dim 128), 128
+    /// experts of width 768 with 8 per token (normalised weights), feed_forward_length
+    /// 6144, untied output, vocab 151936.
+    pub fn qwen3_30b_a3b() -> Shape {
+        Shape {
+            name: "qwen3-30b-a3b",
+            arch: "qwen3moe",
+            n_head_kv: 4,
+            n_ff: 6144,
+            feat: Features {
+                qk_norm: true,
+                moe: Some(MoeShape {
+                    n_expert: 128,
+                    n_used: 8,
+                    n_ff: 768,
+                    biases: false,
+                }),
+                ..Features::LLAMA
+            },
+            ..Shape::qwen3("qwen3-30b-a3b", 2048, 48, 32, 6144)
+        }
+    }
+
+    /// gpt-oss-20b: hidden 2880, 24 layers, 64 heads / 8 KV heads of 64, QKV and output
+    /// biases, attention sinks, sliding window 128 on every other layer (the first
+    /// slides), 32 experts of width 2880 with 4 per token (router and expert biases),
+    /// rope_theta 150000 with YaRN x32 over 4096 positions (131072), rms_norm_eps 1e-5,
+    /// vocab 201088, untied output.
+    pub fn gpt_oss_20b() -> Shape {
+        Shape {
+            name: "gpt-oss-20b",
+            arch: "gpt-oss",
+            n_embd: 2880,
+            n_layer: 24,
+            n_head: 64,
+            n_head_kv: 8,
+            head_dim: 64,
+            n_ff: 2880,
+            n_ctx: 131_072,
+            rope_theta: 150_000.0,
+            rms_eps: 1e-5,
+            qkv_bias: true,
+            real_vocab: 201_088,
+            tokenizer_from: "qwen2.5-coder-0.5b",
+            full_layers: 24,
+            scale: 1,
+            feat: Features {
+                moe: Some(MoeShape {
+                    n_expert: 32,
+                    n_used: 4,
+                    n_ff: 2880,
+                    biases: true,
+                }),
+                sliding_window: 128,
+                swa_period: 2,
+                sinks: true,
+                attn_out_bias: true,
+                rope_scaling: RopeScaling::Yarn {
+                    factor: 32.0,
+                    orig_ctx: 4096,
+                },
+                ..Features::LLAMA
+            },
+        }
+    }
+
+    /// Phi-4-mini-instruct: hidden 3072, 32 layers, 24 heads / 8 KV heads of 128, fused
+    /// QKV and gate/up, partial rotary 0.75 (96 dims), LongRoPE over 4096 positions
+    /// (131072), rope_theta 10000, rms_norm_eps 1e-5, vocab 200064, tied embeddings.
+    pub fn phi4_mini() -> Shape {
+        Shape {
+            name: "phi4-mini",
+            arch: "phi3",
+            n_embd: 3072,
+            n_layer: 32,
+            n_head: 24,
+            n_head_kv: 8,
+            head_dim: 128,
+            n_ff: 8192,
+            n_ctx: 131_072,
+            rope_theta: 10_000.0,
+            rms_eps: 1e-5,
+            qkv_bias: false,
+            real_vocab: 200_064,
+            tokenizer_from: "qwen2.5-coder-0.5b",
+            full_layers: 32,
+            scale: 1,
+            feat: Features {
+                tied_output: true,
+                n_rot: Some(96),
+                fused: true,
+                rope_scaling: RopeScaling::LongRope {
+                    orig_ctx: 4096,
+                    // sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it.
+                    attn_factor: 1.190_239,
+                },
+                ..Features::LLAMA
+            },
+        }
+    }
+
+    /// Gemma-2-2B: hidden 2304, 26 layers, 8 heads / 4 KV heads of 256, intermediate
+    /// 9216, sliding window 4096 on every other layer, attention soft-cap 50 and final
+    /// soft-cap 30, post norms, rope_theta 10000, rms_norm_eps 1e-6, 8192 positions,
+    /// vocab 256000, tied embeddings.
+    pub fn gemma2_2b() -> Shape {
+        Shape {
+            name: "gemma2-2b",
+            arch: "gemma2",
+            n_embd: 2304,
+            n_layer: 26,
+            n_head: 8,
+            n_head_kv: 4,
+            head_dim: 256,
+            n_ff: 9216,
+            n_ctx: 8192,
+            rope_theta: 10_000.0,
+            rms_eps: 1e-6,
+            qkv_bias: false,
+            real_vocab: 256_000,
+            tokenizer_from: "gemma3-270m",
+            full_layers: 26,
+            scale: 1,
+            feat: Features {
+                tied_output: true,
+                sliding_window: 4096,
+                swa_period: 2,
+                post_norms: true,
+                attn_softcap: Some(50.0),
+                final_softcap: Some(30.0),
+                ..Features::LLAMA
+            },
+        }
+    }
+
+    /// SmolLM3-3B: hidden 2048, 36 layers, 16 heads / 4 KV heads of 128, intermediate
+    /// 11008, no RoPE in every fourth layer, rope_theta 5e6, rms_norm_eps 1e-6, 65536
+    /// positions, vocab 128256, tied embeddings.
+    pub fn smollm3_3b() -> Shape {
+        Shape {
+            name: "smollm3-3b",
+            arch: "smollm3",
+            n_embd: 2048,
+            n_layer: 36,
+            n_head: 16,
+            n_head_kv: 4,
+            head_dim: 128,
+            n_ff: 11008,
+            n_ctx: 65_536,
+            rope_theta: 5_000_000.0,
+            rms_eps: 1e-6,
+            qkv_bias: false,
+            real_vocab: 128_256,
+            tokenizer_from: "smollm2-135m",
+            full_layers: 36,
+            scale: 1,
+            feat: Features {
+                tied_output: true,
+                ..Features::LLAMA
+            },
         }
     }
 
@@ -139,12 +443,24 @@ impl Shape {
         match name {
             "llama3-8b" => Ok(Shape::llama3_8b()),
             "qwen2.5-7b" => Ok(Shape::qwen25_7b()),
+            "qwen3-0.6b" => Ok(Shape::qwen3_06b()),
+            "qwen3-4b" => Ok(Shape::qwen3_4b()),
+            "qwen3-30b-a3b" => Ok(Shape::qwen3_30b_a3b()),
+            "gpt-oss-20b" => Ok(Shape::gpt_oss_20b()),
+            "phi4-mini" => Ok(Shape::phi4_mini()),
+            "gemma2-2b" => Ok(Shape::gemma2_2b()),
+            "smollm3-3b" => Ok(Shape::smollm3_3b()),
             other => Err(SynthError::UnknownShape(other.to_string())),
         }
     }
 
     pub fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
+        self.head_dim
+    }
+
+    /// Rotated dimensions per head.
+    pub fn n_rot(&self) -> usize {
+        self.feat.n_rot.unwrap_or(self.head_dim)
     }
 
     /// The first `n` layers only (same widths): the per-layer cost is real, the depth not.
@@ -153,19 +469,28 @@ impl Shape {
         self
     }
 
-    /// Widths divided by `div` (hidden and feed-forward rounded to multiples of 256 so
-    /// every row stays whole K-quant blocks), head dim kept, KV heads cut to keep the
-    /// grouping where possible: a cheap stand-in for tests, not a real size.
+    /// Widths divided by `div` (hidden, feed-forward and expert widths rounded to
+    /// multiples of 256 so every row stays whole K-quant blocks), head dim kept, heads and
+    /// KV heads cut to keep the grouping where possible: a cheap stand-in for tests, not a
+    /// real size.
     pub fn scaled_down(mut self, div: usize) -> Shape {
         if div <= 1 {
             return self;
         }
         let round = |x: usize| ((x as f64 / div as f64 / 256.0).round() as usize).max(1) * 256;
-        let head_dim = self.head_dim();
         let gqa = self.n_head / self.n_head_kv;
+        let square = self.n_head * self.head_dim == self.n_embd;
         self.n_embd = round(self.n_embd);
         self.n_ff = round(self.n_ff);
-        self.n_head = self.n_embd / head_dim;
+        if let Some(m) = &mut self.feat.moe {
+            m.n_ff = round(m.n_ff);
+        }
+        // Heads that span the width keep doing so; the others are cut like the width.
+        self.n_head = if square {
+            self.n_embd / self.head_dim
+        } else {
+            (self.n_head / div).max(1)
+        };
         self.n_head_kv = (self.n_head / gqa).max(1);
         if !self.n_head.is_multiple_of(self.n_head_kv) {
             self.n_head_kv = 1;
@@ -174,8 +499,16 @@ impl Shape {
         self
     }
 
+    /// The block size every row's width must be a multiple of under `quant`.
+    fn row_block(&self, quant: SynthQuant) -> usize {
+        match quant {
+            SynthQuant::Q4KM => quant::QK_K,
+            _ => 32,
+        }
+    }
+
     /// Checks what the writers and loaders rely on.
-    pub fn validate(&self) -> Result<(), SynthError> {
+    pub fn validate(&self, quant: SynthQuant) -> Result<(), SynthError> {
         let bad = |m: String| Err(SynthError::InvalidShape(m));
         if self.n_layer == 0 || self.n_layer > self.full_layers {
             return bad(format!(
@@ -189,14 +522,30 @@ impl Shape {
                 self.n_head, self.n_head_kv
             ));
         }
-        if !self.n_embd.is_multiple_of(self.n_head) || !self.head_dim().is_multiple_of(2) {
-            return bad(format!("width {} over {} heads", self.n_embd, self.n_head));
+        if !self.head_dim.is_multiple_of(2)
+            || self.n_rot() > self.head_dim
+            || !self.n_rot().is_multiple_of(2)
+        {
+            return bad(format!(
+                "head dim {} with {} rotated dims",
+                self.head_dim,
+                self.n_rot()
+            ));
         }
-        for (what, n) in [("n_embd", self.n_embd), ("n_ff", self.n_ff)] {
-            if n == 0 || !n.is_multiple_of(quant::QK_K) {
+        let block = self.row_block(quant);
+        let mut widths = vec![
+            ("n_embd", self.n_embd),
+            ("n_head * head_dim", self.n_head * self.head_dim),
+        ];
+        match &self.feat.moe {
+            Some(m) => widths.push(("expert n_ff", m.n_ff)),
+            None => widths.push(("n_ff", self.n_ff)),
+        }
+        for (what, n) in widths {
+            if n == 0 || !n.is_multiple_of(block) {
                 return bad(format!(
-                    "{what} = {n} is not a multiple of {} (K-quant rows)",
-                    quant::QK_K
+                    "{what} = {n} is not a multiple of {block} ({} rows)",
+                    quant.name()
                 ));
             }
         }
@@ -222,18 +571,30 @@ impl Shape {
             )
         }
     }
+
+    /// The quantization the family is published in that this writer makes by default
+    /// (gpt-oss: its MXFP4 experts; the others: Q4_K_M).
+    pub fn default_quant(&self) -> SynthQuant {
+        if self.arch == "gpt-oss" {
+            SynthQuant::Mxfp4Moe
+        } else {
+            SynthQuant::Q4KM
+        }
+    }
 }
 
 /// The quantization of a synthetic file, named as `llama-quantize` names the file types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SynthQuant {
     /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output, and for attn_v and
-    /// ffn_down in the layers `use_more_bits` picks.
+    /// ffn_down in the layers `use_more_bits` picks; Q5_K for a fused QKV.
     Q4KM,
     /// Q4_0 everywhere, Q6_K output (llama.cpp's MOSTLY_Q4_0).
     Q4_0,
     /// Q8_0 everywhere (llama.cpp's MOSTLY_Q8_0).
     Q8_0,
+    /// llama.cpp's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0 (gpt-oss).
+    Mxfp4Moe,
 }
 
 impl SynthQuant {
@@ -242,6 +603,7 @@ impl SynthQuant {
             "q4_k_m" => Ok(SynthQuant::Q4KM),
             "q4_0" => Ok(SynthQuant::Q4_0),
             "q8_0" => Ok(SynthQuant::Q8_0),
+            "mxfp4_moe" | "mxfp4" => Ok(SynthQuant::Mxfp4Moe),
             _ => Err(SynthError::UnknownQuant(s.to_string())),
         }
     }
@@ -251,6 +613,7 @@ impl SynthQuant {
             SynthQuant::Q4KM => "q4_k_m",
             SynthQuant::Q4_0 => "q4_0",
             SynthQuant::Q8_0 => "q8_0",
+            SynthQuant::Mxfp4Moe => "mxfp4_moe",
         }
     }
 
@@ -260,6 +623,7 @@ impl SynthQuant {
             SynthQuant::Q4KM => 15,
             SynthQuant::Q4_0 => 2,
             SynthQuant::Q8_0 => 7,
+            SynthQuant::Mxfp4Moe => 38,
         }
     }
 }
@@ -272,13 +636,21 @@ pub enum Role {
     AttnQ,
     AttnK,
     AttnV,
+    /// A fused Q, K and V projection.
+    AttnQkv,
     AttnOutput,
     FfnGate,
     FfnUp,
     FfnDown,
+    /// Stacks of experts (3-D).
+    ExpGate,
+    ExpUp,
+    ExpDown,
+    /// The router (`ffn_gate_inp`), which llama.cpp never quantizes.
+    Router,
     /// RMS norm weights (F32, not quantized: llama.cpp quantizes only 2-D weights).
     Norm,
-    /// Projection biases (F32).
+    /// Biases, sinks and RoPE factors (F32).
     Bias,
 }
 
@@ -289,28 +661,42 @@ pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-/// The type llama.cpp's `llama_tensor_get_type` gives a tensor of a dense llama/qwen2
-/// model (no experts, not 70B, no imatrix, no overrides) whose rows are whole 256-blocks.
-/// For Q4_K_M: output Q6_K; attn_v and ffn_down Q6_K where [`use_more_bits`] (counted
-/// over the layers, as llama.cpp's `i_attention_wv` / `i_ffn_down` counters do); every
-/// other weight, token_embd included, the default Q4_K. Q4_0 and Q8_0: the default type,
-/// except that a Q4_0 file's output is Q6_K.
-pub fn tensor_type(quant: SynthQuant, role: Role, layer: usize, n_layer: usize) -> GgmlType {
+/// The type llama.cpp's `llama_tensor_get_type` gives a tensor (no imatrix, no
+/// overrides) whose rows are whole blocks of it. For Q4_K_M: output (and a tied
+/// token_embd) Q6_K; attn_v and ffn_down (the experts' too) Q6_K where
+/// [`use_more_bits`] (counted over the layers, as llama.cpp's `i_attention_wv` /
+/// `i_ffn_down` counters do); a fused attn_qkv Q5_K; every other weight the default Q4_K.
+/// Q4_0 and Q8_0: the default type, except that a Q4_0 file's output is Q6_K.
+/// MXFP4_MOE: the experts MXFP4, every other weight Q8_0. Norms, biases and the router
+/// stay F32.
+pub fn tensor_type(
+    quant: SynthQuant,
+    role: Role,
+    layer: usize,
+    n_layer: usize,
+    tied: bool,
+) -> GgmlType {
     use GgmlType as T;
-    if matches!(role, Role::Norm | Role::Bias) {
+    if matches!(role, Role::Norm | Role::Bias | Role::Router) {
         return T::F32;
     }
+    let output = role == Role::Output || (tied && role == Role::TokenEmbd);
     match quant {
         SynthQuant::Q4KM => match role {
-            Role::Output => T::Q6_K,
-            Role::AttnV | Role::FfnDown if use_more_bits(layer, n_layer) => T::Q6_K,
+            _ if output => T::Q6_K,
+            Role::AttnV | Role::FfnDown | Role::ExpDown if use_more_bits(layer, n_layer) => T::Q6_K,
+            Role::AttnQkv => T::Q5_K,
             _ => T::Q4_K,
         },
         SynthQuant::Q4_0 => match role {
-            Role::Output => T::Q6_K,
+            _ if output => T::Q6_K,
             _ => T::Q4_0,
         },
         SynthQuant::Q8_0 => T::Q8_0,
+        SynthQuant::Mxfp4Moe => match role {
+            Role::ExpGate | Role::ExpUp | Role::ExpDown => T::MXFP4,
+            _ => T::Q8_0,
+        },
     }
 }
 
@@ -322,9 +708,11 @@ pub struct Planned {
 }
 
 /// Every tensor of the file in order: `token_embd`, the layers (norms, projections with
-/// their biases, feed-forward), `output_norm`, `output`.
+/// their biases, feed-forward or router and experts), `output_norm`, `output` (unless
+/// tied), the RoPE factor tables of LongRoPE.
 pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
-    let (d, hd) = (shape.n_embd as u64, shape.head_dim() as u64);
+    let f = &shape.feat;
+    let (d, hd) = (shape.n_embd as u64, shape.head_dim as u64);
     let q_dim = shape.n_head as u64 * hd;
     let kv_dim = shape.n_head_kv as u64 * hd;
     let ff = shape.n_ff as u64;
@@ -335,7 +723,7 @@ pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
             spec: TensorSpec {
                 name,
                 shape: dims,
-                ty: tensor_type(quant, role, layer, n_layer),
+                ty: tensor_type(quant, role, layer, n_layer, f.tied_output),
             },
             role,
         })
@@ -349,17 +737,28 @@ pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}");
         push(n("attn_norm.weight"), vec![d], Role::Norm, il);
-        push(n("attn_q.weight"), vec![d, q_dim], Role::AttnQ, il);
-        if shape.qkv_bias {
-            push(n("attn_q.bias"), vec![q_dim], Role::Bias, il);
+        if f.fused {
+            push(
+                n("attn_qkv.weight"),
+                vec![d, q_dim + 2 * kv_dim],
+                Role::AttnQkv,
+                il,
+            );
+        } else {
+            for (t, dim, role) in [
+                ("attn_q", q_dim, Role::AttnQ),
+                ("attn_k", kv_dim, Role::AttnK),
+                ("attn_v", kv_dim, Role::AttnV),
+            ] {
+                push(n(&format!("{t}.weight")), vec![d, dim], role, il);
+                if shape.qkv_bias {
+                    push(n(&format!("{t}.bias")), vec![dim], Role::Bias, il);
+                }
+            }
         }
-        push(n("attn_k.weight"), vec![d, kv_dim], Role::AttnK, il);
-        if shape.qkv_bias {
-            push(n("attn_k.bias"), vec![kv_dim], Role::Bias, il);
-        }
-        push(n("attn_v.weight"), vec![d, kv_dim], Role::AttnV, il);
-        if shape.qkv_bias {
-            push(n("attn_v.bias"), vec![kv_dim], Role::Bias, il);
+        if f.qk_norm {
+            push(n("attn_q_norm.weight"), vec![hd], Role::Norm, il);
+            push(n("attn_k_norm.weight"), vec![hd], Role::Norm, il);
         }
         push(
             n("attn_output.weight"),
@@ -367,18 +766,80 @@ pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
             Role::AttnOutput,
             il,
         );
-        push(n("ffn_norm.weight"), vec![d], Role::Norm, il);
-        push(n("ffn_gate.weight"), vec![d, ff], Role::FfnGate, il);
-        push(n("ffn_up.weight"), vec![d, ff], Role::FfnUp, il);
-        push(n("ffn_down.weight"), vec![ff, d], Role::FfnDown, il);
+        if f.attn_out_bias {
+            push(n("attn_output.bias"), vec![d], Role::Bias, il);
+        }
+        if f.sinks {
+            push(
+                n("attn_sinks.weight"),
+                vec![shape.n_head as u64],
+                Role::Bias,
+                il,
+            );
+        }
+        if f.post_norms {
+            push(n("post_attention_norm.weight"), vec![d], Role::Norm, il);
+        }
+        match &f.moe {
+            Some(m) => {
+                let (ne, ef) = (m.n_expert as u64, m.n_ff as u64);
+                // gpt-oss names its feed-forward norm `post_attention_norm`.
+                let norm = if shape.arch == "gpt-oss" {
+                    "post_attention_norm.weight"
+                } else {
+                    "ffn_norm.weight"
+                };
+                push(n(norm), vec![d], Role::Norm, il);
+                push(n("ffn_gate_inp.weight"), vec![d, ne], Role::Router, il);
+                if m.biases {
+                    push(n("ffn_gate_inp.bias"), vec![ne], Role::Bias, il);
+                }
+                for (t, dims, role) in [
+                    ("ffn_gate_exps", vec![d, ef, ne], Role::ExpGate),
+                    ("ffn_up_exps", vec![d, ef, ne], Role::ExpUp),
+                    ("ffn_down_exps", vec![ef, d, ne], Role::ExpDown),
+                ] {
+                    let bias = vec![dims[1], ne];
+                    push(n(&format!("{t}.weight")), dims, role, il);
+                    if m.biases {
+                        push(n(&format!("{t}.bias")), bias, Role::Bias, il);
+                    }
+                }
+            }
+            None => {
+                push(n("ffn_norm.weight"), vec![d], Role::Norm, il);
+                if f.fused {
+                    push(n("ffn_up.weight"), vec![d, 2 * ff], Role::FfnUp, il);
+                } else {
+                    push(n("ffn_gate.weight"), vec![d, ff], Role::FfnGate, il);
+                    push(n("ffn_up.weight"), vec![d, ff], Role::FfnUp, il);
+                }
+                push(n("ffn_down.weight"), vec![ff, d], Role::FfnDown, il);
+            }
+        }
+        if f.post_norms {
+            push(n("post_ffw_norm.weight"), vec![d], Role::Norm, il);
+        }
     }
     push("output_norm.weight".into(), vec![d], Role::Norm, 0);
-    push(
-        "output.weight".into(),
-        vec![d, n_vocab as u64],
-        Role::Output,
-        0,
-    );
+    if !f.tied_output {
+        push(
+            "output.weight".into(),
+            vec![d, n_vocab as u64],
+            Role::Output,
+            0,
+        );
+    }
+    if let RopeScaling::LongRope { .. } = f.rope_scaling {
+        let half = shape.n_rot() as u64 / 2;
+        push("rope_factors_long.weight".into(), vec![half], Role::Bias, 0);
+        push(
+            "rope_factors_short.weight".into(),
+            vec![half],
+            Role::Bias,
+            0,
+        );
+    }
     out
 }
 
@@ -481,9 +942,68 @@ impl SynthSpec<'_> {
                 format!("{a}.attention.layer_norm_rms_epsilon"),
                 Value::F32(s.rms_eps),
             ),
-            (format!("{a}.rope.dimension_count"), u32v(s.head_dim())),
+            (format!("{a}.rope.dimension_count"), u32v(s.n_rot())),
             (format!("{a}.vocab_size"), u32v(n_vocab)),
         ];
+        let f = &s.feat;
+        if s.head_dim * s.n_head != s.n_embd {
+            m.push((format!("{a}.attention.key_length"), u32v(s.head_dim)));
+            m.push((format!("{a}.attention.value_length"), u32v(s.head_dim)));
+        }
+        if let Some(e) = &f.moe {
+            m.push((format!("{a}.expert_count"), u32v(e.n_expert)));
+            m.push((format!("{a}.expert_used_count"), u32v(e.n_used)));
+            m.push((format!("{a}.expert_feed_forward_length"), u32v(e.n_ff)));
+        }
+        if f.sliding_window > 0 {
+            m.push((
+                format!("{a}.attention.sliding_window"),
+                u32v(f.sliding_window),
+            ));
+            // Gemma 2's period is llama.cpp's default for it; gpt-oss's file says it.
+            if s.arch == "gpt-oss" || f.swa_period != 2 {
+                m.push((
+                    format!("{a}.attention.sliding_window_pattern"),
+                    u32v(f.swa_period),
+                ));
+            }
+        }
+        if let Some(b) = f.rope_theta_swa {
+            m.push((format!("{a}.rope.freq_base_swa"), Value::F32(b)));
+        }
+        if let Some(c) = f.attn_softcap {
+            m.push((format!("{a}.attn_logit_softcapping"), Value::F32(c)));
+        }
+        if let Some(c) = f.final_softcap {
+            m.push((format!("{a}.final_logit_softcapping"), Value::F32(c)));
+        }
+        match f.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Yarn { factor, orig_ctx } => {
+                m.push((
+                    format!("{a}.rope.scaling.type"),
+                    Value::String("yarn".into()),
+                ));
+                m.push((format!("{a}.rope.scaling.factor"), Value::F32(factor)));
+                m.push((
+                    format!("{a}.rope.scaling.original_context_length"),
+                    u32v(orig_ctx),
+                ));
+            }
+            RopeScaling::LongRope {
+                orig_ctx,
+                attn_factor,
+            } => {
+                m.push((
+                    format!("{a}.rope.scaling.attn_factor"),
+                    Value::F32(attn_factor),
+                ));
+                m.push((
+                    format!("{a}.rope.scaling.original_context_length"),
+                    u32v(orig_ctx),
+                ));
+            }
+        }
         let source_vocab = self.source_vocab()?;
         if n_vocab > source_vocab {
             m.push((
@@ -660,16 +1180,48 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
                 rng.fill(&mut b[2..34]);
             }
         }
+        GgmlType::Q5_K => {
+            // x = d*sc*q - dmin*m with q uniform on 0..32 (4 low bits + 1 high bit), the
+            // Q4_K layout of scales with a centring min.
+            let sc_rms = (47.5f32 * 47.5 + (32.0 * 32.0 - 1.0) / 12.0).sqrt();
+            let base = WEIGHT_STD / (uniform_std(32) * sc_rms);
+            for b in out.chunks_exact_mut(bs) {
+                let d = jitter(rng, base);
+                let dmin = f32_to_f16(quant::f16::f16_to_f32(d) * 16.0);
+                let r = rng.next().to_le_bytes();
+                let mut sc = [0u8; 8];
+                let mut m = [0u8; 8];
+                for j in 0..8 {
+                    sc[j] = 32 + (r[j] & 31);
+                    m[j] = ((sc[j] as u32 * 31 + 16) / 32) as u8;
+                }
+                b[0..2].copy_from_slice(&d.to_le_bytes());
+                b[2..4].copy_from_slice(&dmin.to_le_bytes());
+                b[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &m));
+                rng.fill(&mut b[16..176]);
+            }
+        }
+        GgmlType::MXFP4 => {
+            // x = 2^(e - 128) * v with v uniform over ggml's doubled FP4 values (std ~5.85):
+            // e from 119 to 121 puts the spread near 0.02.
+            for b in out.chunks_exact_mut(bs) {
+                b[0] = 119 + (rng.next() % 3) as u8;
+                rng.fill(&mut b[1..17]);
+            }
+        }
         other => unreachable!("synthetic weights of type {other}"),
     }
 }
 
-/// Fills an F32 tensor: norms 1 ± 0.05, biases uniform with std ~0.02.
-fn fill_f32(role: Role, rng: &mut Rng, out: &mut [u8]) {
+/// Fills an F32 tensor: norms 1 ± 0.05, RoPE factors 1 to 4 (divisors of the angles),
+/// biases, sinks and the router uniform with std ~0.02.
+fn fill_f32(role: Role, name: &str, rng: &mut Rng, out: &mut [u8]) {
+    let rope_factors = name.starts_with("rope_factors");
     for v in out.chunks_exact_mut(4) {
         let u = rng.unit() - 0.5;
         let x = match role {
             Role::Norm => 1.0 + 0.1 * u,
+            _ if rope_factors => 2.5 + 3.0 * u,
             _ => WEIGHT_STD * 12f32.sqrt() * u,
         };
         v.copy_from_slice(&x.to_le_bytes());
@@ -703,7 +1255,7 @@ fn generate(
                     let mut buf = back_rx.try_recv().unwrap_or_default();
                     buf.resize(n, 0);
                     if ty == GgmlType::F32 {
-                        fill_f32(p.role, &mut rng, &mut buf);
+                        fill_f32(p.role, &p.spec.name, &mut rng, &mut buf);
                     } else {
                         fill_blocks(ty, &mut rng, &mut buf);
                     }
@@ -730,7 +1282,7 @@ pub fn write_to<W: Write>(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(W, u64), io::Error> {
     let inv = |e: SynthError| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
-    spec.shape.validate().map_err(inv)?;
+    spec.shape.validate(spec.quant).map_err(inv)?;
     let n_vocab = spec.n_vocab().map_err(inv)?;
     let metadata = spec.metadata().map_err(inv)?;
     let plan = plan(&spec.shape, spec.quant, n_vocab);
@@ -755,7 +1307,7 @@ pub fn synthesize(
     progress: impl FnMut(u64, u64),
 ) -> Result<SynthReport, SynthError> {
     let t0 = Instant::now();
-    spec.shape.validate()?;
+    spec.shape.validate(spec.quant)?;
     let n_vocab = spec.n_vocab()?;
     let io_err = |source| SynthError::Io {
         path: path.to_path_buf(),
@@ -825,7 +1377,7 @@ mod tests {
         assert_eq!((q.rope_theta, q.rms_eps, q.qkv_bias), (1e6, 1e-6, true));
         for s in [l, q] {
             assert_eq!(s.head_dim(), 128);
-            s.validate().unwrap();
+            s.validate(SynthQuant::Q4KM).unwrap();
             assert_eq!(Shape::named(s.name).unwrap(), s);
         }
         assert!(Shape::named("llama3-70b").is_err());
@@ -835,16 +1387,22 @@ mod tests {
     fn scaled_shapes_stay_valid() {
         let l = Shape::llama3_8b().scaled_down(8).with_layers(2);
         assert_eq!((l.n_embd, l.n_head, l.n_head_kv, l.n_ff), (512, 4, 1, 1792));
-        l.validate().unwrap();
+        l.validate(SynthQuant::Q4KM).unwrap();
         let q = Shape::qwen25_7b().scaled_down(8).with_layers(2);
         assert_eq!((q.n_embd, q.n_head, q.n_head_kv, q.n_ff), (512, 4, 1, 2304));
-        q.validate().unwrap();
+        q.validate(SynthQuant::Q4KM).unwrap();
         assert_eq!(
             q.display_name(),
             "synthetic qwen2.5-7b (2 of 28 layers, widths / 8, random weights)"
         );
-        assert!(Shape::llama3_8b().with_layers(33).validate().is_err());
-        assert!(Shape::llama3_8b().with_layers(0).validate().is_err());
+        assert!(Shape::llama3_8b()
+            .with_layers(33)
+            .validate(SynthQuant::Q4KM)
+            .is_err());
+        assert!(Shape::llama3_8b()
+            .with_layers(0)
+            .validate(SynthQuant::Q4KM)
+            .is_err());
     }
 
     /// llama.cpp's Q4_K_M on a 32-layer model: attn_v and ffn_down are Q6_K in layers

@@ -165,7 +165,7 @@ impl PrefetchTuner {
 fn fixed() -> Option<usize> {
     static FIXED: OnceLock<Option<usize>> = OnceLock::new();
     *FIXED.get_or_init(|| {
-        let v = std::env::var("RLLAMA_DECODE_PREFETCH").ok()?;
+        let v = crate::options::Env::get().decode_prefetch.clone()?;
         match v.trim().parse::<usize>() {
             Ok(b) => Some(b),
             Err(_) => {

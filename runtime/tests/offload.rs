@@ -52,17 +52,19 @@ fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokeni
 /// CPU path exactly. Set before any model runs (the flavor is read once per process).
 fn compare_in_ggml_sys_flavor() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| std::env::set_var("RLLAMA_GGML_FLAVOR", "avx2"));
+    ONCE.call_once(|| {
+        assert!(
+            quant::order::configure_flavor(quant::order::Flavor::Avx2),
+            "set before any model runs"
+        )
+    });
 }
 
 fn load_file(path: &std::path::Path, ngl: usize) -> (Model, Arc<runtime::tokenizer::Tokenizer>) {
     compare_in_ggml_sys_flavor();
     let f = ModelFile::open(path.to_str().unwrap()).unwrap();
     let mut m = f.model().unwrap();
-    let spec = OffloadSpec {
-        n_gpu_layers: ngl,
-        device: Some(device()),
-    };
+    let spec = OffloadSpec::new(ngl, Some(device()));
     m.offload(
         &spec,
         m.kv_layout(N_CTX, 16).n_blocks * 16,
@@ -280,13 +282,11 @@ fn out_of_device_memory_names_how_many_layers_fit() {
         .model()
         .unwrap();
     // ggml's CPU backend reports the machine's memory; cap it as a small device would.
-    std::env::set_var("RLLAMA_OFFLOAD_MEM_LIMIT", "72M");
     let spec = OffloadSpec {
-        n_gpu_layers: 99,
-        device: Some(device()),
+        mem_limit: Some(72 << 20),
+        ..OffloadSpec::new(99, Some(device()))
     };
     let err = m.offload(&spec, 512, THREADS, &mut |_, _| {}).unwrap_err();
-    std::env::remove_var("RLLAMA_OFFLOAD_MEM_LIMIT");
     let msg = err.to_string();
     match err {
         OffloadError::OutOfMemory {
@@ -311,10 +311,7 @@ fn out_of_device_memory_names_how_many_layers_fit() {
     }
     assert!(m.device_layers().is_none());
     // An unknown device is named with the ones that exist.
-    let spec = OffloadSpec {
-        n_gpu_layers: 4,
-        device: Some("NoSuchGPU".into()),
-    };
+    let spec = OffloadSpec::new(4, Some("NoSuchGPU".into()));
     let msg = m
         .offload(&spec, 512, THREADS, &mut |_, _| {})
         .unwrap_err()
@@ -419,10 +416,7 @@ fn flash_attention_child() {
     let path = model(MODELS[0]).unwrap();
     let f = ModelFile::open(path.to_str().unwrap()).unwrap();
     let mut m = f.model().unwrap();
-    let spec = OffloadSpec {
-        n_gpu_layers: 99,
-        device: Some(device()),
-    };
+    let spec = OffloadSpec::new(99, Some(device()));
     let slots = m.kv_layout(N_CTX, 16).n_blocks * 16;
     if let Err(e) = m.offload(&spec, slots, THREADS, &mut |_, _| {}) {
         println!("offload error: {e}");

@@ -107,8 +107,12 @@ fn check_shape(shape: Shape) {
     let model = Arc::new(mf.model().unwrap());
     let c = &model.config;
     assert_eq!(c.n_vocab, n_vocab);
+    let l0 = &model.spec.layers[0];
+    let runtime::model::FfnSpec::Dense { n_ff, .. } = l0.ffn else {
+        panic!("a dense shape declares dense layers")
+    };
     assert_eq!(
-        (c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff),
+        (c.n_embd, c.n_layer, c.n_head, c.n_head_kv, n_ff),
         (
             shape.n_embd,
             shape.n_layer,
@@ -118,7 +122,10 @@ fn check_shape(shape: Shape) {
         )
     );
     assert_eq!(c.head_dim_k, 128);
-    assert_eq!(c.rope_freq_base, shape.rope_theta);
+    assert_eq!(
+        l0.attn.rope.as_ref().map(|r| r.freq_base),
+        Some(shape.rope_theta)
+    );
     assert_eq!(c.rms_eps, shape.rms_eps);
     assert_eq!(c.n_ctx_train, shape.n_ctx);
     let tokens = mf

@@ -39,7 +39,12 @@ const LLAMA_N_UBATCH: usize = 512;
 pub struct EngineConfig {
     /// Registry name or path.
     pub model: String,
-    pub threads: usize,
+    /// How the model runs: threads, NUMA and weight placement, numerics (llama.cpp's
+    /// exact orders or the fast ones; either way a request's output does not depend on
+    /// its batch-mates), packing, pinning, and layers on a ggml device (with layers
+    /// offloaded, outputs follow the device's kernels, whose rounding may depend on the
+    /// batch).
+    pub run: runtime::RunOptions,
     /// Per-sequence context (prompt + generated).
     pub n_ctx: Option<usize>,
     pub max_seqs: usize,
@@ -52,22 +57,13 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Keep the prefix cache on disk across restarts (needs prefix caching).
     pub kv_persist: Option<crate::persist::PersistConfig>,
-    /// NUMA thread placement (`--numa`) and weight placement (`--numa-weights`).
-    pub numa: Option<runtime::numa::NumaMode>,
-    pub numa_weights: runtime::numa::WeightPlacement,
-    /// Kernel orders (`--numerics`): llama.cpp's exact ones or the fast ones. Either way a
-    /// request's output does not depend on its batch-mates.
-    pub numerics: runtime::Numerics,
-    /// Layers on a ggml device (`-ngl`, `--device`); with layers offloaded, outputs follow
-    /// the device's kernels, whose rounding may depend on the batch.
-    pub offload: runtime::offload::OffloadSpec,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             model: "smollm2-135m".into(),
-            threads: runtime::pool::default_threads(),
+            run: runtime::RunOptions::default(),
             n_ctx: None,
             max_seqs: 8,
             max_batch_tokens: 512,
@@ -77,10 +73,6 @@ impl Default for EngineConfig {
             chunked_prefill: true,
             prefix_caching: true,
             kv_persist: None,
-            numa: None,
-            numa_weights: runtime::numa::WeightPlacement::FirstTouch,
-            numerics: runtime::Numerics::Exact,
-            offload: runtime::offload::OffloadSpec::default(),
         }
     }
 }
@@ -407,16 +399,24 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         file,
         tokenizer,
         mut model,
-    } = runtime::ModelFile::open(&cfg.model)?
-        .with_numerics(cfg.numerics)
-        .load_placed(cfg.numa_weights, cfg.numa, cfg.threads.max(1))?;
-    if cfg.numa.is_some() {
+    } = {
+        // The device cache mirrors the KV pool's slots, so offload waits until the pool
+        // is sized (below).
+        let mut opts = cfg.run.clone();
+        opts.offload.n_gpu_layers = 0;
+        let ctx = runtime::ContextSize {
+            n_ctx: cfg.n_ctx,
+            kv_slots: 0,
+        };
+        runtime::ModelFile::open(&cfg.model)?.load_with(&opts, ctx)?
+    };
+    if cfg.run.numa.is_some() {
         // Refuse a thread placement that cannot be honoured before serving anything.
         let topo = runtime::numa::Topology::read()?;
         runtime::numa::plan_threads(
             &topo,
-            cfg.numa,
-            cfg.threads.max(1),
+            cfg.run.numa,
+            cfg.run.threads.max(1),
             runtime::numa::current_cpu(),
         )?;
     }
@@ -436,24 +436,24 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         );
     }
     let layout = model.kv_layout(blocks * BLOCK_SIZE, BLOCK_SIZE);
-    if cfg.offload.n_gpu_layers > 0 && cfg.kv_persist.is_some() {
+    if cfg.run.offload.n_gpu_layers > 0 && cfg.kv_persist.is_some() {
         anyhow::bail!(
             "--kv-persist with -ngl > 0 is not supported yet: the persisted prefix cache holds \
              the CPU cache's rows, not the device's"
         );
     }
-    if cfg.offload.n_gpu_layers > 0 {
+    if cfg.run.offload.n_gpu_layers > 0 {
         // The device cache mirrors the pool's slots, so it is sized now that they are.
         let m = std::sync::Arc::get_mut(&mut model).expect("the model is not shared yet");
         eprintln!(
             "rserve: offloading {} layers to {} ...",
-            cfg.offload.n_gpu_layers.min(m.config.n_layer),
-            cfg.offload.device.as_deref().unwrap_or("the first GPU")
+            cfg.run.offload.n_gpu_layers.min(m.config.n_layer),
+            cfg.run.offload.device.as_deref().unwrap_or("the first GPU")
         );
         m.offload(
-            &cfg.offload,
+            &cfg.run.offload,
             blocks * BLOCK_SIZE,
-            cfg.threads.max(1),
+            cfg.run.threads.max(1),
             &mut |_, _| {},
         )?;
         if let Some(d) = m.device_layers() {
@@ -469,7 +469,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         n_ctx,
         max_seqs: cfg.max_seqs,
         max_batch_tokens: cfg.max_batch_tokens.max(cfg.max_seqs),
-        threads: cfg.threads.max(1),
+        threads: cfg.run.threads.max(1),
     };
     let kv = KvCache::new(layout);
     let id = if path.to_string_lossy() == cfg.model || cfg.model.ends_with(".gguf") {
@@ -585,11 +585,11 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
     let pool = ThreadPool::with_options(
         loaded.sizing.threads,
         runtime::pool::PoolOptions {
-            pin: true,
-            numa: cfg.numa,
+            pin: cfg.run.pin,
+            numa: cfg.run.numa,
         },
     );
-    if cfg.numa.is_some() || cfg.numa_weights != runtime::numa::WeightPlacement::FirstTouch {
+    if cfg.run.numa.is_some() || cfg.run.weights != runtime::numa::WeightPlacement::FirstTouch {
         let pages: Vec<String> = loaded
             .model
             .weight_pages()
@@ -601,10 +601,10 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
             .collect();
         eprintln!(
             "rserve: numa {}: thread nodes {:?}, CPUs {:?}; weights {} ({})",
-            cfg.numa.map_or("(none)", |m| m.name()),
+            cfg.run.numa.map_or("(none)", |m| m.name()),
             pool.thread_nodes(),
             pool.pinned_cpus(),
-            cfg.numa_weights,
+            cfg.run.weights,
             pages.join("; ")
         );
     }

@@ -48,10 +48,7 @@ fn serves_with_layers_offloaded() {
     drop(cpu);
 
     let mut cfg = engine_config();
-    cfg.offload = runtime::offload::OffloadSpec {
-        n_gpu_layers: 99,
-        device: Some("CPU".into()),
-    };
+    cfg.run.offload = runtime::offload::OffloadSpec::new(99, Some("CPU".into()));
     let srv = start(cfg);
     let addr = srv.addr;
     let got = texts(addr);
@@ -86,10 +83,7 @@ fn kv_persist_with_offload_is_refused() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = engine_config();
-    cfg.offload = runtime::offload::OffloadSpec {
-        n_gpu_layers: 4,
-        device: Some("CPU".into()),
-    };
+    cfg.run.offload = runtime::offload::OffloadSpec::new(4, Some("CPU".into()));
     cfg.kv_persist = Some(server::persist::PersistConfig {
         dir: dir.path().to_path_buf(),
         interval: Duration::from_secs(30),
@@ -125,13 +119,9 @@ fn a_lost_device_fails_requests_and_the_server_stays_up() {
     }
     let _g = serial();
     let mut cfg = engine_config();
-    cfg.offload = runtime::offload::OffloadSpec {
-        n_gpu_layers: 8,
-        device: Some("CPU".into()),
-    };
-    std::env::set_var("RLLAMA_OFFLOAD_FAIL_AT", "40");
+    cfg.run.offload = runtime::offload::OffloadSpec::new(8, Some("CPU".into()));
+    cfg.run.offload.fail_at = Some(40);
     let srv = start(cfg);
-    std::env::remove_var("RLLAMA_OFFLOAD_FAIL_AT");
     let addr = srv.addr;
     let statuses: Vec<(u16, String)> = (0..6)
         .map(|i| {

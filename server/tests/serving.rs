@@ -153,7 +153,7 @@ fn invariance_server_with(
     numerics: runtime::Numerics,
 ) -> server::RunningServer {
     let mut cfg = engine_config();
-    cfg.numerics = numerics;
+    cfg.run.numerics = numerics;
     cfg.max_seqs = 32;
     cfg.max_batch_tokens = 512;
     cfg.n_ctx = Some(2048);

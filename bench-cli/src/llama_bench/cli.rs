@@ -20,24 +20,6 @@ pub enum OutputFormat {
     Jsonl,
 }
 
-/// `--numa` modes, as llama-bench names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum NumaMode {
-    Distribute,
-    Isolate,
-    Numactl,
-}
-
-impl From<NumaMode> for runtime::numa::NumaMode {
-    fn from(m: NumaMode) -> runtime::numa::NumaMode {
-        match m {
-            NumaMode::Distribute => runtime::numa::NumaMode::Distribute,
-            NumaMode::Isolate => runtime::numa::NumaMode::Isolate,
-            NumaMode::Numactl => runtime::numa::NumaMode::Numactl,
-        }
-    }
-}
-
 /// An engine under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Engine {
@@ -157,21 +139,6 @@ pub struct Cli {
         allow_negative_numbers = true
     )]
     pub prio: i32,
-    /// NUMA thread placement, with llama.cpp's meanings: distribute (threads spread over
-    /// the nodes), isolate (the node rbench started on), numactl (the CPUs numactl gave).
-    /// Applies to both engines
-    #[arg(long = "numa", value_enum, env = "RLLAMA_NUMA")]
-    pub numa: Option<NumaMode>,
-    /// Where rllama's weight pages go: first-touch (read in place from the mapped file),
-    /// interleave (a copy spread over the allowed nodes), replicate (a copy per node, each
-    /// thread reading its node's). Rows record the per-node page counts
-    #[arg(
-        long = "numa-weights",
-        value_name = "first-touch|interleave|replicate",
-        default_value = "first-touch",
-        env = "RLLAMA_NUMA_WEIGHTS"
-    )]
-    pub numa_weights: runtime::numa::WeightPlacement,
     /// CPU affinity mask in hex (e.g. 0x3 = CPUs 0 and 1), applied to the whole process
     #[arg(short = 'C', long = "cpu-mask", value_name = "HEX", action = ArgAction::Append)]
     pub cpu_mask: Vec<String>,
@@ -185,10 +152,6 @@ pub struct Cli {
     /// Suppress the progress lines on stderr
     #[arg(long = "no-progress")]
     pub no_progress: bool,
-    /// Do not pin rllama's compute threads to their own CPUs (pinned by default, when
-    /// there are enough CPUs; RLLAMA_NO_PIN=1 does the same)
-    #[arg(long = "no-pin")]
-    pub no_pin: bool,
     /// With two engines, tg tests alternate the engines every N generated tokens instead
     /// of every repetition, so both see the same machine state (a shared host whose
     /// memory bandwidth drifts between runs); each engine's time is the sum of its own
@@ -197,38 +160,15 @@ pub struct Cli {
     /// 0: alternate whole repetitions
     #[arg(long = "interleave", value_name = "N", default_value_t = 0)]
     pub interleave: usize,
-    /// rllama's kernel orders: exact (llama.cpp's own, bit-identical to it) or fast (the
-    /// 32-element formats sum each block once and put eight rows in a register; Q4_K and
-    /// Q6_K keep one llama.cpp order for every token, eight rows per register; other
-    /// formats stay exact; the weights are repacked at load into groups of eight
-    /// interleaved rows). Experimental. The `isa` column marks fast kernels `/fast`
-    /// (`/fast+packed` when they read repacked rows)
-    #[arg(long = "numerics", value_name = "exact|fast", default_value = "exact")]
-    pub numerics: NumericsArg,
     /// Layers to offload to a ggml device, `-ngl` (the last N layers; above the layer count
     /// the output layer too), a list to sweep (-ngl 0,16,99) [default: 0]
     #[arg(long = "n-gpu-layers", value_name = "N", action = ArgAction::Append)]
     pub n_gpu_layers: Vec<String>,
-    /// The ggml device for -ngl, `-dev` (a name from `rllama devices`; CPU is ggml's CPU
-    /// backend) [default: the first GPU]
-    #[arg(long = "device", value_name = "NAME")]
-    pub device: Option<String>,
-}
-
-/// `--numerics` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum NumericsArg {
-    Exact,
-    Fast,
-}
-
-impl From<NumericsArg> for runtime::Numerics {
-    fn from(a: NumericsArg) -> runtime::Numerics {
-        match a {
-            NumericsArg::Exact => runtime::Numerics::Exact,
-            NumericsArg::Fast => runtime::Numerics::Fast,
-        }
-    }
+    /// rllama's run options (--numa applies to both engines; rows record the per-node
+    /// page counts of --numa-weights; the `isa` column marks fast kernels `/fast`, and
+    /// `/fast+packed` where they read repacked rows).
+    #[command(flatten)]
+    pub run: runtime::options::RunArgs,
 }
 
 /// Rewrites llama-bench's multi-letter single-dash flags into clap's long form
@@ -244,6 +184,7 @@ where
         ("-ub", "--ubatch-size"),
         ("-ngl", "--n-gpu-layers"),
         ("-dev", "--device"),
+        ("-ncmoe", "--n-cpu-moe"),
     ];
     args.into_iter()
         .map(Into::into)
@@ -394,23 +335,17 @@ pub struct Params {
     pub warmup: bool,
     pub delay: f64,
     pub prio: i32,
-    pub numa: Option<runtime::numa::NumaMode>,
-    pub numa_weights: runtime::numa::WeightPlacement,
     /// Hex mask as given (`None` = no affinity change).
     pub cpu_mask: Option<String>,
     pub engines: Vec<Engine>,
     pub progress: bool,
-    /// Pin rllama's compute threads (`--no-pin` turns it off).
-    pub pin: bool,
     /// `--interleave`: tg tests alternate engines every this many tokens (0: per
     /// repetition).
     pub interleave: usize,
-    /// rllama's kernel orders (`--exact`: llama.cpp's).
-    pub numerics: runtime::Numerics,
     /// `-ngl` values to sweep.
     pub n_gpu_layers: Vec<usize>,
-    /// `-dev`: the ggml device for offloaded layers.
-    pub device: Option<String>,
+    /// rllama's run options but threads and `-ngl` (which the tests sweep).
+    pub run: runtime::options::RunArgs,
 }
 
 pub const DEFAULT_N_PROMPT: usize = 512;
@@ -419,9 +354,7 @@ pub const DEFAULT_N_BATCH: usize = 2048;
 pub const DEFAULT_N_UBATCH: usize = 512;
 
 /// Default thread count: the cores available to this process.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
+pub use runtime::options::default_threads;
 
 impl Params {
     /// Parses a full command line (`args[0]` is the program name).
@@ -529,21 +462,23 @@ impl Params {
             warmup: !cli.no_warmup,
             delay: cli.delay,
             prio: cli.prio,
-            numa: cli.numa.map(Into::into),
-            numa_weights: cli.numa_weights,
             cpu_mask,
             engines,
             progress: !cli.no_progress,
-            pin: !cli.no_pin,
             interleave: cli.interleave,
-            numerics: cli.numerics.into(),
             n_gpu_layers,
-            device: cli.device,
+            run: cli.run,
         };
         if p.tests().is_empty() {
             bail!("nothing to run: every test has 0 tokens (check -p, -n and -pg)");
         }
         Ok(p)
+    }
+
+    /// How rllama runs a test of `threads` threads with `n_gpu_layers` layers offloaded:
+    /// the one place rbench turns its flags into run options.
+    pub fn run_options(&self, threads: usize, n_gpu_layers: usize) -> runtime::RunOptions {
+        self.run.options(threads, n_gpu_layers)
     }
 
     /// The tests to run: every combination of model, n_batch, n_ubatch, threads and depth

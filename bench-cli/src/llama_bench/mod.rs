@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 
 use cli::{Engine, Params};
 use report::{Printer, RunInfo};
-use run::{LoadedModel, Progress, RunOptions, TestResult};
+use run::{BenchOptions, LoadedModel, Progress, TestResult};
 
 /// Short git hash of this build, from the build script.
 pub const BUILD_COMMIT: &str = env!("RBENCH_GIT_COMMIT");
@@ -100,7 +100,7 @@ pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
     let mut progress = Progress::new(params.progress);
     let mut results: Vec<TestResult> = Vec::new();
     let mut loaded: Option<(LoadedModel, usize)> = None;
-    let run_opts = RunOptions::from_params(params);
+    let run_opts = BenchOptions::from_params(params);
     let outcome = (|| -> Result<()> {
         for (i, spec) in tests.iter().enumerate() {
             let path = &paths

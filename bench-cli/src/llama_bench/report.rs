@@ -363,14 +363,14 @@ impl<W: Write> Printer<W> {
         }
         let backend_width = if offload {
             // The device named, or a typical first GPU's name ("Vulkan0", "CUDA0").
-            let dev = params.device.as_deref().map_or(7, str::len);
+            let dev = params.run.device.as_deref().map_or(7, str::len);
             -(("CPU,".len() + dev).max(10) as i32)
         } else {
             Col::Backend.width()
         };
         let multi_node = runtime::numa::machine().is_some_and(|t| t.n_nodes() > 1);
-        if params.numa.is_some()
-            || params.numa_weights != runtime::numa::WeightPlacement::FirstTouch
+        if params.run.numa.is_some()
+            || params.run.numa_weights != runtime::numa::WeightPlacement::FirstTouch
             || multi_node
         {
             cols.extend([Col::Numa, Col::NumaWeights, Col::Pages]);

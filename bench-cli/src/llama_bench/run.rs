@@ -287,11 +287,8 @@ impl LoadedModel {
     pub fn open(path: &Path) -> Result<LoadedModel> {
         LoadedModel::open_with(
             path,
-            WeightPlacement::FirstTouch,
-            None,
-            1,
-            runtime::Numerics::Exact,
-            None,
+            &runtime::RunOptions::default(),
+            runtime::ContextSize::default(),
         )
     }
 
@@ -309,32 +306,20 @@ impl LoadedModel {
         n_gpu_layers: usize,
     ) -> Result<LoadedModel> {
         let threads = params.threads.iter().copied().max().unwrap_or(1);
-        let spec = runtime::offload::OffloadSpec {
-            n_gpu_layers,
-            device: params.device.clone(),
+        let slots = params.max_kv_slots();
+        let ctx = runtime::ContextSize {
+            n_ctx: Some(slots),
+            kv_slots: slots,
         };
-        LoadedModel::open_with(
-            path,
-            params.numa_weights,
-            params.numa,
-            threads,
-            params.numerics,
-            Some((spec, params.max_kv_slots())),
-        )
+        LoadedModel::open_with(path, &params.run_options(threads, n_gpu_layers), ctx)
     }
 
     fn open_with(
         path: &Path,
-        weights: WeightPlacement,
-        numa: Option<NumaMode>,
-        threads: usize,
-        numerics: runtime::Numerics,
-        offload: Option<(runtime::offload::OffloadSpec, usize)>,
+        opts: &runtime::RunOptions,
+        ctx: runtime::ContextSize,
     ) -> Result<LoadedModel> {
-        let mut mf = ModelFile::open_path(path)?.with_numerics(numerics);
-        if let Some((spec, slots)) = offload {
-            mf = mf.with_offload(spec, slots);
-        }
+        let mf = ModelFile::open_path(path)?;
         let file = &mf.file;
         let info = ModelDesc {
             filename: path.display().to_string(),
@@ -342,7 +327,7 @@ impl LoadedModel {
             size: file.tensor_bytes(),
             n_params: file.n_params(),
         };
-        let (ours, ours_error) = match mf.model_placed(weights, numa, threads) {
+        let (ours, ours_error) = match mf.model_with(opts, ctx) {
             Ok(m) => (Some(Arc::new(m)), None),
             // Placement and offload failures are the user's request failing, not a
             // format we lack.
@@ -605,7 +590,7 @@ pub fn format_utc(secs: u64) -> String {
 
 /// How every test of a run is carried out.
 #[derive(Debug, Clone)]
-pub struct RunOptions<'a> {
+pub struct BenchOptions<'a> {
     pub engines: &'a [Engine],
     pub repetitions: usize,
     pub warmup: bool,
@@ -616,14 +601,15 @@ pub struct RunOptions<'a> {
     pub interleave: usize,
 }
 
-impl<'a> RunOptions<'a> {
-    pub fn from_params(params: &'a Params) -> RunOptions<'a> {
-        RunOptions {
+impl<'a> BenchOptions<'a> {
+    pub fn from_params(params: &'a Params) -> BenchOptions<'a> {
+        let run = params.run_options(1, 0);
+        BenchOptions {
             engines: &params.engines,
             repetitions: params.repetitions,
             warmup: params.warmup,
-            pin: params.pin,
-            numa: params.numa,
+            pin: run.pin,
+            numa: run.numa,
             interleave: params.interleave,
         }
     }
@@ -637,10 +623,10 @@ pub fn run_test(
     test_idx: usize,
     n_tests: usize,
     model: &LoadedModel,
-    opts: &RunOptions<'_>,
+    opts: &BenchOptions<'_>,
     progress: &mut Progress,
 ) -> Result<Vec<TestResult>> {
-    let RunOptions {
+    let BenchOptions {
         engines,
         repetitions,
         warmup,

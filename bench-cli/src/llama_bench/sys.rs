@@ -16,14 +16,14 @@ pub fn apply(params: &Params) -> Result<()> {
     if let Some(mask) = &params.cpu_mask {
         set_affinity(&parse_cpu_mask(mask)?)?;
     }
-    if params.numa.is_some() || params.numa_weights != WeightPlacement::FirstTouch {
+    if params.run.numa.is_some() || params.run.numa_weights != WeightPlacement::FirstTouch {
         let topo = runtime::numa::Topology::read()
             .map_err(|e| anyhow::anyhow!("--numa: cannot read the NUMA topology: {e}"))?;
         // Refuse a mode that cannot be honoured before anything is loaded.
         let max_threads = params.threads.iter().copied().max().unwrap_or(1);
         runtime::numa::plan_threads(
             &topo,
-            params.numa,
+            params.run.numa,
             max_threads,
             runtime::numa::current_cpu(),
         )
@@ -32,13 +32,13 @@ pub fn apply(params: &Params) -> Result<()> {
             eprintln!(
                 "rbench: note: this machine has a single NUMA node: --numa {} / --numa-weights \
                  {} place nothing differently here",
-                params.numa.map_or("(none)", |m| m.name()),
-                params.numa_weights
+                params.run.numa.map_or("(none)", |m| m.name()),
+                params.run.numa_weights
             );
         }
     }
     #[cfg(feature = "llamacpp")]
-    if let Some(mode) = params.numa {
+    if let Some(mode) = params.run.numa {
         if params.engines.contains(&super::cli::Engine::LlamaCpp) {
             llamacpp_ref::numa_init(match mode {
                 runtime::numa::NumaMode::Distribute => llamacpp_ref::NumaStrategy::Distribute,

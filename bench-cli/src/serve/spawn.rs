@@ -54,7 +54,7 @@ impl ServerFlags {
             model: self.server_model.clone(),
             threads: self
                 .server_threads
-                .unwrap_or_else(runtime::pool::default_threads),
+                .unwrap_or_else(runtime::options::default_threads),
             parallel: self.server_parallel.max(1),
             ctx: self.server_ctx,
         }
@@ -123,8 +123,9 @@ fn builtin(name: &str, d: &SpawnDefaults) -> Result<SpawnSpec> {
     let (t, np) = (d.threads.to_string(), d.parallel.to_string());
     let argv = match name {
         "rserve" => {
-            let exe = std::env::var_os("RSERVE_BIN")
-                .map(PathBuf::from)
+            let exe = runtime::options::Env::get()
+                .rserve_bin
+                .clone()
                 .unwrap_or_else(|| sibling("rserve"));
             if !exe.is_file() {
                 bail!(
@@ -185,8 +186,8 @@ fn sibling(name: &str) -> PathBuf {
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
+    runtime::options::Env::get().path.as_ref().and_then(|p| {
+        std::env::split_paths(p)
             .map(|d| d.join(name))
             .find(|f| f.is_file())
     })
@@ -201,16 +202,15 @@ fn llama_build_dir() -> PathBuf {
 /// llama.cpp checkout in `$LLAMA_CPP_SRC`, else from the llama.cpp vendored in the
 /// `llama-cpp-python` source package (fetched once with pip into the tools cache).
 pub fn llama_server() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("LLAMA_SERVER") {
-        let p = PathBuf::from(p);
+    let env = runtime::options::Env::get();
+    if let Some(p) = env.llama_server.clone() {
         if !p.is_file() {
             bail!("LLAMA_SERVER={} is not a file", p.display());
         }
         return Ok(p);
     }
     let built = llama_build_dir().join("bin/llama-server");
-    if let Some(src) = std::env::var_os("LLAMA_CPP_SRC") {
-        let src = PathBuf::from(src);
+    if let Some(src) = env.llama_cpp_src.clone() {
         if !built.is_file() {
             build_llama_server(&src, &llama_build_dir())?;
         }

@@ -96,7 +96,9 @@ pub fn lab_model() -> Option<PathBuf> {
     std::fs::create_dir_all(&dir).unwrap();
     let tok = runtime::GgufFile::open(&tok_path).expect("tokenizer source");
     let shape = synth::Shape::llama3_8b().scaled_down(32).with_layers(2);
-    shape.validate().expect("lab model shape");
+    shape
+        .validate(synth::SynthQuant::Q4KM)
+        .expect("lab model shape");
     let spec = synth::SynthSpec {
         shape,
         quant: synth::SynthQuant::Q4KM,

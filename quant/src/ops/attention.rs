@@ -11,16 +11,68 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 use super::f16::{check_slots, reduce_partials};
 use super::f16::{round_to_f16, scores_f16, weighted_rows_f16};
-use super::softmax::softmax;
+use super::softmax::softmax_with_sink;
 use crate::order::{F16Order, Flavor};
 
-/// How to compute: ggml's flavor, llama.cpp's f16 kernel order, and the score scale.
+/// How to compute: ggml's flavor, llama.cpp's f16 kernel order, the score scale and what
+/// else shapes the scores.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnParams {
     pub flavor: Flavor,
     pub order: F16Order,
     /// Multiplies each `q · k` before the soft-max.
     pub kq_scale: f32,
+    /// Soft-capping of the raw scores, `cap * tanh(s * (1 / cap))`, before the scale
+    /// (Gemma 2), as llama.cpp's graph does without flash attention.
+    pub softcap: Option<f32>,
+    /// The head's attention sink: a logit that joins the soft-max's maximum and sum
+    /// without a value (gpt-oss), as ggml's `soft_max` with sinks.
+    pub sink: Option<f32>,
+}
+
+impl AttnParams {
+    /// Plain attention: no soft-capping, no sink.
+    pub fn new(flavor: Flavor, order: F16Order, kq_scale: f32) -> AttnParams {
+        AttnParams {
+            flavor,
+            order,
+            kq_scale,
+            softcap: None,
+            sink: None,
+        }
+    }
+
+    /// The scale the score kernels multiply by: 1 where soft-capping comes first (the
+    /// scale is then applied after it, in [`finish_scores`]).
+    fn score_scale(&self) -> f32 {
+        if self.softcap.is_some() {
+            1.0
+        } else {
+            self.kq_scale
+        }
+    }
+
+    /// These parameters with head `h`'s sink from `sinks`.
+    pub fn with_sink(&self, sinks: Option<&[f32]>, h: usize) -> AttnParams {
+        AttnParams {
+            sink: sinks.map(|s| s[h]),
+            ..*self
+        }
+    }
+}
+
+/// From a row of scores (computed with [`AttnParams::score_scale`]) to the f16-rounded
+/// probabilities: soft-capping then the scale where asked, ggml's soft-max (with the
+/// head's sink), the rounding to f16 of llama.cpp's f16 products.
+fn finish_scores(p: &AttnParams, row: &mut [f32], first_cell: usize) {
+    if let Some(cap) = p.softcap {
+        let inv = 1.0 / cap;
+        for v in row.iter_mut() {
+            *v = (*v * inv).tanh() * cap * p.kq_scale;
+        }
+    }
+    softmax_with_sink(p.flavor, row, first_cell, p.sink);
+    round_to_f16(row);
 }
 
 impl AttnParams {
@@ -76,11 +128,10 @@ pub fn attend_head(
             slots,
             kv.k_stride,
             kv.k_off,
-            p.kq_scale,
+            p.score_scale(),
             scores,
         );
-        softmax(p.flavor, scores, first_cell);
-        round_to_f16(scores);
+        finish_scores(p, scores, first_cell);
         weighted_rows_f16(
             p.flavor,
             p.order,
@@ -174,9 +225,21 @@ pub fn attend_heads(
     kv: &KvLayer<'_>,
     slots: &[usize],
     first_cell: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    attend_heads_from(SPLIT_CELLS, p, run, q, n_head, kv, slots, first_cell, out)
+    attend_heads_from(
+        SPLIT_CELLS,
+        p,
+        run,
+        q,
+        n_head,
+        kv,
+        slots,
+        first_cell,
+        sinks,
+        out,
+    )
 }
 
 /// The fewest cells [`attend_heads`] splits into its three steps: below, the two extra
@@ -199,6 +262,7 @@ fn attend_heads_from(
     kv: &KvLayer<'_>,
     slots: &[usize],
     first_cell: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let (hk, hv, n_kv) = (kv.hk, kv.hv, kv.n_head_kv);
@@ -220,7 +284,8 @@ fn attend_heads_from(
         && hv.is_multiple_of(16)
         && group <= 16
         && !slots.is_empty()
-        && slots.len() >= min_cells;
+        && slots.len() >= min_cells
+        && sinks.is_none_or(|s| s.len() >= n_head);
     #[cfg(not(target_arch = "x86_64"))]
     let fits = {
         let _ = min_cells;
@@ -232,7 +297,7 @@ fn attend_heads_from(
             // SAFETY: each task writes its own head's row of `out`.
             let o = unsafe { std::slice::from_raw_parts_mut(o.at(h * hv), hv) };
             attend_head(
-                p,
+                &p.with_sink(sinks, h),
                 &q[h * hk..(h + 1) * hk],
                 &kv.head(h / group),
                 slots,
@@ -279,7 +344,7 @@ fn attend_heads_from(
                 // head's row.
                 unsafe {
                     let row = move |s: usize| kp.add(*own.get_unchecked(s) * n_kv * hk);
-                    let (scale, m, dst) = (p.kq_scale, s1 - s0, scp.at(s0));
+                    let (scale, m, dst) = (p.score_scale(), s1 - s0, scp.at(s0));
                     match p.flavor {
                         Flavor::Avx512 => {
                             x86::scores_heads_vecdot(q16, n_kv, group, hk, m, &row, scale, dst, n)
@@ -293,8 +358,7 @@ fn attend_heads_from(
             run(n_head, &|h| {
                 // SAFETY: each task owns its head's row.
                 let row = unsafe { std::slice::from_raw_parts_mut(scp.at(h * n), n) };
-                softmax(p.flavor, row, first_cell);
-                round_to_f16(row);
+                finish_scores(&p.with_sink(sinks, h), row, first_cell);
             });
             // Tasks: a block of partials for a set of KV groups each, so that a task reads
             // long contiguous pieces of the cache's rows.
@@ -427,6 +491,7 @@ pub fn attend_tile(
     ranges: &[(usize, usize)],
     kv: &KvHead<'_>,
     slots: &[usize],
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -436,7 +501,7 @@ pub fn attend_tile(
     };
     #[cfg(not(target_arch = "x86_64"))]
     let kernel = None;
-    attend_tile_on(kernel, p, qs, ranges, kv, slots, out)
+    attend_tile_on(kernel, p, qs, ranges, kv, slots, sinks, out)
 }
 
 /// The kernels a tile runs on (`None`: one [`attend_head`] per query).
@@ -446,6 +511,7 @@ type Kernel = Option<TileKernel>;
 type Kernel = Option<std::convert::Infallible>;
 
 /// [`attend_tile`] on the given kernels.
+#[allow(clippy::too_many_arguments)]
 fn attend_tile_on(
     kernel: Kernel,
     p: &AttnParams,
@@ -453,6 +519,7 @@ fn attend_tile_on(
     ranges: &[(usize, usize)],
     kv: &KvHead<'_>,
     slots: &[usize],
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let m = ranges.len();
@@ -473,6 +540,10 @@ fn attend_tile_on(
     assert!(
         ranges.iter().all(|&(f, l)| f <= l) && hi < slots.len(),
         "attend_tile: a range is empty or outside the sequence's cells"
+    );
+    assert!(
+        sinks.is_none_or(|s| s.len() == m),
+        "attend_tile: one sink per query"
     );
     #[cfg(target_arch = "x86_64")]
     if let Some(kernel) = kernel.filter(|_| j0 <= j1) {
@@ -495,19 +566,18 @@ fn attend_tile_on(
                 let key = |s: usize| kp.add(cells[s] * kv.k_stride + kv.k_off);
                 use crate::arch::x86::attn::{scores_tile, scores_tile_avx2};
                 match kernel {
-                    TileKernel::Zmm => scores_tile(q16, m, hk, n, &key, p.kq_scale, sc),
+                    TileKernel::Zmm => scores_tile(q16, m, hk, n, &key, p.score_scale(), sc),
                     TileKernel::Ymm8 => {
-                        scores_tile_avx2::<1>(q16, m, hk, n, &key, p.kq_scale, sc)
+                        scores_tile_avx2::<1>(q16, m, hk, n, &key, p.score_scale(), sc)
                     }
                     TileKernel::Ymm16 => {
-                        scores_tile_avx2::<2>(q16, m, hk, n, &key, p.kq_scale, sc)
+                        scores_tile_avx2::<2>(q16, m, hk, n, &key, p.score_scale(), sc)
                     }
                 }
             }
             for (i, &(f, l)) in ranges.iter().enumerate() {
                 let row = &mut sc[i * n + f - lo..=i * n + l - lo];
-                softmax(p.flavor, row, f);
-                round_to_f16(row);
+                finish_scores(&p.with_sink(sinks, i), row, f);
             }
             // Partial sum `c` of query i (cells ≡ c mod P) at parts[(i * P + c) * hv..].
             let pl = p.flavor.lanes();
@@ -614,7 +684,14 @@ fn attend_tile_on(
     }
     let _ = (lo, j0, j1, kernel);
     for ((i, &(f, l)), o) in ranges.iter().enumerate().zip(out.chunks_exact_mut(hv)) {
-        attend_head(p, &qs[i * hk..(i + 1) * hk], kv, &slots[f..=l], f, o);
+        attend_head(
+            &p.with_sink(sinks, i),
+            &qs[i * hk..(i + 1) * hk],
+            kv,
+            &slots[f..=l],
+            f,
+            o,
+        );
     }
 }
 
@@ -643,11 +720,7 @@ mod tests {
         };
         let slots: Vec<usize> = (0..n_slots).rev().collect();
         for order in [F16Order::Gemm, F16Order::VecDot] {
-            let p = AttnParams {
-                flavor: Flavor::Avx2,
-                order,
-                kq_scale: 0.25,
-            };
+            let p = AttnParams::new(Flavor::Avx2, order, 0.25);
             let mut out = vec![0.0; hv];
             attend_head(&p, &q, &kv, &slots, 3, &mut out);
             let sc: Vec<f64> = slots
@@ -731,12 +804,20 @@ mod tests {
                     (first, last)
                 })
                 .collect();
-            for fl in [Flavor::Avx2, Flavor::Avx512] {
-                for order in [F16Order::Gemm, F16Order::VecDot] {
+            // Gemma 2's soft-capping and gpt-oss's sinks (one per query) as well.
+            let sinks: Vec<f32> = (0..m).map(|i| i as f32 * 0.7 - 1.0).collect();
+            for (fl, order, softcap, sinks) in [Flavor::Avx2, Flavor::Avx512]
+                .into_iter()
+                .flat_map(|fl| [F16Order::Gemm, F16Order::VecDot].map(|o| (fl, o)))
+                .flat_map(|(fl, o)| {
+                    [(None, None), (Some(2.5), None), (None, Some(&sinks[..]))]
+                        .map(|(c, s)| (fl, o, c, s))
+                })
+            {
+                {
                     let p = AttnParams {
-                        flavor: fl,
-                        order,
-                        kq_scale: 0.125,
+                        softcap,
+                        ..AttnParams::new(fl, order, 0.125)
                     };
                     // Every kernel this CPU can run, forced, and the automatic pick.
                     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
@@ -750,13 +831,15 @@ mod tests {
                     for kernel in kernels {
                         let mut got = vec![0.0; m * hv];
                         match kernel {
-                            None => attend_tile(&p, &qs, &ranges, &kv, &slots, &mut got),
-                            Some(k) => attend_tile_on(k, &p, &qs, &ranges, &kv, &slots, &mut got),
+                            None => attend_tile(&p, &qs, &ranges, &kv, &slots, sinks, &mut got),
+                            Some(k) => {
+                                attend_tile_on(k, &p, &qs, &ranges, &kv, &slots, sinks, &mut got)
+                            }
                         }
                         for (i, &(f, l)) in ranges.iter().enumerate() {
                             let mut want = vec![0.0; hv];
                             attend_head(
-                                &p,
+                                &p.with_sink(sinks, i),
                                 &qs[i * hk..(i + 1) * hk],
                                 &kv,
                                 &slots[f..=l],
@@ -767,7 +850,7 @@ mod tests {
                             assert_eq!(
                             g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} {kernel:?} query {i}"
+                            "hk {hk} hv {hv} cells {n_cells} m {m} window {window} {fl:?} {order:?} {kernel:?} softcap {softcap:?} sinks {} query {i}", sinks.is_some()
                         );
                         }
                     }
@@ -822,17 +905,25 @@ mod tests {
                 hk,
                 hv,
             };
-            for fl in [Flavor::Avx2, Flavor::Avx512] {
-                for order in [F16Order::Gemm, F16Order::VecDot] {
+            let sinks: Vec<f32> = (0..n_head).map(|h| 1.5 - h as f32 * 0.3).collect();
+            for (fl, order, softcap, sinks) in [Flavor::Avx2, Flavor::Avx512]
+                .into_iter()
+                .flat_map(|fl| [F16Order::Gemm, F16Order::VecDot].map(|o| (fl, o)))
+                .flat_map(|(fl, o)| {
+                    [(None, None), (Some(2.5), None), (None, Some(&sinks[..]))]
+                        .map(|(c, s)| (fl, o, c, s))
+                })
+            {
+                {
                     let p = AttnParams {
-                        flavor: fl,
-                        order,
-                        kq_scale: 0.125,
+                        softcap,
+                        ..AttnParams::new(fl, order, 0.125)
                     };
                     let mut want = vec![0.0; n_head * hv];
                     for (h, o) in want.chunks_exact_mut(hv).enumerate() {
                         let qh = &q[h * hk..(h + 1) * hk];
-                        attend_head(&p, qh, &kv.head(h / (n_head / n_kv)), &slots, first, o);
+                        let ph = p.with_sink(sinks, h);
+                        attend_head(&ph, qh, &kv.head(h / (n_head / n_kv)), &slots, first, o);
                     }
                     for (run, min_cells) in [
                         (&serial as ParallelFor<'_>, 0),
@@ -841,11 +932,13 @@ mod tests {
                     ] {
                         let mut got = vec![0.0; n_head * hv];
                         let (nh, sl) = (n_head, &slots);
-                        attend_heads_from(min_cells, &p, run, &q, nh, &kv, sl, first, &mut got);
+                        attend_heads_from(
+                            min_cells, &p, run, &q, nh, &kv, sl, first, sinks, &mut got,
+                        );
                         assert_eq!(
                             got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                            "{n_head}/{n_kv} hk {hk} hv {hv} cells {n_cells} first {first} {fl:?} {order:?}"
+                            "{n_head}/{n_kv} hk {hk} hv {hv} cells {n_cells} first {first} {fl:?} {order:?} softcap {softcap:?} sinks {}", sinks.is_some()
                         );
                     }
                 }

@@ -20,21 +20,75 @@ pub struct Rope {
     pub n_dims: usize,
     pub freq_base: f32,
     pub freq_scale: f32,
-    /// Per-pair divisors (llama 3 `rope_freqs`), if the model has them.
+    /// Per-pair divisors (llama 3 `rope_freqs`, Phi-3's LongRoPE factors), if the model
+    /// has them.
     pub freq_factors: Option<Vec<f32>>,
+    /// YaRN's share of extrapolation (0: plain interpolation by `freq_scale`).
+    pub ext_factor: f32,
+    /// Multiplies cos and sin (llama.cpp's `attn_factor`; 1 for most models).
+    pub attn_factor: f32,
+    /// YaRN's correction range in dimension pairs (ggml's `corr_dims`), used when
+    /// `ext_factor` is not 0.
+    pub corr_dims: [f32; 2],
+}
+
+/// ggml's `ggml_rope_yarn_corr_dim`: the dimension whose wavelength fits `n_rot` turns in
+/// the original context.
+fn yarn_corr_dim(n_dims: usize, n_ctx_orig: usize, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
 }
 
 impl Rope {
+    /// Plain rotary embedding (no YaRN, no attention factor).
+    pub fn new(style: RopeStyle, n_dims: usize, freq_base: f32, freq_scale: f32) -> Rope {
+        Rope {
+            style,
+            n_dims,
+            freq_base,
+            freq_scale,
+            freq_factors: None,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            corr_dims: [0.0, 0.0],
+        }
+    }
+
+    /// ggml's `ggml_rope_yarn_corr_dims` for this rope's dimensions and base.
+    pub fn yarn_corr_dims(&self, n_ctx_orig: usize, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+        let start = yarn_corr_dim(self.n_dims, n_ctx_orig, beta_fast, self.freq_base).floor();
+        let end = yarn_corr_dim(self.n_dims, n_ctx_orig, beta_slow, self.freq_base).ceil();
+        [start.max(0.0), end.min(self.n_dims as f32 - 1.0)]
+    }
+
     /// Fills `cache` (length n_dims) with interleaved cos/sin for position `pos`, with the
-    /// same f32 recurrence for theta as ggml (theta *= theta_scale per pair).
+    /// same f32 recurrence for theta as ggml (theta *= theta_scale per pair) and its YaRN
+    /// mix (`rope_yarn`): interpolated and extrapolated angles ramped over `corr_dims`,
+    /// cos and sin scaled by `attn_factor` (times YaRN's magnitude correction).
     pub fn cache(&self, pos: usize, cache: &mut [f32]) {
         let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
         let mut theta = pos as f32;
+        // As GCC compiles ggml's C with FMA contraction: `1 + 0.1 * log(..)` and the ramp
+        // mix below are fused multiply-adds (the first product of `a*b + c*d` fused, the
+        // second rounded).
+        let mut mscale = self.attn_factor;
+        if self.ext_factor != 0.0 {
+            mscale *= 0.1f32.mul_add((1.0 / self.freq_scale).ln(), 1.0);
+        }
         for i in (0..self.n_dims).step_by(2) {
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i / 2]);
-            let t = self.freq_scale * (theta / ff);
-            cache[i] = t.cos();
-            cache[i + 1] = t.sin();
+            let extrap = theta / ff;
+            let interp = self.freq_scale * extrap;
+            let t = if self.ext_factor != 0.0 {
+                let [low, high] = self.corr_dims;
+                let y = ((i / 2) as f32 - low) / (high - low).max(0.001);
+                let ramp = (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor;
+                interp.mul_add(1.0 - ramp, extrap * ramp)
+            } else {
+                interp
+            };
+            cache[i] = t.cos() * mscale;
+            cache[i + 1] = t.sin() * mscale;
             theta *= theta_scale;
         }
     }
@@ -73,13 +127,7 @@ mod tests {
     #[test]
     fn rope_rotates_and_preserves_norm() {
         for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            let r = Rope {
-                style,
-                n_dims: 8,
-                freq_base: 10000.0,
-                freq_scale: 1.0,
-                freq_factors: None,
-            };
+            let r = Rope::new(style, 8, 10000.0, 1.0);
             let mut cache = vec![0.0; 8];
             r.cache(0, &mut cache);
             let orig: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();

@@ -8,30 +8,44 @@ use crate::order::{hsum, Flavor};
 /// [`expf`], summed per vector of cells aligned at cell 0 into an f64, then scaled by
 /// `(f32)(1 / sum)`.
 pub fn softmax(fl: Flavor, x: &mut [f32], first_cell: usize) {
+    softmax_with_sink(fl, x, first_cell, None)
+}
+
+/// [`softmax`] with an attention sink: a logit that joins the maximum and, as
+/// `expf(sink - max)` (libm's, in f64), the sum, as ggml's `soft_max` with sinks.
+pub fn softmax_with_sink(fl: Flavor, x: &mut [f32], first_cell: usize, sink: Option<f32>) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::avx2() {
         // SAFETY: the active ISA includes AVX2, FMA and F16C (detected at run time).
-        return unsafe { softmax_avx2(fl, x, first_cell) };
+        return unsafe { softmax_avx2(fl, x, first_cell, sink) };
     }
-    softmax_scalar(fl, x, first_cell)
+    softmax_in(fl, x, first_cell, sink, false)
 }
 
 /// [`softmax`] compiled for AVX2 and FMA, the vectors' sums eight at a time by shuffles.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn softmax_avx2(fl: Flavor, x: &mut [f32], first_cell: usize) {
-    softmax_in(fl, x, first_cell, true)
+unsafe fn softmax_avx2(fl: Flavor, x: &mut [f32], first_cell: usize, sink: Option<f32>) {
+    softmax_in(fl, x, first_cell, sink, true)
 }
 
 /// Scalar twin of [`softmax`].
 pub fn softmax_scalar(fl: Flavor, x: &mut [f32], first_cell: usize) {
-    softmax_in(fl, x, first_cell, false)
+    softmax_in(fl, x, first_cell, None, false)
+}
+
+/// Scalar twin of [`softmax_with_sink`].
+pub fn softmax_with_sink_scalar(fl: Flavor, x: &mut [f32], first_cell: usize, sink: Option<f32>) {
+    softmax_in(fl, x, first_cell, sink, false)
 }
 
 /// [`softmax`]'s body; `simd`: the vectors' sums by `arch::x86` (only where AVX2 is on).
 #[inline(always)]
-fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, simd: bool) {
-    let max = row_max(x);
+fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, sink: Option<f32>, simd: bool) {
+    let mut max = row_max(x);
+    if let Some(s) = sink {
+        max = max.max(s);
+    }
     #[cfg(target_arch = "x86_64")]
     if simd {
         if fl == Flavor::Avx512 && crate::isa::active().includes(crate::Isa::Avx512) {
@@ -47,10 +61,13 @@ fn softmax_in(fl: Flavor, x: &mut [f32], first_cell: usize, simd: bool) {
             *v = expf(fl, *v - max);
         }
     }
-    let sum = match fl.lanes() {
+    let mut sum = match fl.lanes() {
         16 => cell_vector_sum::<16>(fl, x, first_cell, simd),
         _ => cell_vector_sum::<8>(fl, x, first_cell, simd),
     };
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
+    }
     let inv = (1.0 / sum) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
 }

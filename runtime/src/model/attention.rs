@@ -16,7 +16,7 @@ use crate::pool::{SharedMut, ThreadPool};
 
 /// The head geometry and scoring of one layer.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct AttnShape {
+pub(super) struct AttnShape<'a> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim_k: usize,
@@ -24,6 +24,10 @@ pub(super) struct AttnShape {
     /// Sliding window in positions (0 = none): a token at `pos` sees `pos + 1 - window..`.
     pub window: usize,
     pub kq_scale: f32,
+    /// Soft-capping of the scores (Gemma 2).
+    pub softcap: Option<f32>,
+    /// One sink logit per query head (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Where each token of the batch stands.
@@ -43,7 +47,7 @@ pub(super) struct AttnTokens<'a> {
 /// over the layer's f16 caches `k_cache` / `v_cache` (one row of all KV heads per slot).
 pub(super) fn attention(
     pool: &ThreadPool,
-    s: &AttnShape,
+    s: &AttnShape<'_>,
     tok: &AttnTokens<'_>,
     k_cache: &[f16],
     v_cache: &[f16],
@@ -61,6 +65,8 @@ pub(super) fn attention(
         // several tokens and with vec_dot_f16 for one: the same order per token.
         order: AttnParams::order_for(tok.ub[t].n as usize),
         kq_scale: s.kq_scale,
+        softcap: s.softcap,
+        sink: None,
     };
     let kv = KvLayer {
         k: k_cache,
@@ -93,6 +99,7 @@ pub(super) fn attention(
             &kv,
             slots,
             first(0),
+            s.sinks,
             o,
         );
         return;
@@ -118,13 +125,17 @@ pub(super) fn attention(
         let m = (t1 - t0) * group;
         TILE_IO.with(|io| {
             let mut io = io.borrow_mut();
-            let (qs, ranges, o) = &mut *io;
+            let (qs, ranges, o, sinks) = &mut *io;
             qs.clear();
             ranges.clear();
+            sinks.clear();
             for t in t0..t1 {
                 let q = &tok.q[t * q_dim + g * group * hk..t * q_dim + (g + 1) * group * hk];
                 qs.extend_from_slice(q);
                 ranges.extend(std::iter::repeat_n((first(t), tok.pos[t]), group));
+                if let Some(sk) = s.sinks {
+                    sinks.extend_from_slice(&sk[g * group..(g + 1) * group]);
+                }
             }
             o.clear();
             o.resize(m * hv, 0.0);
@@ -134,6 +145,7 @@ pub(super) fn attention(
                 ranges,
                 &kv.head(g),
                 &tok.seq_slots[tok.seq[t0]],
+                s.sinks.map(|_| &sinks[..]),
                 o,
             );
             for (j, t) in (t0..t1).enumerate() {
@@ -151,9 +163,10 @@ pub(super) fn attention(
 /// AVX-512), and a 512-token prompt still makes 128 tiles per KV head.
 const TILE_QUERIES: usize = 32;
 
-/// A tile's gathered queries, their cell ranges and their outputs.
-type TileIo = (Vec<f32>, Vec<(usize, usize)>, Vec<f32>);
+/// A tile's gathered queries, their cell ranges, their outputs and their sinks.
+type TileIo = (Vec<f32>, Vec<(usize, usize)>, Vec<f32>, Vec<f32>);
 
 thread_local! {
-    static TILE_IO: RefCell<TileIo> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static TILE_IO: RefCell<TileIo> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new(), Vec::new())) };
 }

@@ -1,38 +1,45 @@
-//! Decoder-only transformer for the llama, qwen2 and gemma3 architectures, evaluated in
-//! batches: one `forward` call takes prompt chunks and single decode tokens from several
-//! sequences together against the paged KV cache. The single-sequence path is this path
-//! with one sequence.
+//! Decoder-only transformers, evaluated in batches: one `forward` call takes prompt chunks
+//! and single decode tokens from several sequences together against the paged KV cache.
+//! An architecture is a declaration (`arch.rs` builds a [`ModelSpec`] from the file); its
+//! tensors are bound once by that declaration (`weights.rs`), each matrix with its
+//! execution plan fixed at load (`crate::weights`); our CPU executor (`cpu.rs`, the
+//! mixture of experts in `moe.rs`, attention in `attention.rs`) and the ggml graph of the
+//! offloaded layers (`crate::offload`) both read the same declaration. The
+//! single-sequence path is this path with one sequence.
 
+pub mod arch;
 mod attention;
-pub mod config;
+mod cpu;
+mod moe;
+pub mod spec;
+pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use quant::ops::act::{swiglu, Gelu};
-use quant::ops::norm::{rms_norm, rms_norm_rows};
-use quant::ops::rope::Rope;
-use quant::order::flavor;
+use quant::ops::act::Gelu;
+use quant::ops::norm::rms_norm_rows;
 use quant::GgmlType;
 
 use crate::gguf::{GgufError, GgufFile, TensorInfo};
 use crate::kv::{KvCache, KvError, KvLayout, SeqId};
-use crate::matmul::{dequant_row, matmul, matmul_many, MatRef, Numerics, UbPos};
+use crate::matmul::{dequant_row, matmul, Numerics, UbPos};
 use crate::numa::{
-    page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightCopies, WeightPlacement,
+    page_placement, touch_pages, NumaError, PagePlacement, Topology, WeightPlacement,
 };
 use crate::offload::{DeviceBatch, DeviceLayers, OffloadError, OffloadSpec};
-use crate::packed::{PackSource, PackedWeights};
-use crate::pool::{SharedMut, ThreadPool};
-use attention::{attention, AttnShape, AttnTokens};
+use crate::pool::ThreadPool;
+use crate::weights::{Linear, Storage, WeightPlan, WeightStore};
+use weights::{Binder, LayerW, Mat};
 
-pub use config::{Arch, Config};
+pub use arch::{Arch, Config};
+pub use spec::{Act, AttnSpec, FfnSpec, Gating, LayerSpec, ModelSpec, MoeSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unknown model architecture {0:?} (supported: llama, qwen2, gemma3)")]
+    #[error("unsupported model architecture {0:?} (supported: {names})", names = Arch::names())]
     UnknownArch(String),
     #[error("model metadata is missing required key {0:?}")]
     MissingKey(String),
@@ -56,6 +63,8 @@ pub enum ModelError {
     #[error(transparent)]
     Kv(#[from] KvError),
     #[error(transparent)]
+    Numa(#[from] NumaError),
+    #[error(transparent)]
     Offload(#[from] crate::offload::OffloadError),
     #[error(
         "context full: sequence {seq} would reach {needed} positions, the context holds {n_ctx}"
@@ -67,54 +76,17 @@ pub enum ModelError {
     },
 }
 
-/// A matrix in the mapped file, by location.
-#[derive(Clone, Copy, Debug)]
-struct Mat {
-    ty: GgmlType,
-    n_in: usize,
-    n_out: usize,
-    start: usize,
-    len: usize,
-}
-
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Mat,
-    wk: Mat,
-    wv: Mat,
-    wo: Mat,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    gate: Mat,
-    up: Mat,
-    down: Mat,
-    post_ffn_norm: Option<Vec<f32>>,
-    rope: Rope,
-}
-
-/// A loaded model: hyperparameters, small f32 tensors copied out, matrices borrowed from
-/// the mapped file.
+/// A loaded model: dimensions, the declaration of its layers, small f32 tensors copied
+/// out, matrices planned over the mapped file.
 pub struct Model {
     pub config: Config,
-    file: Arc<GgufFile>,
-    tok_embd: Mat,
-    output: Mat,
+    pub spec: ModelSpec,
+    store: WeightStore,
+    tok_embd: Linear,
+    output: Linear,
     output_norm: Vec<f32>,
-    layers: Vec<Layer>,
+    layers: Vec<LayerW<Linear, Vec<f32>>>,
     gelu: Gelu,
-    /// Weights copied into node memory (`--numa-weights interleave|replicate`); `None`
-    /// reads them from the mapped file.
-    copies: Option<WeightCopies>,
-    placement: WeightPlacement,
-    numerics: Numerics,
-    /// The fast order's matrices repacked into interleaved row groups (`crate::packed`),
-    /// made when the fast order is chosen and the weights stay in the mapped file.
-    packed: Option<PackedWeights>,
     /// The last layers (and maybe the output layer) on a ggml device (`-ngl`).
     device: Option<DeviceLayers>,
 }
@@ -188,7 +160,11 @@ pub struct Workspace {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// A fused product's output before it is split (QKV, gate/up).
+    fused: Vec<f32>,
     xq: Vec<u8>,
+    /// The mixture-of-experts step's scratch.
+    moe: moe::MoeScratch,
     tok_pos: Vec<usize>,
     tok_seq: Vec<usize>,
     seq_slots: Vec<Vec<usize>>,
@@ -213,8 +189,9 @@ macro_rules! trace {
         }
     };
 }
+pub(crate) use trace;
 
-fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
+pub(crate) fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
     let mut out = vec![0f32; t.n_elements() as usize];
     quant::dequantize_row(t.ty, f.tensor_data(t), &mut out).map_err(|_| {
         ModelError::UnsupportedType {
@@ -228,232 +205,173 @@ fn f32_vec(f: &GgufFile, t: &TensorInfo) -> Result<Vec<f32>, ModelError> {
 impl Model {
     /// Opens and builds the model in the exact numerics, its packable matrices packed.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        let mut m = Model::from_gguf(Arc::new(GgufFile::open(path)?))?;
-        m.set_numerics(Numerics::Exact);
-        Ok(m)
+        Model::build(
+            Arc::new(GgufFile::open(path)?),
+            WeightPlan::default(),
+            None,
+            None,
+        )
     }
 
-    /// Builds the model over the mapped file, exact numerics, nothing packed yet: the
-    /// caller packs once its numerics and weight placement are final
-    /// ([`Model::set_numerics`]), so no packing is done twice.
+    /// Builds the model over the mapped file, exact numerics, nothing packed.
     pub fn from_gguf(file: Arc<GgufFile>) -> Result<Model, ModelError> {
-        let config = Config::from_gguf(&file)?;
-        let c = &config;
-        let tensor = |name: &str| {
-            file.tensor(name)
-                .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+        let plan = WeightPlan {
+            pack: false,
+            ..WeightPlan::default()
         };
-        let mat = |name: &str, n_in: usize, n_out: usize| -> Result<Mat, ModelError> {
-            let t = tensor(name)?;
-            if t.shape != [n_in as u64, n_out as u64] {
-                return Err(ModelError::BadShape {
-                    name: name.into(),
-                    found: t.shape.clone(),
-                    expected: vec![n_in as u64, n_out as u64],
-                    ty: t.ty,
-                });
-            }
-            if !quant::has_vec_dot(t.ty) {
-                return Err(ModelError::UnsupportedType {
-                    name: name.into(),
-                    ty: t.ty,
-                });
-            }
-            Ok(Mat {
-                ty: t.ty,
-                n_in,
-                n_out,
-                start: (file.data_offset + t.offset) as usize,
-                len: t.size as usize,
-            })
-        };
-        let vec = |name: &str, n: usize| -> Result<Vec<f32>, ModelError> {
-            let t = tensor(name)?;
-            if t.n_elements() != n as u64 {
-                return Err(ModelError::BadShape {
-                    name: name.into(),
-                    found: t.shape.clone(),
-                    expected: vec![n as u64],
-                    ty: t.ty,
-                });
-            }
-            f32_vec(&file, t)
-        };
-        let opt_vec = |name: &str, n: usize| -> Result<Option<Vec<f32>>, ModelError> {
-            if file.tensor(name).is_some() {
-                vec(name, n).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
+        Model::build(file, plan, None, None)
+    }
 
-        let tok_embd = mat("token_embd.weight", c.n_embd, c.n_vocab)?;
-        let output = if file.tensor("output.weight").is_some() {
-            mat("output.weight", c.n_embd, c.n_vocab)?
+    /// Declares the file's architecture, binds its tensors and lays the weights out as
+    /// `plan` says (`topo` checks node memory for replication). `n_ctx` is the context
+    /// the model will run with, where the architecture depends on it (Phi-3's LongRoPE).
+    pub fn build(
+        file: Arc<GgufFile>,
+        plan: WeightPlan,
+        topo: Option<&Topology>,
+        n_ctx: Option<usize>,
+    ) -> Result<Model, ModelError> {
+        let (config, spec) = arch::declare(&file, n_ctx)?;
+        let c = &config;
+        let b = Binder { file: &file };
+        let tok_embd = b.mat("token_embd.weight", c.n_embd, c.n_vocab)?;
+        let output = if b.has("output.weight") {
+            b.mat("output.weight", c.n_embd, c.n_vocab)?
         } else {
             tok_embd
         };
-        let output_norm = vec("output_norm.weight", c.n_embd)?;
-        let freq_factors = opt_vec("rope_freqs.weight", c.n_rot / 2)?;
-        let gemma = c.arch == Arch::Gemma3;
-        let q_dim = c.n_head * c.head_dim_k;
-        let k_dim = c.n_head_kv * c.head_dim_k;
-        let v_dim = c.n_head_kv * c.head_dim_v;
-        let mut layers = Vec::with_capacity(c.n_layer);
-        for il in 0..c.n_layer {
-            let n = |s: &str| format!("blk.{il}.{s}");
-            let swa = c.swa_layers[il];
-            layers.push(Layer {
-                attn_norm: vec(&n("attn_norm.weight"), c.n_embd)?,
-                wq: mat(&n("attn_q.weight"), c.n_embd, q_dim)?,
-                wk: mat(&n("attn_k.weight"), c.n_embd, k_dim)?,
-                wv: mat(&n("attn_v.weight"), c.n_embd, v_dim)?,
-                wo: mat(&n("attn_output.weight"), c.n_head * c.head_dim_v, c.n_embd)?,
-                bq: opt_vec(&n("attn_q.bias"), q_dim)?,
-                bk: opt_vec(&n("attn_k.bias"), k_dim)?,
-                bv: opt_vec(&n("attn_v.bias"), v_dim)?,
-                q_norm: if gemma {
-                    Some(vec(&n("attn_q_norm.weight"), c.head_dim_k)?)
-                } else {
-                    None
-                },
-                k_norm: if gemma {
-                    Some(vec(&n("attn_k_norm.weight"), c.head_dim_k)?)
-                } else {
-                    None
-                },
-                post_attn_norm: if gemma {
-                    Some(vec(&n("post_attention_norm.weight"), c.n_embd)?)
-                } else {
-                    None
-                },
-                ffn_norm: vec(&n("ffn_norm.weight"), c.n_embd)?,
-                gate: mat(&n("ffn_gate.weight"), c.n_embd, c.n_ff)?,
-                up: mat(&n("ffn_up.weight"), c.n_embd, c.n_ff)?,
-                down: mat(&n("ffn_down.weight"), c.n_ff, c.n_embd)?,
-                post_ffn_norm: if gemma {
-                    Some(vec(&n("post_ffw_norm.weight"), c.n_embd)?)
-                } else {
-                    None
-                },
-                rope: Rope {
-                    style: c.arch.rope_style(),
-                    n_dims: c.n_rot,
-                    freq_base: if swa {
-                        c.rope_freq_base_swa
-                    } else {
-                        c.rope_freq_base
-                    },
-                    freq_scale: c.rope_freq_scale,
-                    freq_factors: freq_factors.clone(),
-                },
-            });
-        }
+        let output_norm = b.vec("output_norm.weight", c.n_embd)?;
+        let layers: Vec<LayerW<Mat, Vec<f32>>> = spec
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, ls)| b.layer(c, il, ls))
+            .collect::<Result<_, _>>()?;
+        let mats = Self::planned_mats(&layers, output);
+        let store = WeightStore::new(file.clone(), &mats, plan, topo)?;
+        let layers = layers
+            .iter()
+            .map(|l| {
+                l.map::<_, _, std::convert::Infallible>(&mut |m| Ok(store.linear(*m)), &mut |v| {
+                    Ok(v.clone())
+                })
+                .unwrap_or_else(|e| match e {})
+            })
+            .collect();
         Ok(Model {
-            config,
-            file,
-            tok_embd,
-            output,
+            tok_embd: store.linear(tok_embd),
+            output: store.linear(output),
             output_norm,
             layers,
+            store,
+            config,
+            spec,
             gelu: Gelu::new(),
-            copies: None,
-            placement: WeightPlacement::FirstTouch,
-            numerics: Numerics::Exact,
-            packed: None,
             device: None,
         })
     }
 
-    pub fn file(&self) -> &GgufFile {
-        &self.file
+    /// The matrices the forward pass multiplies by: every layer's, then the output's.
+    fn planned_mats(layers: &[LayerW<Mat, Vec<f32>>], output: Mat) -> Vec<Mat> {
+        layers
+            .iter()
+            .flat_map(|l| l.matrices().into_iter().copied())
+            .chain([output])
+            .collect()
     }
 
-    fn m(&self, m: &Mat) -> MatRef<'_> {
-        let (data, copies) = match &self.copies {
-            Some(c) => (c.slice(0, m.start, m.len), Some((c, m.start))),
-            None => (&self.file.bytes()[m.start..m.start + m.len], None),
+    fn matrices(&self) -> impl Iterator<Item = &Linear> + '_ {
+        self.layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .chain([&self.output])
+    }
+
+    /// Lays the weights out again for `plan` (same placement): how a model switches
+    /// numerics or packing to compare them side by side. The decision stays in
+    /// [`WeightStore::new`].
+    fn replan(&mut self, plan: WeightPlan) {
+        let mats: Vec<Mat> = self.matrices().map(|l| l.mat).collect();
+        let file = self.store.file().clone();
+        // Free the old packed rows before packing new ones.
+        let old = std::mem::replace(
+            &mut self.store,
+            WeightStore::new(
+                file.clone(),
+                &[],
+                WeightPlan {
+                    pack: false,
+                    placement: WeightPlacement::FirstTouch,
+                    nodes: Vec::new(),
+                    ..plan.clone()
+                },
+                None,
+            )
+            .expect("first-touch needs no memory"),
+        );
+        let placed = old.plan().placement != WeightPlacement::FirstTouch;
+        drop(old);
+        let plan = if placed {
+            // Node copies are read as placed; re-copying is a new load's job.
+            WeightPlan {
+                placement: WeightPlacement::FirstTouch,
+                nodes: Vec::new(),
+                ..plan
+            }
+        } else {
+            plan
         };
-        MatRef {
-            ty: m.ty,
-            n_in: m.n_in,
-            n_out: m.n_out,
-            data,
-            copies,
-            numerics: self.numerics,
-            packed: match (&self.packed, &self.copies) {
-                (Some(p), None) if p.numerics() == self.numerics => p.get(m.start),
-                _ => None,
-            },
+        self.store = WeightStore::new(file, &mats, plan, None).expect("first-touch");
+        let store = &self.store;
+        for l in &mut self.layers {
+            *l = l
+                .map::<_, _, std::convert::Infallible>(&mut |m| Ok(store.linear(m.mat)), &mut |v| {
+                    Ok(v.clone())
+                })
+                .unwrap_or_else(|e| match e {});
         }
+        self.tok_embd = store.linear(self.tok_embd.mat);
+        self.output = store.linear(self.output.mat);
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        self.store.file()
     }
 
     /// Which kernel orders the matrix products use (`Exact` unless set).
     pub fn numerics(&self) -> Numerics {
-        self.numerics
+        self.store.plan().numerics
     }
 
-    /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]).
-    ///
-    /// The matrices with packed kernels for these numerics are repacked here, once per
-    /// change of numerics (eight rows interleaved block by block, `crate::packed`: Q4_1,
-    /// Q5_1, Q4_K and Q6_K in both modes, Q4_0, Q5_0 and Q8_0 in the fast one), unless
-    /// `RLLAMA_NO_PACK` is set or the weights were placed in node memory: the same bits,
-    /// read as one stream. Packing is only a speed-up: where its memory cannot be had the
-    /// model says so and multiplies the file's rows.
+    /// Chooses llama.cpp's bit-exact kernel orders or the faster ones (see [`Numerics`]):
+    /// the weights are laid out again for them (repacked where the numerics have packed
+    /// kernels). A model is normally built with its numerics ([`Model::build`]); this is
+    /// for comparing both on one model.
     pub fn set_numerics(&mut self, numerics: Numerics) {
-        self.numerics = numerics;
-        if self.copies.is_some()
-            || std::env::var_os("RLLAMA_NO_PACK").is_some_and(|v| !v.is_empty() && v != "0")
-        {
-            self.packed = None;
-            return;
-        }
-        if self
-            .packed
-            .as_ref()
-            .is_some_and(|p| p.numerics() == numerics)
-        {
-            return;
-        }
-        self.packed = None;
-        let mats: Vec<PackSource> = self
-            .matrices()
-            .map(|m| PackSource {
-                ty: m.ty,
-                n_in: m.n_in,
-                n_out: m.n_out,
-                start: m.start,
-                len: m.len,
-            })
-            .collect();
-        // The packed rows are what the products read from now on: each matrix's pages in
-        // the file need not stay resident beside them once it is packed.
-        let file = self.file.clone();
-        match PackedWeights::new(self.file.bytes(), &mats, numerics, &|start, len| {
-            file.release_range(start, len)
-        }) {
-            Ok(p) => self.packed = p,
-            Err(e) => eprintln!(
-                "warning: the weights were not repacked ({e}); \
-                 multiplying the file's rows (same results, slower)"
-            ),
+        let plan = WeightPlan {
+            numerics,
+            ..self.store.plan().clone()
+        };
+        if plan != *self.store.plan() {
+            self.replan(plan);
         }
     }
 
-    /// Drops the repacked rows (the fast order then multiplies the file's rows, with the
+    /// Drops the repacked rows (the products then multiply the file's rows, with the
     /// same results), or packs them again: to compare the two layouts side by side.
     pub fn set_packing(&mut self, pack: bool) {
-        if pack {
-            self.set_numerics(self.numerics);
-        } else {
-            self.packed = None;
+        let plan = WeightPlan {
+            pack,
+            ..self.store.plan().clone()
+        };
+        if plan != *self.store.plan() {
+            self.replan(plan);
         }
     }
 
     /// Bytes of anonymous memory the repacked weights take (0 when none were packed).
     pub fn packed_bytes(&self) -> usize {
-        self.packed.as_ref().map_or(0, PackedWeights::bytes)
+        self.store.packed_bytes()
     }
 
     /// Moves the last `spec.n_gpu_layers` layers (all of them and the output layer when it
@@ -484,58 +402,32 @@ impl Model {
         }
         #[cfg(ggml)]
         {
-            use crate::offload::{LayerWeights, Weight};
+            use crate::offload::Weight;
             let _ = crate::offload::cuda_graphs_policy(true);
             let c = &self.config;
             let n = spec.n_gpu_layers.min(c.n_layer);
             let first = c.n_layer - n;
-            let bytes = self.file.bytes();
-            let mat = |m: &Mat| Weight::Mat {
+            let bytes = self.file().bytes();
+            let weight = |m: &Mat| Weight::Mat {
                 ty: m.ty,
                 n_in: m.n_in,
                 n_out: m.n_out,
+                n_expert: m.n_expert,
                 bytes: &bytes[m.start..m.start + m.len],
             };
-            let layers: Vec<LayerWeights<'_>> = self.layers[first..]
+            let layers: Vec<LayerW<Weight<'_>, &[f32]>> = self.layers[first..]
                 .iter()
-                .enumerate()
-                .map(|(j, l)| LayerWeights {
-                    attn_norm: &l.attn_norm,
-                    wq: mat(&l.wq),
-                    wk: mat(&l.wk),
-                    wv: mat(&l.wv),
-                    wo: mat(&l.wo),
-                    bq: l.bq.as_deref(),
-                    bk: l.bk.as_deref(),
-                    bv: l.bv.as_deref(),
-                    q_norm: l.q_norm.as_deref(),
-                    k_norm: l.k_norm.as_deref(),
-                    post_attn_norm: l.post_attn_norm.as_deref(),
-                    ffn_norm: &l.ffn_norm,
-                    gate: mat(&l.gate),
-                    up: mat(&l.up),
-                    down: mat(&l.down),
-                    post_ffn_norm: l.post_ffn_norm.as_deref(),
-                    freq_base: l.rope.freq_base,
-                    swa: c.swa_layers[first + j],
+                .map(|l| {
+                    l.map::<_, _, std::convert::Infallible>(&mut |m| Ok(weight(&m.mat)), &mut |v| {
+                        Ok(v.as_slice())
+                    })
+                    .unwrap_or_else(|e| match e {})
                 })
                 .collect();
             let output = (spec.n_gpu_layers > c.n_layer)
-                .then(|| (self.output_norm.as_slice(), mat(&self.output)));
-            let ff = self
-                .layers
-                .first()
-                .and_then(|l| l.rope.freq_factors.as_deref());
+                .then(|| (self.output_norm.as_slice(), weight(&self.output.mat)));
             let dev = DeviceLayers::new(
-                c,
-                first,
-                &layers,
-                output,
-                ff,
-                n_slots,
-                spec.device.as_deref(),
-                threads,
-                progress,
+                c, &self.spec, first, &layers, output, n_slots, spec, threads, progress,
             )?;
             self.device = Some(dev);
             Ok(())
@@ -547,37 +439,14 @@ impl Model {
         self.device.as_ref()
     }
 
-    /// Moves the weights where `placement` says (before the model is shared): an
-    /// interleaved copy over `nodes`, or one copy per node of `nodes`. First-touch keeps
-    /// (or goes back to) the mapped file.
-    pub fn place_weights(
-        &mut self,
-        placement: WeightPlacement,
-        nodes: &[usize],
-        topo: Option<&Topology>,
-    ) -> Result<(), NumaError> {
-        let base = self.file.data_offset as usize;
-        let src = &self.file.bytes()[base..];
-        self.copies = WeightCopies::new(src, base, placement, nodes, topo)?;
-        self.placement = placement;
-        // Placed copies are read as placed: the packed rows (one copy, wherever the
-        // packing threads touched it) would bypass them.
-        if self.copies.is_some() {
-            self.packed = None;
-        } else if self.packed.is_none() {
-            self.set_numerics(self.numerics);
-        }
-        Ok(())
-    }
-
     pub fn weight_placement_mode(&self) -> WeightPlacement {
-        self.placement
+        self.store.plan().placement
     }
 
     /// A line saying what the weight placement costs in memory, for the binaries to print
     /// up front (`None` for first-touch, which copies nothing).
     pub fn weight_placement_note(&self) -> Option<String> {
-        let c = self.copies.as_ref()?;
+        let c = self.store.copies()?;
         let nodes: Vec<String> = c
             .placement()
             .iter()
@@ -585,7 +454,7 @@ impl Model {
             .collect();
         Some(format!(
             "--numa-weights {}: {} cop{} of {} MiB ({}) = {} MiB of anonymous memory",
-            self.placement,
+            self.store.plan().placement,
             c.len(),
             if c.len() == 1 { "y" } else { "ies" },
             (c.bytes() / c.len().max(1)) >> 20,
@@ -598,11 +467,12 @@ impl Model {
     /// an interleaved copy, `(Some(node), pages)` per replica. Pages of the file that
     /// were never read count as absent.
     pub fn weight_pages(&self) -> Vec<(Option<usize>, PagePlacement)> {
-        match &self.copies {
+        match self.store.copies() {
             Some(c) => c.placement(),
             None => {
-                let base = self.file.data_offset as usize;
-                let b = &self.file.bytes()[base..];
+                let f = self.file();
+                let base = f.data_offset as usize;
+                let b = &f.bytes()[base..];
                 vec![(None, page_placement(b.as_ptr(), b.len()))]
             }
         }
@@ -610,15 +480,16 @@ impl Model {
 
     /// Reads every page of the weights once (each copy), so they are resident.
     pub fn touch_weights(&self) -> u64 {
-        match &self.copies {
+        let f = self.file();
+        match self.store.copies() {
             Some(c) => (0..c.len())
                 .map(|i| {
                     let base = c.base;
-                    let len = self.file.bytes().len() - base;
+                    let len = f.bytes().len() - base;
                     touch_pages(c.slice(i, base, len))
                 })
                 .fold(0, u64::wrapping_add),
-            None => touch_pages(&self.file.bytes()[self.file.data_offset as usize..]),
+            None => touch_pages(&f.bytes()[f.data_offset as usize..]),
         }
     }
 
@@ -627,12 +498,12 @@ impl Model {
     /// type come from the same table at the same level), or the fast set where the model
     /// runs `Numerics::Fast` and the type has one; sorted by type id.
     pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa, quant::DotOrder)> {
-        let mut tys: Vec<GgmlType> = self.matrices().map(|m| m.ty).collect();
+        let mut tys: Vec<GgmlType> = self.matrices().map(|m| m.mat.ty).collect();
         tys.sort_by_key(|&t| t as u32);
         tys.dedup();
         tys.into_iter()
             .filter_map(|t| {
-                let order = match self.numerics {
+                let order = match self.numerics() {
                     Numerics::Exact => quant::DotOrder::Single,
                     Numerics::Fast => quant::DotOrder::Fast,
                 };
@@ -644,28 +515,30 @@ impl Model {
     /// Whether the products of `ty` read repacked rows (`crate::packed`): at least one
     /// matrix of that type packed for the model's numerics.
     pub fn packed_type(&self, ty: GgmlType) -> bool {
-        let Some(p) = self
-            .packed
-            .as_ref()
-            .filter(|p| p.numerics() == self.numerics && self.copies.is_none())
-        else {
-            return false;
-        };
         self.matrices()
-            .any(|m| m.ty == ty && p.get(m.start).is_some())
-    }
-
-    /// The matrices the forward pass multiplies by: every layer's, then the output's.
-    fn matrices(&self) -> impl Iterator<Item = Mat> + '_ {
-        self.layers
-            .iter()
-            .flat_map(|l| [l.wq, l.wk, l.wv, l.wo, l.gate, l.up, l.down])
-            .chain([self.output])
+            .any(|m| m.mat.ty == ty && m.storage == Storage::Packed)
     }
 
     /// Bytes of all weight tensors (what a forward pass streams).
     pub fn weight_bytes(&self) -> u64 {
-        self.file.tensor_bytes()
+        self.file().tensor_bytes()
+    }
+
+    /// Bytes of weights one decoded token reads: every matrix, but only `n_used` of each
+    /// layer's experts (the rest of the file is read by other tokens).
+    pub fn active_weight_bytes(&self) -> u64 {
+        let mut total: u64 = 0;
+        for (l, s) in self.layers.iter().zip(&self.spec.layers) {
+            let used = match &s.ffn {
+                FfnSpec::Moe(m) => m.n_used,
+                FfnSpec::Dense { .. } => 1,
+            };
+            for m in l.matrices() {
+                let per = m.mat.len as u64 / m.mat.n_expert as u64;
+                total += per * used.min(m.mat.n_expert) as u64;
+            }
+        }
+        total + self.output.mat.len as u64
     }
 
     /// A KV cache layout for `n_ctx_tokens` positions in blocks of `block_size`.
@@ -761,15 +634,19 @@ impl Model {
         ws.x.resize(n_tok * d, 0.0);
         for (t, &tok) in batch.iter().flat_map(|s| s.tokens.iter()).enumerate() {
             let xr = &mut ws.x[t * d..(t + 1) * d];
-            dequant_row(&self.m(&self.tok_embd), tok as usize, xr);
-            if c.embd_scale != 1.0 {
-                xr.iter_mut().for_each(|v| *v *= c.embd_scale);
+            dequant_row(&self.store.mat(&self.tok_embd, 0), tok as usize, xr);
+            if self.spec.embd_scale != 1.0 {
+                xr.iter_mut().for_each(|v| *v *= self.spec.embd_scale);
             }
         }
 
         let n_cpu = self.layers.len() - self.device.as_ref().map_or(0, |dv| dv.n_layers());
-        for (il, layer) in self.layers.iter().enumerate().take(n_cpu) {
-            self.layer_forward(il, layer, n_tok, kv, ws, pool);
+        for il in 0..n_cpu {
+            cpu::layer_forward(self, il, n_tok, kv, ws, pool);
+        }
+        if n_cpu == self.layers.len() && !self.spec.out_rows_after_last_attn {
+            // llama.cpp keeps every row through the last layer here (gpt-oss).
+            cpu::keep_out_rows(ws, d);
         }
         if let Some(dev) = &self.device {
             let n_out = ws.out_rows.len();
@@ -797,7 +674,7 @@ impl Model {
                 return Err(e.into());
             }
             if dev.has_output() {
-                softcap(&mut ws.logits, c.final_logit_softcap);
+                softcap(&mut ws.logits, self.spec.final_softcap);
                 trace!(ws, "result_output", usize::MAX, logits);
                 return Ok(n_out);
             }
@@ -813,248 +690,16 @@ impl Model {
         ws.logits.resize(n_out * c.n_vocab, 0.0);
         matmul(
             pool,
-            &self.m(&self.output),
+            &self.store.mat(&self.output, 0),
             &ws.xn,
             &ws.out_ub,
             &mut ws.xq,
             &mut ws.logits,
         );
-        softcap(&mut ws.logits, c.final_logit_softcap);
+        softcap(&mut ws.logits, self.spec.final_softcap);
         trace!(ws, "result_output", usize::MAX, logits);
         Ok(n_out)
     }
-
-    fn layer_forward(
-        &self,
-        il: usize,
-        l: &Layer,
-        n_tok: usize,
-        kv: &mut KvCache,
-        ws: &mut Workspace,
-        pool: &ThreadPool,
-    ) {
-        let c = &self.config;
-        let d = c.n_embd;
-        let (hk, hv) = (c.head_dim_k, c.head_dim_v);
-        let q_dim = c.n_head * hk;
-        let k_dim = c.n_head_kv * hk;
-        let v_dim = c.n_head_kv * hv;
-
-        ws.xn.resize(n_tok * d, 0.0);
-        rms_norm_rows_par(pool, &mut ws.xn, &ws.x, &l.attn_norm, c.rms_eps);
-        trace!(ws, "attn_norm", il, xn);
-        ws.q.resize(n_tok * q_dim, 0.0);
-        ws.k.resize(n_tok * k_dim, 0.0);
-        ws.v.resize(n_tok * v_dim, 0.0);
-        // Q, K and V share their input: one quantization per kernel choice, one dispatch.
-        matmul_many(
-            pool,
-            &[self.m(&l.wq), self.m(&l.wk), self.m(&l.wv)],
-            &ws.xn,
-            &ws.tok_ub,
-            &mut ws.xq,
-            &mut [&mut ws.q, &mut ws.k, &mut ws.v],
-        );
-        add_bias(&mut ws.q, l.bq.as_deref());
-        add_bias(&mut ws.k, l.bk.as_deref());
-        add_bias(&mut ws.v, l.bv.as_deref());
-        trace!(ws, "Qcur", il, q);
-        trace!(ws, "Kcur", il, k);
-        trace!(ws, "Vcur", il, v);
-
-        // Per token: the Q/K norms and RoPE (tokens split over the pool), then its K and V
-        // into the cache.
-        let (qs, ks) = (SharedMut::new(&mut ws.q), SharedMut::new(&mut ws.k));
-        let tok_pos = &ws.tok_pos;
-        pool.run_rows(n_tok, ROWS_PER_TASK, &|t0, t1| {
-            ROPE_CACHE.with(|rc| {
-                let mut rope_cache = rc.borrow_mut();
-                rope_cache.resize(c.n_rot.max(2), 0.0);
-                // SAFETY: the row ranges of the tasks are disjoint.
-                let (q, k) = unsafe {
-                    (
-                        qs.slice(t0 * q_dim, (t1 - t0) * q_dim),
-                        ks.slice(t0 * k_dim, (t1 - t0) * k_dim),
-                    )
-                };
-                for (t, (q, k)) in
-                    (t0..t1).zip(q.chunks_exact_mut(q_dim).zip(k.chunks_exact_mut(k_dim)))
-                {
-                    l.rope.cache(tok_pos[t], &mut rope_cache);
-                    for qh in q.chunks_exact_mut(hk) {
-                        if let Some(w) = &l.q_norm {
-                            rms_norm(qh, w, c.rms_eps);
-                        }
-                        l.rope.apply(qh, &rope_cache);
-                        if c.arch == Arch::Gemma3 {
-                            qh.iter_mut().for_each(|v| *v *= c.attn_scale);
-                        }
-                    }
-                    for kh in k.chunks_exact_mut(hk) {
-                        if let Some(w) = &l.k_norm {
-                            rms_norm(kh, w, c.rms_eps);
-                        }
-                        l.rope.apply(kh, &rope_cache);
-                    }
-                }
-            });
-        });
-        for t in 0..n_tok {
-            let pos = ws.tok_pos[t];
-            let slot = ws.seq_slots[ws.tok_seq[t]][pos];
-            kv.write(
-                il,
-                slot,
-                &ws.k[t * k_dim..(t + 1) * k_dim],
-                &ws.v[t * v_dim..(t + 1) * v_dim],
-            );
-        }
-
-        trace!(ws, "Qrope", il, q);
-        trace!(ws, "Krope", il, k);
-        let shape = AttnShape {
-            n_head: c.n_head,
-            n_head_kv: c.n_head_kv,
-            head_dim_k: hk,
-            head_dim_v: hv,
-            window: if c.swa_layers[il] { c.n_swa } else { 0 },
-            // gemma3 scales the query before the cache (above), the others the scores.
-            kq_scale: if c.arch == Arch::Gemma3 {
-                1.0
-            } else {
-                c.attn_scale
-            },
-        };
-        let (kc, vc) = kv.layer(il);
-        ws.attn.resize(n_tok * c.n_head * hv, 0.0);
-        let tokens = AttnTokens {
-            q: &ws.q,
-            pos: &ws.tok_pos,
-            seq: &ws.tok_seq,
-            ub: &ws.tok_ub,
-            seq_slots: &ws.seq_slots,
-        };
-        attention(pool, &shape, &tokens, kc, vc, &mut ws.attn);
-
-        ws.proj.resize(n_tok * d, 0.0);
-        trace!(ws, "kqv_out", il, attn);
-        matmul(
-            pool,
-            &self.m(&l.wo),
-            &ws.attn,
-            &ws.tok_ub,
-            &mut ws.xq,
-            &mut ws.proj,
-        );
-        trace!(ws, "wo_out", il, proj);
-        // Like llama.cpp (its `inp_out_ids`), the last layer goes on with the rows whose
-        // logits were asked for only, which also sets its kernels' micro-batch.
-        let last = il + 1 == self.layers.len();
-        let n_tok = if last {
-            for (i, &r) in ws.out_rows.iter().enumerate() {
-                ws.x.copy_within(r * d..(r + 1) * d, i * d);
-                ws.proj.copy_within(r * d..(r + 1) * d, i * d);
-            }
-            let n_out = ws.out_rows.len();
-            ws.x.truncate(n_out * d);
-            ws.proj.truncate(n_out * d);
-            ws.xn.truncate(n_out * d);
-            n_out
-        } else {
-            n_tok
-        };
-        let ffn_ub = if last { &ws.out_ub } else { &ws.tok_ub };
-        if let Some(w) = &l.post_attn_norm {
-            rows_par(pool, &mut ws.proj[..n_tok * d], d, &|_, r| {
-                rms_norm(r, w, c.rms_eps)
-            });
-            trace!(ws, "attn_post_norm", il, proj);
-        }
-        ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
-        trace!(ws, "ffn_inp", il, x);
-
-        // Feed-forward.
-        rms_norm_rows_par(pool, &mut ws.xn[..n_tok * d], &ws.x, &l.ffn_norm, c.rms_eps);
-        trace!(ws, "ffn_norm", il, xn);
-        ws.gate.resize(n_tok * c.n_ff, 0.0);
-        ws.up.resize(n_tok * c.n_ff, 0.0);
-        matmul_many(
-            pool,
-            &[self.m(&l.gate), self.m(&l.up)],
-            &ws.xn[..n_tok * d],
-            ffn_ub,
-            &mut ws.xq,
-            &mut [&mut ws.gate, &mut ws.up],
-        );
-        trace!(ws, "ffn_gate", il, gate);
-        trace!(ws, "ffn_up", il, up);
-        let (up, nf) = (&ws.up, c.n_ff);
-        if c.arch == Arch::Gemma3 {
-            let gelu = &self.gelu;
-            rows_par(pool, &mut ws.gate, nf, &|t, g| {
-                gelu.geglu(g, &up[t * nf..(t + 1) * nf])
-            });
-        } else {
-            let fl = flavor();
-            rows_par(pool, &mut ws.gate, nf, &|t, g| {
-                swiglu(fl, g, &up[t * nf..(t + 1) * nf])
-            });
-        }
-        trace!(ws, "ffn_act", il, gate);
-        matmul(
-            pool,
-            &self.m(&l.down),
-            &ws.gate,
-            ffn_ub,
-            &mut ws.xq,
-            &mut ws.proj,
-        );
-        trace!(ws, "ffn_out", il, proj);
-        if let Some(w) = &l.post_ffn_norm {
-            rows_par(pool, &mut ws.proj[..n_tok * d], d, &|_, r| {
-                rms_norm(r, w, c.rms_eps)
-            });
-            trace!(ws, "ffn_post_norm", il, proj);
-        }
-        ws.x.iter_mut().zip(&ws.proj).for_each(|(x, p)| *x += p);
-        trace!(ws, "l_out", il, x);
-    }
-}
-
-thread_local! {
-    /// One token's RoPE angles (cos/sin), per thread: the RoPE step runs on the pool.
-    static ROPE_CACHE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Rows per pool task, at least, for the row-wise steps of a forward pass.
-const ROWS_PER_TASK: usize = 4;
-
-/// `f(r, row)` for each `width`-element row `r` of `data`, the rows split over the pool
-/// (each row's result is its own, whichever task runs it).
-fn rows_par(
-    pool: &ThreadPool,
-    data: &mut [f32],
-    width: usize,
-    f: &(dyn Fn(usize, &mut [f32]) + Sync),
-) {
-    debug_assert_eq!(data.len() % width, 0);
-    let n = data.len() / width;
-    let rows = SharedMut::new(data);
-    pool.run_rows(n, ROWS_PER_TASK, &|r0, r1| {
-        // SAFETY: the row ranges of the tasks are disjoint.
-        let chunk = unsafe { rows.slice(r0 * width, (r1 - r0) * width) };
-        for (r, row) in (r0..).zip(chunk.chunks_exact_mut(width)) {
-            f(r, row);
-        }
-    });
-}
-
-/// [`rms_norm_rows`] with the rows split over the pool.
-fn rms_norm_rows_par(pool: &ThreadPool, dst: &mut [f32], src: &[f32], w: &[f32], eps: f32) {
-    let d = w.len();
-    rows_par(pool, dst, d, &|r, row| {
-        rms_norm_rows(row, &src[r * d..(r + 1) * d], w, eps)
-    });
 }
 
 /// Undoes `forward`'s reservations (`starts`: each sequence's new start, its length
@@ -1074,17 +719,10 @@ fn undo_reservations(
     Ok(())
 }
 
-/// gemma3's final logit soft-capping, `tanh(v / cap) * cap`.
-fn softcap(logits: &mut [f32], cap: Option<f32>) {
+/// Logit soft-capping, `cap * tanh(v * (1 / cap))`, as ggml's scale, tanh, scale.
+pub(crate) fn softcap(logits: &mut [f32], cap: Option<f32>) {
     if let Some(cap) = cap {
-        logits.iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
-    }
-}
-
-fn add_bias(x: &mut [f32], b: Option<&[f32]>) {
-    if let Some(b) = b {
-        for row in x.chunks_exact_mut(b.len()) {
-            row.iter_mut().zip(b).for_each(|(v, bb)| *v += bb);
-        }
+        let inv = 1.0 / cap;
+        logits.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
     }
 }

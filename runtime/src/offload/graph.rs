@@ -9,6 +9,10 @@
 //! call crosses the boundary once: the hidden state of the batch goes up, the rows with
 //! logits (or the logits) come back.
 //!
+//! The layers are built from the same declaration our CPU executor reads
+//! (`crate::model::spec`): the same tensors in the same [`LayerW`] shape, uploaded, and
+//! one graph step per declared feature.
+//!
 //! One graph per call covers all offloaded layers for all tokens of a continuous batch:
 //! K/V rows are written with `ggml_set_rows` at each token's slot, attention gathers the
 //! slots of the batch's sequences once per layer and a mask keeps each token to its own
@@ -24,70 +28,39 @@ use ggml_sys::{cstr, Ggml};
 use quant::ops::rope::RopeStyle;
 
 use super::{DeviceBatch, OffloadError};
-use crate::model::config::{Arch, Config};
+use crate::model::spec::{Act, FfnSpec, Gating, LayerSpec, ModelSpec};
+use crate::model::weights::{FfnKind, FfnW, GateUp, LayerW, Qkv};
+use crate::model::Config;
 
-/// Graph nodes a call may create (about 40 per layer plus the ends).
-const GRAPH_SIZE: usize = 16384;
+/// Graph nodes a call may create (about 40 per dense layer, 60 with experts, plus the
+/// ends).
+const GRAPH_SIZE: usize = 32768;
 
 /// The gathered KV slots are padded to a multiple of this (masked), as llama.cpp pads its
 /// KV view, so decode steps keep one graph shape for 256 tokens at a time.
 const KV_PAD: usize = 256;
 
-/// What the model hands over for upload: a matrix's GGUF bytes or an f32 vector.
+/// What the model hands over for upload: a matrix's GGUF bytes (a stack of `n_expert`
+/// for experts) or an f32 vector.
 pub(crate) enum Weight<'a> {
     Mat {
         ty: quant::GgmlType,
         n_in: usize,
         n_out: usize,
+        n_expert: usize,
         bytes: &'a [u8],
     },
     Vec(&'a [f32]),
 }
 
-/// One offloaded layer's weights (tensors in the device buffer).
-struct LayerW {
-    attn_norm: *mut ggml_tensor,
-    wq: *mut ggml_tensor,
-    wk: *mut ggml_tensor,
-    wv: *mut ggml_tensor,
-    wo: *mut ggml_tensor,
-    bq: Option<*mut ggml_tensor>,
-    bk: Option<*mut ggml_tensor>,
-    bv: Option<*mut ggml_tensor>,
-    q_norm: Option<*mut ggml_tensor>,
-    k_norm: Option<*mut ggml_tensor>,
-    post_attn_norm: Option<*mut ggml_tensor>,
-    ffn_norm: *mut ggml_tensor,
-    gate: *mut ggml_tensor,
-    up: *mut ggml_tensor,
-    down: *mut ggml_tensor,
-    post_ffn_norm: Option<*mut ggml_tensor>,
+/// One offloaded layer on the device: its tensors (the model's [`LayerW`], uploaded),
+/// its declaration, its K/V cache and its RoPE factors.
+struct DevLayer {
+    w: LayerW<*mut ggml_tensor, *mut ggml_tensor>,
+    spec: LayerSpec,
     k_cache: *mut ggml_tensor,
     v_cache: *mut ggml_tensor,
-    freq_base: f32,
-    swa: bool,
-}
-
-/// The per-layer weights of one layer as the model gives them.
-pub(crate) struct LayerWeights<'a> {
-    pub attn_norm: &'a [f32],
-    pub wq: Weight<'a>,
-    pub wk: Weight<'a>,
-    pub wv: Weight<'a>,
-    pub wo: Weight<'a>,
-    pub bq: Option<&'a [f32]>,
-    pub bk: Option<&'a [f32]>,
-    pub bv: Option<&'a [f32]>,
-    pub q_norm: Option<&'a [f32]>,
-    pub k_norm: Option<&'a [f32]>,
-    pub post_attn_norm: Option<&'a [f32]>,
-    pub ffn_norm: &'a [f32],
-    pub gate: Weight<'a>,
-    pub up: Weight<'a>,
-    pub down: Weight<'a>,
-    pub post_ffn_norm: Option<&'a [f32]>,
-    pub freq_base: f32,
-    pub swa: bool,
+    freq_factors: Option<*mut ggml_tensor>,
 }
 
 struct State {
@@ -115,8 +88,8 @@ struct Graph {
     pos: *mut ggml_tensor,
     slot: *mut ggml_tensor,
     kv: *mut ggml_tensor,
-    mask: *mut ggml_tensor,
-    mask_swa: Option<*mut ggml_tensor>,
+    /// One mask per distinct window of the layers (0: the whole context), as `windows`.
+    masks: Vec<*mut ggml_tensor>,
     rows: *mut ggml_tensor,
     /// The result in pieces of consecutive output rows: (tensor, rows). One piece unless
     /// the logits of all rows would exceed what the device can bind as one tensor.
@@ -132,12 +105,11 @@ pub struct DeviceLayers {
     pub device: String,
     /// Index of the first offloaded layer.
     pub first_layer: usize,
-    layers: Vec<LayerW>,
+    layers: Vec<DevLayer>,
     /// Output norm and matrix when the output layer is offloaded too.
     output: Option<(*mut ggml_tensor, *mut ggml_tensor)>,
     /// Why the output layer was asked for but kept on the CPU.
     output_on_cpu: Option<String>,
-    freq_factors: Option<*mut ggml_tensor>,
     cfg: Config,
     n_slots: usize,
     /// Attention as ggml's fused flash-attention op (else two products around a softmax).
@@ -170,15 +142,20 @@ impl DeviceLayers {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cfg: &Config,
+        spec: &ModelSpec,
         first_layer: usize,
-        layers: &[LayerWeights<'_>],
+        layers: &[LayerW<Weight<'_>, &[f32]>],
         output: Option<(&[f32], Weight<'_>)>,
-        freq_factors: Option<&[f32]>,
         n_slots: usize,
-        device: Option<&str>,
+        offload: &super::OffloadSpec,
         threads: usize,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<DeviceLayers, OffloadError> {
+        let (device, spec_mem_limit, fail_at) = (
+            offload.device.as_deref(),
+            offload.mem_limit,
+            offload.fail_at,
+        );
         let g = Ggml::global().map_err(|e| OffloadError::NoGgml(e.to_string()))?;
         let _ = g.load_backends();
         let l = g.raw();
@@ -187,7 +164,8 @@ impl DeviceLayers {
         let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
         // The device is asked only when the setting leaves it a say.
         // SAFETY: dev is a registered device.
-        let fa_runs = || unsafe { device_runs_flash_attn(l, dev, cfg) };
+        let layer_specs = &spec.layers[first_layer..first_layer + layers.len()];
+        let fa_runs = || unsafe { device_runs_flash_attn(l, dev, cfg, layer_specs) };
         let flash_attn = match flash_attn_choice()? {
             Some(true) if !fa_runs() => {
                 return Err(OffloadError::Backend(format!(
@@ -204,7 +182,7 @@ impl DeviceLayers {
         // lavapipe; gemma3's 262144 x 640 Q8_0 output matrix is 170 MiB).
         let mut output_on_cpu = None;
         let output = match output {
-            Some((_, Weight::Mat { ty, n_in, n_out, bytes }))
+            Some((_, Weight::Mat { ty, n_in, n_out, bytes, .. }))
                 // SAFETY: dev is a registered device.
                 if !unsafe { device_runs_product(l, dev, gtype(ty), n_in, n_out) } =>
             {
@@ -227,6 +205,7 @@ impl DeviceLayers {
             .iter()
             .map(|w| layer_weight_bytes(w) + kv_per_layer)
             .collect();
+        let _ = layer_specs;
         let out_bytes = output
             .as_ref()
             .map_or(0, |(n, w)| n.len() * 4 + weight_bytes(w));
@@ -234,7 +213,7 @@ impl DeviceLayers {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers point at locals.
         unsafe { l.ggml_backend_dev_memory(dev, &mut free, &mut total) };
-        if let Some(limit) = super::memory_limit_override() {
+        if let Some(limit) = spec_mem_limit {
             free = free.min(limit);
         }
         // Keep room for the compute buffer (activations of one call).
@@ -268,11 +247,12 @@ impl DeviceLayers {
         }
         set_threads(l, dev, backend, threads);
 
-        let n_tensors = layers.len() * 20 + 4;
+        let n_tensors = layers.len() * 32 + 4;
         let w_ctx = new_ctx(l, n_tensors)?;
         let kv_ctx = new_ctx(l, layers.len() * 2 + 2)?;
-        let mut uploads: Vec<(*mut ggml_tensor, *const u8, usize)> = Vec::new();
-        let mut new_w = |w: &Weight<'_>| -> *mut ggml_tensor {
+        let uploads: std::cell::RefCell<Vec<(*mut ggml_tensor, *const u8, usize)>> =
+            Default::default();
+        let new_w = |w: &Weight<'_>| -> *mut ggml_tensor {
             // SAFETY: w_ctx is a live no-alloc context sized for these tensors.
             unsafe {
                 match w {
@@ -280,11 +260,21 @@ impl DeviceLayers {
                         ty,
                         n_in,
                         n_out,
+                        n_expert,
                         bytes,
                     } => {
-                        let t =
-                            l.ggml_new_tensor_2d(w_ctx, gtype(*ty), *n_in as i64, *n_out as i64);
-                        uploads.push((t, bytes.as_ptr(), bytes.len()));
+                        let t = if *n_expert > 1 {
+                            l.ggml_new_tensor_3d(
+                                w_ctx,
+                                gtype(*ty),
+                                *n_in as i64,
+                                *n_out as i64,
+                                *n_expert as i64,
+                            )
+                        } else {
+                            l.ggml_new_tensor_2d(w_ctx, gtype(*ty), *n_in as i64, *n_out as i64)
+                        };
+                        uploads.borrow_mut().push((t, bytes.as_ptr(), bytes.len()));
                         t
                     }
                     Weight::Vec(v) => {
@@ -293,31 +283,27 @@ impl DeviceLayers {
                             sys::ggml_type_GGML_TYPE_F32,
                             v.len() as i64,
                         );
-                        uploads.push((t, v.as_ptr().cast(), v.len() * 4));
+                        uploads
+                            .borrow_mut()
+                            .push((t, v.as_ptr().cast(), v.len() * 4));
                         t
                     }
                 }
             }
         };
         let mut lw = Vec::with_capacity(layers.len());
-        for w in layers {
-            let v = Weight::Vec;
-            let attn_norm = new_w(&v(w.attn_norm));
-            let wq = new_w(&w.wq);
-            let wk = new_w(&w.wk);
-            let wv = new_w(&w.wv);
-            let wo = new_w(&w.wo);
-            let bq = w.bq.map(|b| new_w(&v(b)));
-            let bk = w.bk.map(|b| new_w(&v(b)));
-            let bv = w.bv.map(|b| new_w(&v(b)));
-            let q_norm = w.q_norm.map(|b| new_w(&v(b)));
-            let k_norm = w.k_norm.map(|b| new_w(&v(b)));
-            let post_attn_norm = w.post_attn_norm.map(|b| new_w(&v(b)));
-            let ffn_norm = new_w(&v(w.ffn_norm));
-            let gate = new_w(&w.gate);
-            let up = new_w(&w.up);
-            let down = new_w(&w.down);
-            let post_ffn_norm = w.post_ffn_norm.map(|b| new_w(&v(b)));
+        for (w, ls) in layers.iter().zip(layer_specs) {
+            let dw = w
+                .map::<_, _, std::convert::Infallible>(&mut |m| Ok(new_w(m)), &mut |v| {
+                    Ok(new_w(&Weight::Vec(v)))
+                })
+                .unwrap_or_else(|e| match e {});
+            let freq_factors = ls
+                .attn
+                .rope
+                .as_ref()
+                .and_then(|r| r.freq_factors.as_deref())
+                .map(|f| new_w(&Weight::Vec(f)));
             // SAFETY: kv_ctx is a live no-alloc context.
             let (k_cache, v_cache) = unsafe {
                 (
@@ -335,34 +321,18 @@ impl DeviceLayers {
                     ),
                 )
             };
-            lw.push(LayerW {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                bq,
-                bk,
-                bv,
-                q_norm,
-                k_norm,
-                post_attn_norm,
-                ffn_norm,
-                gate,
-                up,
-                down,
-                post_ffn_norm,
+            lw.push(DevLayer {
+                w: dw,
+                spec: ls.clone(),
                 k_cache,
                 v_cache,
-                freq_base: w.freq_base,
-                swa: w.swa,
+                freq_factors,
             });
         }
         let out = output.as_ref().map(|(norm, w)| {
             let n = new_w(&Weight::Vec(norm));
             (n, new_w(w))
         });
-        let ff = freq_factors.map(|f| new_w(&Weight::Vec(f)));
 
         // SAFETY: contexts hold only tensor metadata; the backend allocates their data.
         let w_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(w_ctx, backend) };
@@ -388,6 +358,7 @@ impl DeviceLayers {
                 fit: 0,
             });
         }
+        let uploads = uploads.into_inner();
         let total_uploads = uploads.len();
         for (i, (t, p, n)) in uploads.into_iter().enumerate() {
             // SAFETY: t was allocated with exactly n bytes (its type and shape); p points
@@ -413,7 +384,6 @@ impl DeviceLayers {
             first_layer,
             layers: lw,
             output: out,
-            freq_factors: ff,
             cfg: cfg.clone(),
             n_slots,
             flash_attn,
@@ -428,9 +398,7 @@ impl DeviceLayers {
                 meta: vec![0u8; meta_size],
                 compute_bytes: 0,
                 calls: 0,
-                fail_at: std::env::var("RLLAMA_OFFLOAD_FAIL_AT")
-                    .ok()
-                    .and_then(|v| v.parse().ok()),
+                fail_at,
                 graph: None,
                 builds: 0,
                 reuses: 0,
@@ -585,9 +553,8 @@ impl DeviceLayers {
             }
             m
         };
-        let has_swa = c.n_swa > 0 && self.layers.iter().any(|w| w.swa);
-        let mask = mask_for(0);
-        let mask_swa = has_swa.then(|| mask_for(c.n_swa));
+        let windows = self.windows();
+        let masks: Vec<Vec<f32>> = windows.iter().map(|&w| mask_for(w)).collect();
         let slot_of: Vec<i64> = (0..n_tok)
             .map(|t| b.seq_slots[b.seq[t]][b.pos[t]] as i64)
             .collect();
@@ -602,7 +569,7 @@ impl DeviceLayers {
                 if let Some(old) = st.graph.take() {
                     l.ggml_free(old.ctx);
                 }
-                let gr = self.build(&mut st.meta, key, has_swa)?;
+                let gr = self.build(&mut st.meta, key)?;
                 if !l.ggml_gallocr_alloc_graph(st.galloc, gr.gf) {
                     l.ggml_free(gr.ctx);
                     return Err(OffloadError::Backend(format!(
@@ -623,11 +590,7 @@ impl DeviceLayers {
             set(l, gr.pos, pos.as_ptr(), n_tok);
             set(l, gr.slot, slot_of.as_ptr(), n_tok);
             set(l, gr.kv, kv_idx.as_ptr(), n_kv);
-            for (t, m) in [
-                (Some(gr.mask), Some(&mask)),
-                (gr.mask_swa, mask_swa.as_ref()),
-            ] {
-                let (Some(t), Some(m)) = (t, m) else { continue };
+            for (&t, m) in gr.masks.iter().zip(&masks) {
                 if self.flash_attn {
                     let h: Vec<u16> = m.iter().map(|&v| quant::f16::f32_to_f16(v)).collect();
                     set(l, t, h.as_ptr(), h.len());
@@ -666,7 +629,6 @@ impl DeviceLayers {
         &self,
         meta: &mut [u8],
         key: (usize, usize, usize),
-        has_swa: bool,
     ) -> Result<Graph, OffloadError> {
         let (n_tok, n_kv, n_out) = key;
         let c = &self.cfg;
@@ -690,18 +652,20 @@ impl DeviceLayers {
         } else {
             sys::ggml_type_GGML_TYPE_F32
         };
-        let mask = gb.input(mask_ty, &[n_kv, n_tok]);
-        let mask_swa = has_swa.then(|| gb.input(mask_ty, &[n_kv, n_tok]));
+        let windows = self.windows();
+        let masks: Vec<*mut ggml_tensor> = windows
+            .iter()
+            .map(|_| gb.input(mask_ty, &[n_kv, n_tok]))
+            .collect();
         let rows = gb.input(sys::ggml_type_GGML_TYPE_I32, &[n_out]);
         let gf = l.ggml_new_graph_custom(ctx, GRAPH_SIZE, false);
         let mut h = x;
         for w in &self.layers {
-            let m = if w.swa {
-                mask_swa.unwrap_or(mask)
-            } else {
-                mask
-            };
-            h = self.layer(&gb, gf, w, h, pos, slot, kv, m, n_tok, n_kv);
+            let at = windows
+                .iter()
+                .position(|&v| v == w.spec.attn.window)
+                .expect("every layer's window has a mask");
+            h = self.layer(&gb, gf, w, h, pos, slot, kv, masks[at], n_tok, n_kv);
         }
         let mut res = vec![(l.ggml_get_rows(ctx, h, rows), n_out)];
         if let Some((norm, w)) = self.output {
@@ -743,11 +707,21 @@ impl DeviceLayers {
             pos,
             slot,
             kv,
-            mask,
-            mask_swa,
+            masks,
             rows,
             res,
         })
+    }
+
+    /// The distinct attention windows of the offloaded layers, in first-seen order.
+    fn windows(&self) -> Vec<usize> {
+        let mut w: Vec<usize> = Vec::new();
+        for l in &self.layers {
+            if !w.contains(&l.spec.attn.window) {
+                w.push(l.spec.attn.window);
+            }
+        }
+        w
     }
 
     /// The output matrix times the normed rows, as few products as the device can run:
@@ -788,13 +762,14 @@ impl DeviceLayers {
         out
     }
 
-    /// One layer's nodes. Shapes follow ggml's order: `[n_embd, n_tok]` for hidden states.
+    /// One layer's nodes, step by step as its declaration says. Shapes follow ggml's
+    /// order: `[n_embd, n_tok]` for hidden states.
     #[allow(clippy::too_many_arguments)]
     unsafe fn layer(
         &self,
         gb: &Gb<'_>,
         gf: *mut sys::ggml_cgraph,
-        w: &LayerW,
+        dl: &DevLayer,
         x: *mut ggml_tensor,
         pos: *mut ggml_tensor,
         slot: *mut ggml_tensor,
@@ -804,11 +779,11 @@ impl DeviceLayers {
         n_kv: usize,
     ) -> *mut ggml_tensor {
         let c = &self.cfg;
+        let (w, a) = (&dl.w, &dl.spec.attn);
         let (l, ctx) = (gb.l, gb.ctx);
         let (hk, hv) = (c.head_dim_k as i64, c.head_dim_v as i64);
         let (nh, nkv) = (c.n_head as i64, c.n_head_kv as i64);
         let (nt, nk) = (n_tok as i64, n_kv as i64);
-        let gemma = c.arch == Arch::Gemma3;
         let norm = |t: *mut ggml_tensor, w: *mut ggml_tensor| {
             l.ggml_mul(ctx, l.ggml_rms_norm(ctx, t, c.rms_eps), w)
         };
@@ -818,9 +793,31 @@ impl DeviceLayers {
         };
 
         let cur = norm(x, w.attn_norm);
-        let q = bias(l.ggml_mul_mat(ctx, w.wq, cur), w.bq);
-        let k = bias(l.ggml_mul_mat(ctx, w.wk, cur), w.bk);
-        let v = bias(l.ggml_mul_mat(ctx, w.wv, cur), w.bv);
+        let (q, k, v) = match &w.qkv {
+            Qkv::Split { q, k, v } => (
+                l.ggml_mul_mat(ctx, *q, cur),
+                l.ggml_mul_mat(ctx, *k, cur),
+                l.ggml_mul_mat(ctx, *v, cur),
+            ),
+            Qkv::Fused(m) => {
+                let qkv = l.ggml_mul_mat(ctx, *m, cur);
+                let nb1 = (*qkv).nb[1];
+                let part = |off: i64, n: i64| {
+                    l.ggml_cont(
+                        ctx,
+                        l.ggml_view_2d(ctx, qkv, n, nt, nb1, (off * 4) as usize),
+                    )
+                };
+                (
+                    part(0, hk * nh),
+                    part(hk * nh, hk * nkv),
+                    part(hk * (nh + nkv), hv * nkv),
+                )
+            }
+        };
+        let q = bias(q, w.b_qkv[0]);
+        let k = bias(k, w.b_qkv[1]);
+        let v = bias(v, w.b_qkv[2]);
         let mut q = l.ggml_reshape_3d(ctx, q, hk, nh, nt);
         let mut k = l.ggml_reshape_3d(ctx, k, hk, nkv, nt);
         if let Some(qn) = w.q_norm {
@@ -829,42 +826,41 @@ impl DeviceLayers {
         if let Some(kn) = w.k_norm {
             k = norm(k, kn);
         }
-        let mode = match c.arch.rope_style() {
-            RopeStyle::Normal => 0,
-            RopeStyle::Neox => 2,
-        };
-        let ff = self.freq_factors.unwrap_or(null_mut());
-        let rope = |t| {
-            l.ggml_rope_ext(
-                ctx,
-                t,
-                pos,
-                ff,
-                c.n_rot as i32,
-                mode,
-                c.n_ctx_train as i32,
-                w.freq_base,
-                c.rope_freq_scale,
-                0.0,
-                1.0,
-                32.0,
-                1.0,
-            )
-        };
-        let mut q = rope(q);
-        let k = rope(k);
-        // gemma3 scales the query before the scores (and the scores by 1), as ours does.
-        let kq_scale = if gemma {
-            q = l.ggml_scale(ctx, q, c.attn_scale);
-            1.0
-        } else {
-            c.attn_scale
-        };
+        if let Some(r) = &a.rope {
+            let mode = match r.style {
+                RopeStyle::Normal => 0,
+                RopeStyle::Neox => 2,
+            };
+            let ff = dl.freq_factors.unwrap_or(null_mut());
+            let [beta_fast, beta_slow] = c.yarn_beta;
+            let rope = |t| {
+                l.ggml_rope_ext(
+                    ctx,
+                    t,
+                    pos,
+                    ff,
+                    r.n_dims as i32,
+                    mode,
+                    c.n_ctx_orig as i32,
+                    r.freq_base,
+                    r.freq_scale,
+                    r.ext_factor,
+                    r.attn_factor,
+                    beta_fast,
+                    beta_slow,
+                )
+            };
+            q = rope(q);
+            k = rope(k);
+        }
+        if let Some(sc) = a.q_scale {
+            q = l.ggml_scale(ctx, q, sc);
+        }
 
         // Write this batch's K and V rows at their slots, then gather the batch's slots.
         let k_dim = hk * nkv;
-        let kc = l.ggml_set_rows(ctx, w.k_cache, l.ggml_reshape_2d(ctx, k, k_dim, nt), slot);
-        let vc = l.ggml_set_rows(ctx, w.v_cache, v, slot);
+        let kc = l.ggml_set_rows(ctx, dl.k_cache, l.ggml_reshape_2d(ctx, k, k_dim, nt), slot);
+        let vc = l.ggml_set_rows(ctx, dl.v_cache, v, slot);
         l.ggml_build_forward_expand(gf, kc);
         l.ggml_build_forward_expand(gf, vc);
         let kg = l.ggml_reshape_3d(ctx, l.ggml_get_rows(ctx, kc, kv), hk, nkv, nk);
@@ -879,7 +875,19 @@ impl DeviceLayers {
             // it (flash attention `auto`), with f32 accumulation as llama.cpp asks.
             let kp = l.ggml_permute(ctx, l.ggml_cast(ctx, kg, f16), 0, 2, 1, 3); // [hk, n_kv, n_head_kv]
             let vp = l.ggml_permute(ctx, l.ggml_cast(ctx, vg, f16), 0, 2, 1, 3); // [hv, n_kv, n_head_kv]
-            let o = l.ggml_flash_attn_ext(ctx, qp, kp, vp, mask, kq_scale, 0.0, 0.0); // [hv, n_head, n_tok]
+            let o = l.ggml_flash_attn_ext(
+                ctx,
+                qp,
+                kp,
+                vp,
+                mask,
+                a.kq_scale,
+                0.0,
+                a.softcap.unwrap_or(0.0),
+            ); // [hv, n_head, n_tok]
+            if let Some(sk) = w.sinks {
+                l.ggml_flash_attn_ext_add_sinks(o, sk);
+            }
             l.ggml_prec_set_acc(o, sys::ggml_prec_GGML_PREC_F32);
             o
         } else {
@@ -887,33 +895,140 @@ impl DeviceLayers {
             // f16 arithmetic (ggml-vulkan) otherwise sums them in f16. ggml's CPU backend
             // always sums in f32, so this changes nothing there.
             let kp = l.ggml_cast(ctx, l.ggml_permute(ctx, kg, 0, 2, 1, 3), f16); // [hk, n_kv, n_head_kv]
-            let kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
+            let mut kq = l.ggml_mul_mat(ctx, kp, qp); // [n_kv, n_tok, n_head]
             l.ggml_prec_set_acc(kq, sys::ggml_prec_GGML_PREC_F32);
-            let kq = l.ggml_soft_max_ext(ctx, kq, mask, kq_scale, 0.0);
+            if let Some(cap) = a.softcap {
+                kq = l.ggml_scale(ctx, kq, 1.0 / cap);
+                kq = l.ggml_tanh(ctx, kq);
+                kq = l.ggml_scale(ctx, kq, cap);
+            }
+            let kq = l.ggml_soft_max_ext(ctx, kq, mask, a.kq_scale, 0.0);
+            if let Some(sk) = w.sinks {
+                l.ggml_soft_max_add_sinks(kq, sk);
+            }
             let vt = l.ggml_cast(ctx, l.ggml_permute(ctx, vg, 1, 2, 0, 3), f16); // [n_kv, hv, n_head_kv]
             let kqv = l.ggml_mul_mat(ctx, vt, kq); // [hv, n_tok, n_head]
             l.ggml_cont(ctx, l.ggml_permute(ctx, kqv, 0, 2, 1, 3)) // [hv, n_head, n_tok]
         };
         let o = l.ggml_reshape_2d(ctx, o, hv * nh, nt);
-        let mut o = l.ggml_mul_mat(ctx, w.wo, o);
+        let mut o = bias(l.ggml_mul_mat(ctx, w.wo, o), w.b_o);
         if let Some(pn) = w.post_attn_norm {
             o = norm(o, pn);
         }
         let x = l.ggml_add(ctx, x, o);
 
         let cur = norm(x, w.ffn_norm);
-        let g = l.ggml_mul_mat(ctx, w.gate, cur);
-        let u = l.ggml_mul_mat(ctx, w.up, cur);
-        let a = if gemma {
-            l.ggml_geglu_split(ctx, g, u)
-        } else {
-            l.ggml_swiglu_split(ctx, g, u)
+        let mut o = match (&w.ffn, &dl.spec.ffn) {
+            (FfnKind::Dense(f), FfnSpec::Dense { n_ff, act }) => {
+                let (g, u) = match &f.gate_up {
+                    GateUp::Split { gate, up } => (
+                        l.ggml_mul_mat(ctx, *gate, cur),
+                        l.ggml_mul_mat(ctx, *up, cur),
+                    ),
+                    GateUp::Fused(m) => {
+                        let gu = l.ggml_mul_mat(ctx, *m, cur);
+                        let nb1 = (*gu).nb[1];
+                        let nf = *n_ff as i64;
+                        (
+                            l.ggml_cont(ctx, l.ggml_view_2d(ctx, gu, nf, nt, nb1, 0)),
+                            l.ggml_cont(
+                                ctx,
+                                l.ggml_view_2d(ctx, gu, nf, nt, nb1, (nf * 4) as usize),
+                            ),
+                        )
+                    }
+                };
+                let g = bias(g, f.b_gate);
+                let u = bias(u, f.b_up);
+                let act = glu(l, ctx, *act, g, u);
+                bias(l.ggml_mul_mat(ctx, f.down, act), f.b_down)
+            }
+            (
+                FfnKind::Moe {
+                    router,
+                    router_b,
+                    experts,
+                },
+                FfnSpec::Moe(m),
+            ) => {
+                let (ne, nu, nf) = (m.n_expert as i64, m.n_used as i64, m.n_ff as i64);
+                let d = c.n_embd as i64;
+                let logits = bias(l.ggml_mul_mat(ctx, *router, cur), *router_b); // [ne, nt]
+                let probs = match m.gating {
+                    Gating::Softmax => l.ggml_soft_max(ctx, logits),
+                    Gating::SoftmaxOfTopK => logits,
+                };
+                let sel = l.ggml_argsort_top_k(ctx, probs, nu as i32); // [nu, nt]
+                let mut wts = l.ggml_get_rows(ctx, l.ggml_reshape_3d(ctx, probs, 1, ne, nt), sel); // [1, nu, nt]
+                if m.gating == Gating::SoftmaxOfTopK {
+                    let w2 = l.ggml_soft_max(ctx, l.ggml_reshape_2d(ctx, wts, nu, nt));
+                    wts = l.ggml_reshape_3d(ctx, w2, 1, nu, nt);
+                }
+                if m.norm_weights {
+                    let w2 = l.ggml_reshape_2d(ctx, wts, nu, nt);
+                    let sum =
+                        l.ggml_clamp(ctx, l.ggml_sum_rows(ctx, w2), 6.103_515_6e-5, f32::INFINITY);
+                    wts = l.ggml_reshape_3d(ctx, l.ggml_div(ctx, w2, sum), 1, nu, nt);
+                }
+                if m.weight_scale != 0.0 && m.weight_scale != 1.0 {
+                    wts = l.ggml_scale(ctx, wts, m.weight_scale);
+                }
+                let cur3 = l.ggml_reshape_3d(ctx, cur, d, 1, nt);
+                let FfnW {
+                    gate_up,
+                    down,
+                    b_gate,
+                    b_up,
+                    b_down,
+                } = experts;
+                let GateUp::Split { gate, up } = gate_up else {
+                    unreachable!("experts are bound as separate gate and up stacks")
+                };
+                let add_id = |t: *mut ggml_tensor, b: Option<*mut ggml_tensor>, n: i64| match b {
+                    Some(b) => l.ggml_add_id(ctx, t, l.ggml_reshape_2d(ctx, b, n, ne), sel),
+                    None => t,
+                };
+                let u = add_id(l.ggml_mul_mat_id(ctx, *up, cur3, sel), *b_up, nf);
+                let g = add_id(l.ggml_mul_mat_id(ctx, *gate, cur3, sel), *b_gate, nf);
+                let act = glu(l, ctx, m.act, g, u); // [nf, nu, nt]
+                let dn = add_id(l.ggml_mul_mat_id(ctx, *down, act, sel), *b_down, d); // [d, nu, nt]
+                let dn = l.ggml_mul(ctx, dn, wts);
+                let mut out = null_mut();
+                for i in 0..nu {
+                    let part =
+                        l.ggml_view_2d(ctx, dn, d, nt, (*dn).nb[2], i as usize * (*dn).nb[1]);
+                    out = if i == 0 {
+                        part
+                    } else {
+                        l.ggml_add(ctx, out, part)
+                    };
+                }
+                if nu == 1 {
+                    out = l.ggml_cont(ctx, out);
+                }
+                out
+            }
+            _ => unreachable!("bound from the same declaration"),
         };
-        let mut o = l.ggml_mul_mat(ctx, w.down, a);
         if let Some(pn) = w.post_ffn_norm {
             o = norm(o, pn);
         }
         l.ggml_add(ctx, x, o)
+    }
+}
+
+/// The gated activation `act(gate, up)` as ggml's op.
+unsafe fn glu(
+    l: &GgmlLib,
+    ctx: *mut ggml_context,
+    act: Act,
+    g: *mut ggml_tensor,
+    u: *mut ggml_tensor,
+) -> *mut ggml_tensor {
+    match act {
+        Act::Silu => l.ggml_swiglu_split(ctx, g, u),
+        Act::Gelu => l.ggml_geglu_split(ctx, g, u),
+        Act::SwigluOai { alpha, limit } => l.ggml_swiglu_oai(ctx, g, u, alpha, limit),
     }
 }
 
@@ -981,11 +1096,11 @@ fn new_ctx(l: &GgmlLib, n_tensors: usize) -> Result<*mut ggml_context, OffloadEr
 /// `RLLAMA_OFFLOAD_FA`: `1`/`on` or `0`/`off` forces flash attention on the device on or
 /// off; unset or `auto`, it is on where the device runs it (llama.cpp's `-fa auto`).
 fn flash_attn_choice() -> Result<Option<bool>, OffloadError> {
-    match std::env::var("RLLAMA_OFFLOAD_FA").as_deref() {
-        Err(_) | Ok("auto") | Ok("") => Ok(None),
-        Ok("1") | Ok("on") => Ok(Some(true)),
-        Ok("0") | Ok("off") => Ok(Some(false)),
-        Ok(v) => Err(OffloadError::Backend(format!(
+    match crate::options::Env::get().offload_fa.as_deref() {
+        None | Some("auto") | Some("") => Ok(None),
+        Some("1") | Some("on") => Ok(Some(true)),
+        Some("0") | Some("off") => Ok(Some(false)),
+        Some(v) => Err(OffloadError::Backend(format!(
             "RLLAMA_OFFLOAD_FA={v}: expected on, off or auto"
         ))),
     }
@@ -993,10 +1108,17 @@ fn flash_attn_choice() -> Result<Option<bool>, OffloadError> {
 
 /// Whether `dev` runs flash attention at the model's head sizes, for one token and for a
 /// batch, with the f16 K/V views and mask our graph gives it (metadata-only tensors).
-unsafe fn device_runs_flash_attn(l: &GgmlLib, dev: sys::ggml_backend_dev_t, cfg: &Config) -> bool {
-    let Ok(ctx) = new_ctx(l, 16) else {
+unsafe fn device_runs_flash_attn(
+    l: &GgmlLib,
+    dev: sys::ggml_backend_dev_t,
+    cfg: &Config,
+    layers: &[LayerSpec],
+) -> bool {
+    let Ok(ctx) = new_ctx(l, 24) else {
         return false;
     };
+    let softcap = layers.iter().find_map(|s| s.attn.softcap).unwrap_or(0.0);
+    let sinks = layers.iter().any(|s| s.attn.sinks);
     let (hk, hv) = (cfg.head_dim_k as i64, cfg.head_dim_v as i64);
     let (nh, nkv, n_kv) = (cfg.n_head as i64, cfg.n_head_kv as i64, KV_PAD as i64);
     let (f16, f32) = (sys::ggml_type_GGML_TYPE_F16, sys::ggml_type_GGML_TYPE_F32);
@@ -1013,8 +1135,11 @@ unsafe fn device_runs_flash_attn(l: &GgmlLib, dev: sys::ggml_backend_dev_t, cfg:
             mask,
             1.0,
             0.0,
-            0.0,
+            softcap,
         );
+        if sinks {
+            l.ggml_flash_attn_ext_add_sinks(o, l.ggml_new_tensor_1d(ctx, f32, nh));
+        }
         l.ggml_prec_set_acc(o, sys::ggml_prec_GGML_PREC_F32);
         l.ggml_backend_dev_supports_op(dev, o)
     });
@@ -1048,20 +1173,20 @@ fn weight_bytes(w: &Weight<'_>) -> usize {
     }
 }
 
-fn layer_weight_bytes(w: &LayerWeights<'_>) -> usize {
-    let v = |x: Option<&[f32]>| x.map_or(0, |x| x.len() * 4);
-    [&w.wq, &w.wk, &w.wv, &w.wo, &w.gate, &w.up, &w.down]
-        .iter()
-        .map(|m| weight_bytes(m))
-        .sum::<usize>()
-        + (w.attn_norm.len() + w.ffn_norm.len()) * 4
-        + v(w.bq)
-        + v(w.bk)
-        + v(w.bv)
-        + v(w.q_norm)
-        + v(w.k_norm)
-        + v(w.post_attn_norm)
-        + v(w.post_ffn_norm)
+fn layer_weight_bytes(w: &LayerW<Weight<'_>, &[f32]>) -> usize {
+    let n = std::cell::Cell::new(0);
+    w.map::<_, _, std::convert::Infallible>(
+        &mut |m| {
+            n.set(n.get() + weight_bytes(m));
+            Ok(())
+        },
+        &mut |v| {
+            n.set(n.get() + v.len() * 4);
+            Ok(())
+        },
+    )
+    .unwrap_or_else(|e| match e {});
+    n.get()
 }
 
 /// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of

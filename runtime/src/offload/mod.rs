@@ -16,15 +16,44 @@ mod graph;
 #[cfg(ggml)]
 pub use graph::DeviceLayers;
 #[cfg(ggml)]
-pub(crate) use graph::{LayerWeights, Weight};
+pub(crate) use graph::Weight;
 
 /// Which layers go to a device: llama.cpp's `-ngl` (the last N layers; more than the
 /// model has also moves the output layer) and `--device` (a ggml device name; default the
 /// first GPU).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffloadSpec {
     pub n_gpu_layers: usize,
     pub device: Option<String>,
+    /// Keep the experts of the first N layers on the CPU (llama.cpp's `--n-cpu-moe`).
+    pub n_cpu_moe: usize,
+    /// Caps the free memory the device reports (`RLLAMA_OFFLOAD_MEM_LIMIT`): how the
+    /// out-of-memory path is tested without a small GPU.
+    pub mem_limit: Option<usize>,
+    /// The device acts lost from this call on (`RLLAMA_OFFLOAD_FAIL_AT`): for testing what
+    /// a lost device does to its callers.
+    pub fail_at: Option<usize>,
+}
+
+impl OffloadSpec {
+    /// `n_gpu_layers` layers on `device`, the test knobs from the environment.
+    pub fn new(n_gpu_layers: usize, device: Option<String>) -> OffloadSpec {
+        let env = crate::options::Env::get();
+        OffloadSpec {
+            n_gpu_layers,
+            device,
+            n_cpu_moe: 0,
+            mem_limit: env.offload_mem_limit.as_deref().and_then(parse_bytes),
+            fail_at: env.offload_fail_at.as_deref().and_then(|v| v.parse().ok()),
+        }
+    }
+}
+
+impl Default for OffloadSpec {
+    /// Nothing offloaded.
+    fn default() -> OffloadSpec {
+        OffloadSpec::new(0, None)
+    }
 }
 
 /// Why layers could not be offloaded, or a device step failed.
@@ -71,14 +100,15 @@ pub enum OffloadError {
 pub fn cuda_graphs_policy(default_on: bool) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        let on = match std::env::var("RLLAMA_CUDA_GRAPHS").as_deref() {
-            Ok("1") => true,
-            Ok("0") => false,
+        let env = crate::options::Env::get();
+        let on = match env.cuda_graphs.as_deref() {
+            Some("1") => true,
+            Some("0") => false,
             _ => default_on,
         };
-        match std::env::var_os("GGML_CUDA_DISABLE_GRAPHS") {
-            Some(_) => false,
-            None => {
+        match env.cuda_disable_graphs {
+            true => false,
+            false => {
                 if !on {
                     std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
                 }
@@ -145,10 +175,8 @@ pub struct DeviceMemory {
     pub compute: usize,
 }
 
-/// `RLLAMA_OFFLOAD_MEM_LIMIT` caps the free memory a device reports (bytes, or a number
-/// with a `K`/`M`/`G` suffix): how the out-of-memory path is tested without a small GPU.
-pub(crate) fn memory_limit_override() -> Option<usize> {
-    let v = std::env::var("RLLAMA_OFFLOAD_MEM_LIMIT").ok()?;
+/// A byte count, or a number with a `K`/`M`/`G` suffix.
+fn parse_bytes(v: &str) -> Option<usize> {
     let v = v.trim();
     let (num, mul) = match v.chars().last()? {
         'K' | 'k' => (&v[..v.len() - 1], 1usize << 10),
@@ -233,7 +261,7 @@ fn report(g: &Ggml) -> DeviceReport {
         .iter()
         .flat_map(|b| &b.devices)
         .any(|d| d.kind != DeviceKind::Cpu.as_str());
-    let vk_named = std::env::var_os("GGML_VK_VISIBLE_DEVICES").is_some();
+    let vk_named = crate::options::Env::get().vk_visible_devices;
     let cpu_only_reason = (!has_device).then(|| cpu_only_reason(g.dir(), &backends, vk_named));
     DeviceReport {
         ggml_version: Some(g.loaded_version()),

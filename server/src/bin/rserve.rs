@@ -21,20 +21,12 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Compute threads (including the engine thread); default: all cores.
+    /// Compute threads (including the engine thread); default: the CPUs this process may
+    /// use.
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// NUMA thread placement, as llama.cpp: distribute, isolate or numactl.
-    #[arg(long, env = "RLLAMA_NUMA")]
-    numa: Option<runtime::numa::NumaMode>,
-    /// Where the weight pages go: first-touch, interleave (a copy spread over the allowed
-    /// nodes) or replicate (a copy per node).
-    #[arg(long, default_value = "first-touch", env = "RLLAMA_NUMA_WEIGHTS")]
-    numa_weights: runtime::numa::WeightPlacement,
-    /// Kernel orders: exact (llama.cpp's, bit-identical to it) or fast (experimental; see
-    /// ARCHITECTURE.md, "The fast order"). Batch-invariant either way.
-    #[arg(long, default_value = "exact")]
-    numerics: runtime::Numerics,
+    #[command(flatten)]
+    run: runtime::options::RunArgs,
     /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -92,10 +84,6 @@ struct Args {
     /// KV cache on the device; above the layer count the output layer too.
     #[arg(long = "n-gpu-layers", default_value_t = 0)]
     n_gpu_layers: usize,
-    /// The ggml device for -ngl (`rllama devices` lists them; CPU is ggml's CPU backend);
-    /// default: the first GPU.
-    #[arg(long = "device")]
-    device: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -121,13 +109,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() {
-    // llama.cpp spells these flags `-np`, `-ngl` and `-dev`.
-    let argv = std::env::args().map(|a| match a.as_str() {
-        "-np" => "--parallel".into(),
-        "-ngl" => "--n-gpu-layers".into(),
-        "-dev" => "--device".into(),
-        _ => a,
-    });
+    runtime::options::init();
+    // llama.cpp spells these flags `-np`, `-ngl`, `-dev` and `-ncmoe`.
+    let argv = std::env::args().map(runtime::options::llama_flag_spelling);
     let a = Args::parse_from(argv);
     // Continuous batches change shape every step; ggml-cuda's CUDA-graph replay failed
     // under that load (runtime::offload::cuda_graphs_policy). Applied now, while this is
@@ -152,7 +136,10 @@ fn main() {
         port: a.port,
         engine: EngineConfig {
             model: a.model,
-            threads: a.threads.unwrap_or_else(runtime::pool::default_threads),
+            run: a.run.options(
+                a.threads.unwrap_or_else(runtime::options::default_threads),
+                a.n_gpu_layers,
+            ),
             n_ctx: a.ctx_size,
             max_seqs: a.parallel,
             max_batch_tokens: a.max_batch_tokens,
@@ -167,13 +154,6 @@ fn main() {
                 every_blocks: a.kv_persist_blocks.max(1),
                 max_bytes: a.kv_persist_max,
             }),
-            numa: a.numa,
-            numa_weights: a.numa_weights,
-            numerics: a.numerics,
-            offload: runtime::offload::OffloadSpec {
-                n_gpu_layers: a.n_gpu_layers,
-                device: a.device,
-            },
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

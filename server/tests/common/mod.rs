@@ -34,7 +34,10 @@ pub fn model_available() -> bool {
 pub fn engine_config() -> EngineConfig {
     EngineConfig {
         model: MODEL.into(),
-        threads: 2,
+        run: runtime::RunOptions {
+            threads: 2,
+            ..runtime::RunOptions::default()
+        },
         n_ctx: Some(2048),
         max_seqs: 8,
         max_batch_tokens: 256,
@@ -44,10 +47,6 @@ pub fn engine_config() -> EngineConfig {
         chunked_prefill: true,
         prefix_caching: true,
         kv_persist: None,
-        numa: None,
-        numa_weights: Default::default(),
-        numerics: Default::default(),
-        offload: Default::default(),
     }
 }
 

@@ -1,0 +1,228 @@
+//! The architectures no registry model carries (Qwen3 dense and MoE, gpt-oss, Phi-3/4,
+//! Gemma 2, SmolLM3) against llama.cpp, on `rllama synth` files of each family's shape
+//! (cut to a few layers and narrower widths, with a short sliding window where the
+//! family slides, so the tests see every feature): llama.cpp must load our writer's file
+//! and describe it as that architecture, then over 20 prompts x 32 tokens the
+//! teacher-forced top-1 agreement must be at least 99% and greedy-32 identical for at
+//! least 18 of 20, the bars. The largest logit difference is printed: 0 where
+//! our kernels follow llama.cpp's order operation for operation.
+//!
+//! `RLLAMA_ARCH_CHECK=/path/to/file.gguf` also runs the comparison on that file (a
+//! full-size one from `rllama synth`, or a real model); it is skipped otherwise.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use llamacpp_ref::{RefModel, RefOptions};
+use runtime::gguf::GgufFile;
+use runtime::model::Model;
+use runtime::runner::Runner;
+use runtime::sampling::{argmax, Sampler, SamplingParams};
+use runtime::synth::{self, Shape, SynthQuant, SynthSpec};
+use runtime::weights::WeightPlan;
+
+/// One engine at a time: llama.cpp's spinning pool slows down badly when oversubscribed.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const TOKENS: usize = 32;
+const PROMPTS: usize = 20;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+fn prompts() -> Vec<String> {
+    include_str!("../../testdata/prompts.txt")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.replace("\\n", "\n"))
+        .take(PROMPTS)
+        .collect()
+}
+
+/// What one comparison measured.
+struct Agreement {
+    top1: usize,
+    positions: usize,
+    max_diff: f32,
+    greedy_same: usize,
+    prompts: usize,
+}
+
+/// Loads `path` in both engines with a context of `n_ctx` and measures their agreement.
+fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
+    let f = Arc::new(GgufFile::open(path).unwrap());
+    assert_eq!(f.architecture().unwrap(), expect_arch);
+    let mut theirs = RefModel::load(
+        path,
+        &RefOptions {
+            n_ctx: n_ctx as u32,
+            n_batch: 512,
+            n_ubatch: 512,
+            n_threads: threads() as i32,
+            n_threads_batch: threads() as i32,
+            ..Default::default()
+        },
+    )
+    .expect("llama.cpp loads the file");
+    let desc = theirs.desc();
+    assert!(
+        desc.starts_with(expect_arch),
+        "llama.cpp describes it as {desc:?}"
+    );
+    let model =
+        Arc::new(Model::build(f, WeightPlan::default(), None, Some(n_ctx)).expect("ours loads"));
+    let nv = model.config.n_vocab;
+    assert_eq!(theirs.n_vocab(), nv);
+    let mut ours = Runner::new(model, threads(), n_ctx);
+    let mut a = Agreement {
+        top1: 0,
+        positions: 0,
+        max_diff: 0.0,
+        greedy_same: 0,
+        prompts: 0,
+    };
+    for prompt in prompts() {
+        let ptoks = theirs.tokenize(&prompt, true, true).unwrap();
+        let ptoks = &ptoks[..ptoks.len().min(48)];
+        // Teacher-forced: the prompt continued by llama.cpp's own greedy tokens.
+        let cont = theirs.greedy(ptoks, TOKENS).unwrap();
+        let mut seq = ptoks.to_vec();
+        seq.extend(&cont);
+        let ref_logits = theirs.logits_all(&seq).unwrap();
+        let our_logits = ours.logits_all(&seq).unwrap();
+        for p in ptoks.len() - 1..seq.len() {
+            let (x, y) = (
+                &our_logits[p * nv..(p + 1) * nv],
+                &ref_logits[p * nv..(p + 1) * nv],
+            );
+            assert!(x.iter().all(|v| v.is_finite()), "non-finite logits at {p}");
+            a.positions += 1;
+            a.top1 += (argmax(x) == argmax(y)) as usize;
+            a.max_diff = x
+                .iter()
+                .zip(y)
+                .map(|(u, v)| (u - v).abs())
+                .fold(a.max_diff, f32::max);
+        }
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let eog = |t: u32| theirs.is_eog(t);
+        let (ours_gen, _) = ours
+            .generate(ptoks, TOKENS, &mut sampler, &eog, &mut |_| true)
+            .unwrap();
+        a.prompts += 1;
+        a.greedy_same += (ours_gen == cont) as usize;
+    }
+    a
+}
+
+/// Writes `shape` (cut) with `quant`, compares it, and asserts the bars.
+fn check(shape: Shape, quant: SynthQuant, n_ctx: usize) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(tok_path) = runtime::registry::test_model(shape.tokenizer_from) else {
+        return;
+    };
+    let tok = GgufFile::open(&tok_path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{}.gguf", shape.name));
+    let arch = shape.arch;
+    let name = shape.display_name();
+    let spec = SynthSpec {
+        tokenizer_name: shape.tokenizer_from.into(),
+        shape,
+        quant,
+        seed: 5,
+        tokenizer: &tok,
+        pad_vocab: false,
+    };
+    synth::synthesize(&spec, &path, |_, _| {}).unwrap();
+    let a = compare(&path, n_ctx, arch);
+    report_and_assert(&name, &a);
+}
+
+fn report_and_assert(name: &str, a: &Agreement) {
+    let rate = a.top1 as f64 / a.positions as f64;
+    eprintln!(
+        "{name}: teacher-forced top-1 {}/{} = {:.2}%, max |logit diff| {:.6}, greedy-{TOKENS} identical {}/{}",
+        a.top1,
+        a.positions,
+        rate * 100.0,
+        a.max_diff,
+        a.greedy_same,
+        a.prompts
+    );
+    assert!(rate >= 0.99, "{name}: top-1 agreement {rate:.4}");
+    assert!(
+        a.greedy_same * 10 >= 9 * a.prompts,
+        "{name}: greedy identical {}/{}",
+        a.greedy_same,
+        a.prompts
+    );
+}
+
+/// A few layers at a fraction of the width: every feature of the family, little time.
+fn cut(shape: Shape, div: usize, layers: usize) -> Shape {
+    let mut s = shape.scaled_down(div).with_layers(layers);
+    // A window the prompts cross, so sliding layers really slide.
+    if s.feat.sliding_window > 0 {
+        s.feat.sliding_window = 16;
+    }
+    s
+}
+
+#[test]
+fn qwen3_dense() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4KM, 256);
+}
+
+#[test]
+fn qwen3_moe() {
+    check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);
+}
+
+#[test]
+fn smollm3_nope_layers() {
+    // Four layers: the fourth has no RoPE.
+    check(cut(Shape::smollm3_3b(), 8, 4), SynthQuant::Q4KM, 256);
+}
+
+#[test]
+fn gemma2_softcaps_and_window() {
+    check(cut(Shape::gemma2_2b(), 9, 3), SynthQuant::Q4KM, 256);
+}
+
+#[test]
+fn phi3_fused_partial_rotary_short_factors() {
+    check(cut(Shape::phi4_mini(), 12, 2), SynthQuant::Q4KM, 256);
+}
+
+#[test]
+fn phi3_long_factors() {
+    // A context past the original 4096 positions: llama.cpp (and we) switch to the long
+    // LongRoPE factors.
+    check(cut(Shape::phi4_mini(), 12, 2), SynthQuant::Q8_0, 8192);
+}
+
+#[test]
+fn gpt_oss_mxfp4_sinks_yarn() {
+    if !quant::has_vec_dot(quant::GgmlType::MXFP4) {
+        eprintln!("skipping: no MXFP4 kernels in this build");
+        return;
+    }
+    check(cut(Shape::gpt_oss_20b(), 4, 2), SynthQuant::Mxfp4Moe, 256);
+}
+
+/// A file given by path: `RLLAMA_ARCH_CHECK=~/.cache/rllama/synth/qwen3-4b-q4_k_m.gguf`.
+#[test]
+fn file_from_env() {
+    let Some(path) = std::env::var_os("RLLAMA_ARCH_CHECK") else {
+        eprintln!("skipping: RLLAMA_ARCH_CHECK is not set");
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = Path::new(&path);
+    let f = GgufFile::open(path).unwrap();
+    let arch = f.architecture().unwrap().to_string();
+    let a = compare(path, 512, &arch);
+    report_and_assert(&path.display().to_string(), &a);
+}
