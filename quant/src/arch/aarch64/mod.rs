@@ -51,6 +51,7 @@ const fn row(
         dot,
         tile,
         offset_sums: false,
+        block_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
