@@ -5,7 +5,9 @@
 //! (tokenization, logits, greedy generations, perplexity: `tests/`), `rbench` (feature
 //! `llamacpp` of bench-cli) times it side by side with ours, and [`GgmlKernel`] exposes
 //! ggml's own CPU dot-product kernels for the kernel micro-benchmarks
-//! (`benches/kernels.rs`). `examples/trace_diff.rs` compares every intermediate tensor.
+//! (`benches/kernels.rs`); [`mxfp4`] reaches ggml's MXFP4 functions beyond the type
+//! traits (reference quantizer, repacked gemv/gemm) for `tests/mxfp4_vs_ggml.rs` and
+//! `benches/mxfp4.rs`. `examples/trace_diff.rs` compares every intermediate tensor.
 //! All FFI with llama.cpp and ggml lives in this crate, which nothing in production
 //! depends on unless a feature asks for it.
 //!
@@ -25,6 +27,8 @@ use std::time::Instant;
 
 use llama_cpp_sys_2 as sys;
 use quant::GgmlType;
+
+pub mod mxfp4;
 
 /// Errors from the reference engine.
 #[derive(Debug, thiserror::Error)]

@@ -48,19 +48,24 @@ fn dots(c: &mut Criterion) {
         T::Q5_K,
         T::Q3_K,
         T::Q2_K,
+        T::MXFP4,
     ] {
         let w = row(ty, &floats(1, N), false);
         let a = row(vec_dot_type(ty), &floats(2, N), true);
         let mut g = c.benchmark_group(format!("{ty}x{}_{N}", vec_dot_type(ty)));
-        // Every kernel set of the table this CPU runs, scalar twin first.
-        for k in kernels::available()
-            .into_iter()
-            .filter(|k| k.ty == ty && k.order == DotOrder::Single)
-        {
+        // Every kernel set of the table this CPU runs, scalar twin first; MXFP4's
+        // repacked order (what llama.cpp runs for most MXFP4 matrices) beside its
+        // `vec_dot` one.
+        for k in kernels::available().into_iter().filter(|k| {
+            k.ty == ty
+                && (k.order == DotOrder::Single || (ty == T::MXFP4 && k.order == DotOrder::Gemm4))
+        }) {
             let dot = k.dot;
-            g.bench_function(k.isa.name(), |b| {
-                b.iter(|| dot(black_box(&w), black_box(&a)))
-            });
+            let name = match k.order {
+                DotOrder::Single => k.isa.name().to_string(),
+                o => format!("{}_{}", o.name(), k.isa.name()),
+            };
+            g.bench_function(name, |b| b.iter(|| dot(black_box(&w), black_box(&a))));
         }
         g.finish();
     }

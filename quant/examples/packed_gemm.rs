@@ -5,7 +5,7 @@
 //! times the kernel's arithmetic, not memory. Prints the time per token and the
 //! multiply-adds per second; the ISA follows `RLLAMA_SIMD`; best of `REPS` (default 5)
 //! passes. `ORDER=fast` times the fast order's packed kernel instead (`single`, the
-//! default, llama.cpp's).
+//! default, llama.cpp's; `gemm4` llama.cpp's repacked order of Q4_K and MXFP4).
 
 mod common;
 
@@ -31,8 +31,9 @@ fn main() {
     assert!(rows.is_multiple_of(8), "rows: whole groups of eight");
     let order = match std::env::var("ORDER").as_deref() {
         Ok("fast") => DotOrder::Fast,
+        Ok("gemm4") => DotOrder::Gemm4,
         Ok("single") | Err(_) => DotOrder::Single,
-        Ok(other) => panic!("ORDER={other}: single or fast"),
+        Ok(other) => panic!("ORDER={other}: single, gemm4 or fast"),
     };
     let set = kernels(ty, order).expect("no kernels for this type");
     let into = set.packed_into.expect("no packed kernel for this type");

@@ -63,9 +63,10 @@ pub type TileIntoFn = unsafe fn(
 pub struct ActSide<'a> {
     /// Q8_0/Q8_1 block scales widened to f32 ([`scales_per_block`] per block).
     pub scales: &'a [f32],
-    /// For Q4_0/Q5_0/Q8_0 weights: `-offset` times each block's eight lane sums, which lets
-    /// the VNNI kernels use unsigned weights ([`offset_sums`]); for the fast order's
-    /// kernels one sum per block, `-offset` times the block's sum ([`fast_offset_sums`]).
+    /// For Q4_0/Q5_0/Q8_0/MXFP4 weights: `-offset` times each block's eight lane sums,
+    /// which lets the VNNI kernels use unsigned weights ([`offset_sums`]); for the kernels
+    /// that form one integer sum per block (the fast order's, MXFP4's repacked order's)
+    /// one sum per block, `-offset` times the block's sum ([`fast_offset_sums`]).
     pub sums: &'a [i32],
 }
 
@@ -97,12 +98,13 @@ pub fn activation_scales(act: GgmlType, a: &[u8], out: &mut Vec<f32>) {
 }
 
 /// The weight quant offset of the signed 32-element formats (Q4_0: 8, Q5_0: 16, Q8_0
-/// as unsigned bytes: 128), 0 for other types.
+/// as unsigned bytes: 128, MXFP4's table values: 12), 0 for other types.
 pub fn signed_offset(wty: GgmlType) -> i32 {
     match wty {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
         GgmlType::Q8_0 => 128,
+        GgmlType::MXFP4 => crate::formats::mxfp4::OFFSET,
         _ => 0,
     }
 }
@@ -270,6 +272,9 @@ pub(crate) struct KernelRow {
     pub tile: Option<TileFn>,
     /// The tile kernel wants [`ActSide::sums`].
     pub offset_sums: bool,
+    /// ... one per activation block ([`fast_offset_sums`]: the kernels that form one
+    /// integer sum per block), else eight ([`offset_sums`]).
+    pub block_sums: bool,
     /// Most weight rows the tile takes.
     pub tile_rows: usize,
     /// Most activation rows the tile takes.

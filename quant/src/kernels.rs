@@ -15,7 +15,9 @@ use std::sync::OnceLock;
 use crate::contract::{
     activation_scales, fast_offset_sums, offset_sums, ActSide, DotFn, KernelRow, TileFn,
 };
-use crate::formats::{float, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k};
+use crate::formats::{
+    float, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k,
+};
 use crate::isa::{self, Isa};
 use crate::order::DotOrder;
 use crate::{GgmlType, QuantError};
@@ -59,6 +61,7 @@ pub struct KernelSet {
     /// Most activation rows one `packed_into` call takes.
     pub packed_tokens: usize,
     offset_sums: bool,
+    block_sums: bool,
 }
 
 impl std::fmt::Debug for KernelSet {
@@ -91,6 +94,7 @@ impl KernelSet {
             stream_rows: r.stream_rows,
             packed_tokens: r.packed_tokens,
             offset_sums: r.offset_sums,
+            block_sums: r.block_sums,
         }
     }
 
@@ -141,7 +145,7 @@ impl SideBuf {
         }
         activation_scales(set.act, a, &mut self.scales);
         if set.offset_sums {
-            if set.order == DotOrder::Fast {
+            if set.block_sums {
                 fast_offset_sums(set.ty, a, &mut self.sums);
             } else {
                 offset_sums(set.ty, a, &mut self.sums);
@@ -178,6 +182,7 @@ const fn scalar_row(ty: GgmlType, order: DotOrder, dot: DotFn) -> KernelRow {
         dot,
         tile: None,
         offset_sums: false,
+        block_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
@@ -210,6 +215,9 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q5_K, Single, q5_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Single, q6_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Tiled, q6_k::vec_dot_q8k_tiled),
+        // MXFP4: ggml's `vec_dot` (matrices not repacked) and the repacked gemv/gemm.
+        scalar_row(T::MXFP4, Single, mxfp4::vec_dot_q8_0),
+        scalar_row(T::MXFP4, Gemm4, mxfp4::vec_dot_q8_0_repacked),
         scalar_row(T::Q4_0, Fast, q4_0::vec_dot_q8_0_fast),
         scalar_row(T::Q4_1, Fast, q4_1::vec_dot_q8_1_fast),
         scalar_row(T::Q5_0, Fast, q5_0::vec_dot_q8_0_fast),
@@ -219,6 +227,8 @@ const SCALAR_ROWS: &[KernelRow] = {
         // per super-block let rows sit in register lanes.
         scalar_row(T::Q4_K, Fast, q4_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Fast, q6_k::vec_dot_q8k_tiled),
+        // MXFP4's repacked order already forms one integer sum per block.
+        scalar_row(T::MXFP4, Fast, mxfp4::vec_dot_q8_0_repacked),
     ]
 };
 
@@ -242,8 +252,13 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// `0..n - n % 4` and `gemv` for the rest; other Q4_K and Q6_K matrices go through the
 /// tiled GEMM from 8 tokens up (`GGML_CPU_TILED_MM`, on by default). (Un-repacked Q4_K
 /// below 8 tokens runs ggml's AVX2 `vec_dot`, not emulated: it gets the `gemv` order.)
+/// MXFP4 matrices with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
+/// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
+/// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
+/// run `vec_dot` (`DotOrder::Single`).
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
+        GgmlType::MXFP4 if n_out.is_multiple_of(8) => DotOrder::Gemm4,
         GgmlType::Q4_K if n_out.is_multiple_of(8) => {
             if i < n - n % 4 {
                 DotOrder::Gemm4
@@ -356,7 +371,8 @@ pub fn decode_prefetch() -> usize {
 /// formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), Q4_K and Q6_K the table's kernels instead
 /// follow ggml's x86 SIMD summation order, which differs from the generic C code in the
 /// last bits; for the others it is the table's scalar kernel. Kept to prove the integer
-/// parts against ggml's reference outputs.
+/// parts against ggml's reference outputs (MXFP4's too: its table orders are proven
+/// against ggml's x86 kernels themselves, `llamacpp-ref/tests/mxfp4_vs_ggml.rs`).
 pub fn ggml_generic_dot(ty: GgmlType) -> Option<DotFn> {
     use GgmlType as T;
     Some(match ty {
@@ -367,6 +383,7 @@ pub fn ggml_generic_dot(ty: GgmlType) -> Option<DotFn> {
         T::Q8_0 => q8_0::vec_dot_q8_0_ref,
         T::Q4_K => q4_k::vec_dot_q8k_ref,
         T::Q6_K => q6_k::vec_dot_q8k_ref,
+        T::MXFP4 => mxfp4::vec_dot_q8_0_ref,
         _ => return scalar(ty, DotOrder::Single).map(|k| k.dot),
     })
 }
@@ -400,11 +417,13 @@ mod tests {
         assert_eq!(effective_order(T::Q8_0, DotOrder::Tiled), DotOrder::Single);
         assert_eq!(effective_order(T::Q6_K, DotOrder::Gemm4), DotOrder::Single);
         assert_eq!(effective_order(T::Q4_K, DotOrder::Gemm4), DotOrder::Gemm4);
+        assert_eq!(effective_order(T::MXFP4, DotOrder::Gemm4), DotOrder::Gemm4);
+        assert_eq!(effective_order(T::MXFP4, DotOrder::Tiled), DotOrder::Single);
         let k = kernels(T::Q6_K, DotOrder::Gemm4).unwrap();
         assert_eq!(k.order, DotOrder::Single);
         assert_eq!(k.act, T::Q8_K);
         // The active set is the best available along the fallbacks.
-        for ty in [T::Q4_0, T::Q4_1, T::Q4_K, T::Q6_K, T::F16] {
+        for ty in [T::Q4_0, T::Q4_1, T::Q4_K, T::Q6_K, T::MXFP4, T::F16] {
             let k = kernels(ty, DotOrder::Single).unwrap();
             assert!(isa::active().includes(k.isa), "{ty}: {:?}", k.isa);
             let best = isa::active()

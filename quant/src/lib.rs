@@ -42,7 +42,9 @@ pub use kernels::{KernelSet, SideBuf};
 pub use order::{DotOrder, F16Order, Flavor};
 pub use types::GgmlType;
 
-use formats::{float, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k};
+use formats::{
+    float, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+};
 
 /// Errors from the checked entry points.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +101,7 @@ fn format_fns(ty: GgmlType) -> Option<FormatFns> {
         T::Q5_K => k(d::<q5_k::BlockQ5K>, q::<q5_k::BlockQ5K>, T::Q8_K),
         T::Q6_K => k(d::<q6_k::BlockQ6K>, q::<q6_k::BlockQ6K>, T::Q8_K),
         T::Q8_K => k(d::<q8_k::BlockQ8K>, q::<q8_k::BlockQ8K>, T::Q8_K),
+        T::MXFP4 => k(d::<mxfp4::BlockMxfp4>, q::<mxfp4::BlockMxfp4>, T::Q8_0),
         _ => return None,
     })
 }
@@ -193,14 +196,15 @@ pub fn quantize_activations(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result
 }
 
 /// The format activations must be quantized to before [`vec_dot`] with weights of `ty`:
-/// Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F32 for float types.
+/// Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F32 for float
+/// types.
 /// For types without kernels here this is ggml's CPU mapping (informational only).
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType as T;
     match format_fns(ty) {
         Some(k) => k.vec_dot_type,
         None => match ty {
-            T::IQ4_NL | T::MXFP4 => T::Q8_0,
+            T::IQ4_NL => T::Q8_0,
             T::IQ2_XXS
             | T::IQ2_XS
             | T::IQ3_XXS
@@ -251,6 +255,7 @@ mod tests {
         check::<q5_k::BlockQ5K>();
         check::<q6_k::BlockQ6K>();
         check::<q8_k::BlockQ8K>();
+        check::<mxfp4::BlockMxfp4>();
     }
 
     #[test]
@@ -320,6 +325,7 @@ mod tests {
             (T::Q5_K, T::Q8_K),
             (T::Q6_K, T::Q8_K),
             (T::IQ4_NL, T::Q8_0),
+            (T::MXFP4, T::Q8_0),
         ] {
             assert_eq!(vec_dot_type(w), a, "{w}");
         }

@@ -18,27 +18,32 @@ use std::sync::OnceLock;
 /// Which of llama.cpp's x86 kernels a dot product reproduces. For most formats every
 /// kernel llama.cpp runs sums in the same order, but for Q4_K and Q6_K it picks between
 /// kernels that round differently depending on the number of tokens it multiplies at
-/// once (its micro-batch) and, for Q4_K, on a token's place in it
-/// (`crate::kernels::dot_order_for`). Results are exact either way; following the same
-/// kernel gives llama.cpp's bits.
+/// once (its micro-batch) and, for Q4_K, on a token's place in it, and for MXFP4 on
+/// whether the matrix is repacked (`crate::kernels::dot_order_for`). Results are exact
+/// either way; following the same kernel gives llama.cpp's bits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DotOrder {
-    /// The one-row kernels: `ggml_vec_dot_*` (Q6_K) and the repacked `gemv_q4_K_8x8`.
+    /// The one-row kernels: `ggml_vec_dot_*` (Q6_K, MXFP4 matrices that are not
+    /// repacked) and the repacked `gemv_q4_K_8x8`.
     #[default]
     Single,
     /// The tiled K-quant GEMM (`ggml-cpu/tiled`), for micro-batches of 8+ tokens: one
     /// float accumulator, one FMA per super-block.
     Tiled,
     /// The repacked `gemm_q4_K_8x8` for tokens in full groups of four: scales applied per
-    /// 64 elements, activations quantized with the 4x8 Q8_K rounding.
+    /// 64 elements, activations quantized with the 4x8 Q8_K rounding. For MXFP4, the
+    /// repacked `gemm_mxfp4_8x8_q8_0` and `gemv_mxfp4_8x8_q8_0`, which sum alike (one
+    /// exact integer sum and one FMA per block, activations rounded as by
+    /// `quantize_row_q8_0`), for every token of a repacked matrix.
     Gemm4,
     /// For the 32-element formats, not llama.cpp's: one exact integer sum per 32-element
     /// block and one FMA per block (`acc = (dx * dy).mul_add(sumi, acc)`, then `m * s`
     /// for the formats with a min). Fewer float operations than ggml's eight lanes per
     /// block, so the SIMD kernels can put eight weight rows in the lanes of one register.
     /// Q4_K's is its `Single` order and Q6_K's its `Tiled` one, both of which form exact
-    /// integer sums per super-block, for every token (rows in lanes as well). Other
-    /// formats sum like `Single`. Used by `Numerics::Fast`.
+    /// integer sums per super-block, for every token (rows in lanes as well); MXFP4's is
+    /// its `Gemm4` order, which is this order already. Other formats sum like `Single`.
+    /// Used by `Numerics::Fast`.
     Fast,
 }
 

@@ -11,13 +11,23 @@ use quant::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const FAST_TYPES: [GgmlType; 5] = [
+const FAST_TYPES: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::MXFP4,
 ];
+
+/// The sets whose tiles run the fast order's kernels: every fast order, and MXFP4's
+/// repacked order (llama.cpp's `DotOrder::Gemm4` for it, the same arithmetic).
+fn fast_like() -> impl Iterator<Item = (GgmlType, DotOrder)> {
+    FAST_TYPES
+        .into_iter()
+        .map(|ty| (ty, DotOrder::Fast))
+        .chain([(GgmlType::MXFP4, DotOrder::Gemm4)])
+}
 
 /// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
 const K_TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
@@ -48,9 +58,14 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, n: usize, raw: bool) -> Vec<u8> {
     let fields: &[usize] = match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::MXFP4 => &[],
         _ => &[0],
     };
     for b in out.chunks_exact_mut(ty.type_size()) {
+        if ty == GgmlType::MXFP4 {
+            // A sane exponent: scales 2^-18..2^7.
+            b[0] = rng.gen_range(110..=135);
+        }
         for &off in fields {
             let v = rng.gen_range(-2.0f32..2.0) * 10f32.powi(rng.gen_range(-4..1));
             b[off..off + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
@@ -70,12 +85,12 @@ fn act_row(rng: &mut StdRng, ty: GgmlType, n: usize) -> Vec<u8> {
 fn fast_kernels_match_the_twin_for_every_tile_shape() {
     let mut rng = StdRng::seed_from_u64(0xfa57);
     let mut checked = 0;
-    for ty in FAST_TYPES {
-        let twin = kernels::scalar(ty, DotOrder::Fast).expect("every fast type has a twin");
-        assert_eq!(twin.order, DotOrder::Fast);
+    for (ty, order) in fast_like() {
+        let twin = kernels::scalar(ty, order).expect("every fast type has a twin");
+        assert_eq!(twin.order, order);
         let sets: Vec<_> = kernels::available()
             .into_iter()
-            .filter(|k| k.ty == ty && k.order == DotOrder::Fast && k.isa != Isa::Scalar)
+            .filter(|k| k.ty == ty && k.order == order && k.isa != Isa::Scalar)
             .collect();
         for blocks in [1usize, 2, 7, 28, 77] {
             let n = blocks * 32;
@@ -97,7 +112,9 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                     .collect();
                 for k in &sets {
                     assert_eq!(k.tile_rows, 8, "{ty} {}", k.isa);
-                    assert_eq!(k.tile_tokens, FAST_TILE_TOKENS, "{ty} {}", k.isa);
+                    if order == DotOrder::Fast {
+                        assert_eq!(k.tile_tokens, FAST_TILE_TOKENS, "{ty} {}", k.isa);
+                    }
                     let tile = k.tile.expect("fast sets have tiles");
                     for (r, wr) in w.iter().enumerate() {
                         for (c, ar) in a.iter().enumerate() {
@@ -129,7 +146,11 @@ fn fast_kernels_match_the_twin_for_every_tile_shape() {
                                 checked += 1;
                                 // The same results written into a strided matrix (token
                                 // c's row r at c * ld + r); the gaps stay untouched.
-                                let into = k.tile_into.expect("fast sets write in place");
+                                // (MXFP4's repacked order on NEON has no such kernel.)
+                                let Some(into) = k.tile_into else {
+                                    assert_ne!(order, DotOrder::Fast, "{ty} {}", k.isa);
+                                    continue;
+                                };
                                 let ld = rows + 5;
                                 let mut m = vec![f32::NAN; cols * ld];
                                 // SAFETY: every slot c * ld + r is inside `m`.
@@ -182,13 +203,20 @@ fn packed_kernels_match_the_twin() {
     let mut wide_calls = 0;
     let mut stream_calls = 0;
     // Every fast order, and the llama.cpp orders the exact mode reads packed rows in
-    // (the 32-element formats' and the K-quants').
+    // (the 32-element formats', MXFP4's repacked one and the K-quants'). MXFP4's
+    // `vec_dot` order serves only matrices llama.cpp does not repack: no packed kernel.
     let cases = FAST_TYPES
         .into_iter()
         .chain(K_TYPES)
         .map(|ty| (ty, DotOrder::Fast))
-        .chain(FAST_TYPES.map(|ty| (ty, DotOrder::Single)))
+        .chain(
+            FAST_TYPES
+                .into_iter()
+                .filter(|&ty| ty != GgmlType::MXFP4)
+                .map(|ty| (ty, DotOrder::Single)),
+        )
         .chain([
+            (GgmlType::MXFP4, DotOrder::Gemm4),
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),
             (GgmlType::Q6_K, DotOrder::Single),
@@ -361,11 +389,12 @@ fn fast_lookups_stay_on_simd() {
             assert_eq!(k.tile_rows, 8);
         }
     }
-    // The K-quants' fast orders sum like one of llama.cpp's (Q4_K: gemv, Q6_K: tiled),
-    // with a packed tile on every x86 level.
+    // The K-quants' and MXFP4's fast orders sum like one of llama.cpp's (Q4_K: gemv, Q6_K:
+    // tiled, MXFP4: its repacked gemv/gemm), with a packed tile on every x86 level.
     for (ty, like) in [
         (GgmlType::Q4_K, DotOrder::Single),
         (GgmlType::Q6_K, DotOrder::Tiled),
+        (GgmlType::MXFP4, DotOrder::Gemm4),
     ] {
         let twin = kernels::scalar(ty, DotOrder::Fast).unwrap().dot;
         assert_eq!(
@@ -373,7 +402,8 @@ fn fast_lookups_stay_on_simd() {
             kernels::scalar(ty, like).unwrap().dot as usize
         );
         let k = kernels::kernels(ty, DotOrder::Fast).unwrap();
-        if Isa::Avx2.available() {
+        // At the active level (`RLLAMA_SIMD=scalar` leaves the twins, without packed tiles).
+        if isa::active().includes(Isa::Avx2) {
             assert_eq!(k.order, DotOrder::Fast, "{ty}");
             assert!(k.packed_into.is_some(), "{ty}");
         }

@@ -26,7 +26,8 @@ use quant::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 10] = [
+const TYPES: [GgmlType; 11] = [
+    GgmlType::MXFP4,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
@@ -39,10 +40,13 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::Q2_K,
 ];
 
-/// The orders besides the one-row order: the K-quants' llama.cpp orders and the fast
-/// order of the 32-element formats and the K-quants (`tests/fast_order.rs` walks their
-/// eight-row and packed tiles).
-const ORDERED: [(GgmlType, DotOrder); 10] = [
+/// The orders besides the one-row order: the K-quants' llama.cpp orders, MXFP4's repacked
+/// order and the fast order of the 32-element formats, MXFP4 and the K-quants
+/// (`tests/fast_order.rs` walks their eight-row and packed tiles, `tests/mxfp4.rs`
+/// MXFP4's on every exponent).
+const ORDERED: [(GgmlType, DotOrder); 12] = [
+    (GgmlType::MXFP4, DotOrder::Gemm4),
+    (GgmlType::MXFP4, DotOrder::Fast),
     (GgmlType::Q6_K, DotOrder::Tiled),
     (GgmlType::Q4_K, DotOrder::Tiled),
     (GgmlType::Q4_K, DotOrder::Gemm4),
@@ -65,7 +69,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         T::Q2_K => &[80, 82],
         T::Q3_K => &[108],
         T::Q6_K => &[208],
-        T::Q8_K => &[],
+        T::Q8_K | T::MXFP4 => &[],
         other => panic!("no layout for {other}"),
     }
 }
@@ -129,6 +133,10 @@ fn raw_blocks(rng: &mut StdRng, ty: GgmlType, blocks: usize) -> Vec<u8> {
         if ty == GgmlType::Q8_K {
             let d = rng.gen_range(-0.1f32..0.1);
             b[..4].copy_from_slice(&d.to_le_bytes());
+        }
+        if ty == GgmlType::MXFP4 {
+            // A sane exponent (scales 2^-18..2^7); `tests/mxfp4.rs` walks all 256.
+            b[0] = rng.gen_range(110..=135);
         }
     }
     raw
@@ -525,6 +533,7 @@ fn table_rows_are_exercised() {
         // Every format has a plain NEON kernel (with its tile where x86 has one); the
         // formats `sdot` speeds up have a dotprod kernel too, run where the CPU has it.
         let dotprod = [
+            GgmlType::MXFP4,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
@@ -859,4 +868,10 @@ fn dot_order_follows_llama_cpp_kernel_choice() {
     assert_eq!(dot_order_for(q6, 640, 7, 0), DotOrder::Single);
     assert_eq!(dot_order_for(q6, 640, 8, 7), DotOrder::Tiled);
     assert_eq!(dot_order_for(q8, 640, 64, 0), DotOrder::Single);
+    // MXFP4: repacked (gemm and gemv sum alike) wherever the row count allows it.
+    let mx = GgmlType::MXFP4;
+    for (n, i) in [(1, 0), (2, 1), (4, 3), (7, 6), (64, 5)] {
+        assert_eq!(dot_order_for(mx, 2880, n, i), DotOrder::Gemm4);
+        assert_eq!(dot_order_for(mx, 2884, n, i), DotOrder::Single);
+    }
 }

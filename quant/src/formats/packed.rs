@@ -6,11 +6,12 @@
 //! `4r..4r+4`). [`pack8`] does that rearrangement once, at load: a group of eight rows is
 //! stored block after block, each block of the group holding, in this order,
 //!
-//! * the eight rows' scales `d` (f16), then their mins `m` (f16) for Q4_1 / Q5_1;
+//! * the eight rows' scales `d` (f16), then their mins `m` (f16) for Q4_1 / Q5_1; for
+//!   MXFP4 the eight rows' exponent bytes `e`;
 //! * the quants, already in the kernel's transposed order: for Q8_0 the eight 32-byte
 //!   registers as stored (signed bytes); for the 4-bit formats four 32-byte vectors, vector
 //!   `v` holding register `2v` in its low nibbles and register `2v + 1` in its high ones
-//!   (unsigned stored values, `q + offset` for Q4_0 / Q5_0);
+//!   (unsigned stored values, `q + offset` for Q4_0 / Q5_0, MXFP4's table indices);
 //! * for Q5_0 / Q5_1, 32 bytes of fifth bits: bit `k` of byte `b` is the fifth bit of
 //!   byte `b` of register `k`.
 //!
@@ -18,8 +19,9 @@
 //! their sub-block scales unpacked and transposed too ([`pack8`] documents the layouts).
 //!
 //! A block of a group is exactly eight blocks' bytes, so a group occupies the bytes of its
-//! eight rows and row offsets keep their meaning. The values are the same, only their
-//! places move: a packed kernel returns the bits of the unpacked kernel of its order.
+//! eight rows and row offsets keep their meaning (an MXFP4 block of a group: 8 + 128 =
+//! 136 bytes, eight 17-byte blocks). The values are the same, only their places move: a
+//! packed kernel returns the bits of the unpacked kernel of its order.
 
 use crate::{GgmlType, QuantError};
 
@@ -37,6 +39,7 @@ pub fn packs(ty: GgmlType) -> bool {
             | GgmlType::Q8_0
             | GgmlType::Q4_K
             | GgmlType::Q6_K
+            | GgmlType::MXFP4
     )
 }
 
@@ -44,8 +47,10 @@ pub fn packs(ty: GgmlType) -> bool {
 /// offset of the quants and of the fifth bits in a source block.
 struct Layout {
     wb: usize,
-    /// f16 fields per row at the start of a block (1: d, 2: d and m).
+    /// Scale fields per row at the start of a block (1: d, 2: d and m).
     heads: usize,
+    /// Bytes per scale field (2: f16, 1: MXFP4's exponent).
+    head_bytes: usize,
     qs: usize,
     qh: Option<usize>,
     eight_bit: bool,
@@ -58,11 +63,13 @@ fn layout(ty: GgmlType) -> Option<Layout> {
         GgmlType::Q5_0 => (22, 1, 6, Some(2), false),
         GgmlType::Q5_1 => (24, 2, 8, Some(4), false),
         GgmlType::Q8_0 => (34, 1, 2, None, true),
+        GgmlType::MXFP4 => (17, 1, 1, None, false),
         _ => return None,
     };
     Some(Layout {
         wb,
         heads,
+        head_bytes: if ty == GgmlType::MXFP4 { 1 } else { 2 },
         qs,
         qh,
         eight_bit,
@@ -118,6 +125,7 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
         None if k_quant => Layout {
             wb: ty.type_size(),
             heads: 0,
+            head_bytes: 2,
             qs: 0,
             qh: None,
             eight_bit: false,
@@ -164,13 +172,14 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
             let out = &mut gd[i * PACK_ROWS * l.wb..(i + 1) * PACK_ROWS * l.wb];
             out.fill(0);
             let block = |r: usize| &gs[r * rb + i * l.wb..r * rb + (i + 1) * l.wb];
+            let hb = l.head_bytes;
             for r in 0..PACK_ROWS {
                 for h in 0..l.heads {
-                    out[2 * (h * PACK_ROWS + r)..2 * (h * PACK_ROWS + r) + 2]
-                        .copy_from_slice(&block(r)[2 * h..2 * h + 2]);
+                    out[hb * (h * PACK_ROWS + r)..hb * (h * PACK_ROWS + r + 1)]
+                        .copy_from_slice(&block(r)[hb * h..hb * (h + 1)]);
                 }
             }
-            let q0 = 2 * l.heads * PACK_ROWS;
+            let q0 = hb * l.heads * PACK_ROWS;
             let (quants, fifth) = out[q0..].split_at_mut(if l.eight_bit { 256 } else { 128 });
             for r in 0..PACK_ROWS {
                 let v = elements(&l, block(r));

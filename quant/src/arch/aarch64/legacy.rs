@@ -1,8 +1,11 @@
-//! The 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on NEON, with and without
+//! The 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) on NEON, with and without
 //! `sdot`. Twins: `q4_0::vec_dot_q8_0` and the other formats' `vec_dot_*`, which follow
 //! ggml's x86 order: per block eight exact i32 lanes (elements `4l..4l+4`), converted and
 //! fused-multiply-added with the block's scale product into eight float lanes, folded by
-//! `hsum_lanes` at the end (Q4_1/Q5_1 add their `m * s` running sum after the fold).
+//! `hsum_lanes` at the end (Q4_1/Q5_1 add their `m * s` running sum after the fold;
+//! MXFP4 keeps even and odd blocks in two sets of lanes, see `mxfp4::vec_dot_q8_0`).
+//! MXFP4's repacked order (`mxfp4::vec_dot_q8_0_repacked`: one integer sum and one FMA
+//! per block) puts four weight rows in the lanes of one register ([`rep_tile`]).
 //!
 //! A block's 32 weights are unpacked once into two signed byte vectors (elements 0..16
 //! and 16..32); two `Level::dot`s against the activation quants give lanes 0..4 and 4..8
@@ -14,6 +17,7 @@ use core::arch::aarch64::*;
 use super::simd::*;
 use crate::contract::{check_tile, ActSide, TILE_MAX_TOKENS};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::mxfp4::{self, BlockMxfp4};
 use crate::formats::q4_0::BlockQ4_0;
 use crate::formats::q4_1::BlockQ4_1;
 use crate::formats::q5_0::BlockQ5_0;
@@ -27,9 +31,20 @@ pub(super) trait Legacy {
     type A: Block;
     /// Offset of the activation quants in their block (Q8_0: 2, Q8_1: 4).
     const A_QS: usize;
-    /// Signed weights (Q4_0, Q5_0, Q8_0); else unsigned with a min (Q4_1, Q5_1), which
-    /// Q8_1's sum `s` multiplies.
+    /// Signed weights (Q4_0, Q5_0, Q8_0, MXFP4); else unsigned with a min (Q4_1, Q5_1),
+    /// which Q8_1's sum `s` multiplies.
     const SIGNED: bool;
+    /// Even and odd blocks in two sets of float lanes, an unpaired last block added after
+    /// the fold (MXFP4's `vec_dot`).
+    const PAIRED: bool = false;
+    /// The block's scale, widened (an f16 at the block's start, MXFP4's exponent byte).
+    ///
+    /// # Safety
+    /// `w` points to a whole weight block.
+    #[inline(always)]
+    unsafe fn d(w: *const u8) -> f32 {
+        f16_at(w)
+    }
     /// The block's quants (offset subtracted) as signed bytes: elements 0..16, 16..32.
     ///
     /// # Safety
@@ -42,6 +57,7 @@ pub(super) struct Q4_1;
 pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
+pub(super) struct Mxfp4;
 
 /// Low nibbles (elements 0..16) and high nibbles (16..32) of the 16 bytes at `p`.
 #[inline(always)]
@@ -116,6 +132,24 @@ impl Legacy for Q5_1 {
     }
 }
 
+impl Legacy for Mxfp4 {
+    type W = BlockMxfp4;
+    type A = BlockQ8_0;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
+    const PAIRED: bool = true;
+    #[inline(always)]
+    unsafe fn d(w: *const u8) -> f32 {
+        mxfp4::e8m0_to_f32_half(*w)
+    }
+    #[inline(always)]
+    unsafe fn unpack(w: *const u8) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(w.add(1));
+        let table = vld1q_s8(mxfp4::KVALUES.as_ptr());
+        (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
+    }
+}
+
 impl Legacy for Q8_0 {
     type W = BlockQ8_0;
     type A = BlockQ8_0;
@@ -149,6 +183,11 @@ unsafe fn legacy_body<T: Legacy, D: Level, const R: usize, const N: usize>(
     let per = if T::SIGNED { 1 } else { 2 };
     let mut acc = [[F8::zero(); N]; R];
     let mut summs = [[0.0f32; N]; R];
+    // `PAIRED` only: the odd blocks' lanes, and an unpaired last block's scale product
+    // and integer sum.
+    let mut acc_odd = [[F8::zero(); N]; R];
+    let mut tail = [[(0.0f32, 0i32); N]; R];
+    let paired = if T::PAIRED { nb - nb % 2 } else { nb };
     let zero = vdupq_n_s32(0);
     for i in 0..nb {
         let mut x = [(vdupq_n_s8(0), vdupq_n_s8(0)); R];
@@ -157,7 +196,7 @@ unsafe fn legacy_body<T: Legacy, D: Level, const R: usize, const N: usize>(
         for r in 0..R {
             let wb = w.add(r * wstride + i * T::W::BYTES);
             x[r] = T::unpack(wb);
-            dx[r] = f16_at(wb);
+            dx[r] = T::d(wb);
             if !T::SIGNED {
                 mx[r] = f16_at(wb.add(2));
             }
@@ -175,7 +214,13 @@ unsafe fn legacy_body<T: Legacy, D: Level, const R: usize, const N: usize>(
             for r in 0..R {
                 let lo = D::dot(zero, x[r].0, y0);
                 let hi = D::dot(zero, x[r].1, y1);
-                acc[r][c] = acc[r][c].fma(dx[r] * dy, lo, hi);
+                if T::PAIRED && i >= paired {
+                    tail[r][c] = (dx[r] * dy, vaddvq_s32(vaddq_s32(lo, hi)));
+                } else if T::PAIRED && i % 2 == 1 {
+                    acc_odd[r][c] = acc_odd[r][c].fma(dx[r] * dy, lo, hi);
+                } else {
+                    acc[r][c] = acc[r][c].fma(dx[r] * dy, lo, hi);
+                }
                 if !T::SIGNED {
                     summs[r][c] = mx[r].mul_add(sy, summs[r][c]);
                 }
@@ -184,7 +229,21 @@ unsafe fn legacy_body<T: Legacy, D: Level, const R: usize, const N: usize>(
     }
     for r in 0..R {
         for c in 0..N {
-            let h = acc[r][c].hsum();
+            let h = if T::PAIRED {
+                let (a, b) = (acc[r][c], acc_odd[r][c]);
+                let both = F8 {
+                    lo: vaddq_f32(a.lo, b.lo),
+                    hi: vaddq_f32(a.hi, b.hi),
+                };
+                let (d, sumi) = tail[r][c];
+                if paired < nb {
+                    both.hsum() + d * sumi as f32
+                } else {
+                    both.hsum()
+                }
+            } else {
+                acc[r][c].hsum()
+            };
             *out.add(r * N + c) = if T::SIGNED { h } else { h + summs[r][c] };
         }
     }
@@ -262,5 +321,131 @@ pub(super) fn dot<T: Legacy, D: Level>(w: &[u8], a: &[u8]) -> f32 {
     check_dot::<T::W, T::A>(w, a);
     let mut out = [0.0f32];
     tile::<T, D>(w, 1, a, a.len(), ActSide::default(), &mut out);
+    out[0]
+}
+
+/// MXFP4's repacked order (`mxfp4::vec_dot_q8_0_repacked`) for up to four weight rows
+/// (`rows`, `wstride` bytes apart; missing rows repeat row 0 and are not stored) against
+/// `N` activation rows: row `r` in lane `r`. Per block and token each row's 32 products
+/// form four exact i32 lanes (two `Level::dot`s), pairwise adds fold the four rows' lanes
+/// into one register of whole-block sums, and one `vfmaq_f32` with the rows' scale
+/// products adds them: the twin's `(e_half * d_y).mul_add(sumi, acc)` per lane.
+/// `out[r * N + c]` for `r < rows`; `ad`, `ad_stride` as for [`legacy_body`].
+///
+/// # Safety
+/// The level is available; every pointer covers what it is said to hold.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn rep_body<D: Level, const N: usize>(
+    w: *const u8,
+    wstride: usize,
+    rows: usize,
+    a: *const u8,
+    stride: usize,
+    ad: *const f32,
+    ad_stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    type T = Mxfp4;
+    let mut acc = [vdupq_n_f32(0.0); N];
+    let zero = vdupq_n_s32(0);
+    for i in 0..nb {
+        let mut x = [(vdupq_n_s8(0), vdupq_n_s8(0)); 4];
+        let mut dxa = [0.0f32; 4];
+        for r in 0..4 {
+            let rr = if r < rows { r } else { 0 };
+            let wb = w.add(rr * wstride + i * BlockMxfp4::BYTES);
+            x[r] = T::unpack(wb);
+            dxa[r] = T::d(wb);
+        }
+        let dx = vld1q_f32(dxa.as_ptr());
+        for (c, acc) in acc.iter_mut().enumerate() {
+            let ab = a.add(c * stride + i * BlockQ8_0::BYTES);
+            let y0 = ld_s8(ab.add(2));
+            let y1 = ld_s8(ab.add(18));
+            let dy = if ad_stride != 0 {
+                *ad.add(c * ad_stride + i)
+            } else {
+                f16_at(ab)
+            };
+            let p = |r: usize| D::dot(D::dot(zero, x[r].0, y0), x[r].1, y1);
+            let sumi = vpaddq_s32(vpaddq_s32(p(0), p(1)), vpaddq_s32(p(2), p(3)));
+            *acc = vfmaq_f32(*acc, vmulq_n_f32(dx, dy), vcvtq_f32_s32(sumi));
+        }
+    }
+    for (c, acc) in acc.iter().enumerate() {
+        let mut l = [0.0f32; 4];
+        vst1q_f32(l.as_mut_ptr(), *acc);
+        for (r, &v) in l.iter().enumerate().take(rows) {
+            *out.add(r * N + c) = v;
+        }
+    }
+}
+
+/// The tile kernel (`TileFn`) of MXFP4's repacked order at level `D`: up to eight weight
+/// rows, four per pass, eight activation rows at a time. Offset sums are never read.
+pub(super) fn rep_tile<D: Level>(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: ActSide<'_>,
+    out: &mut [f32],
+) {
+    let side = ActSide { sums: &[], ..side };
+    let k = crate::contract::check_tile_rows::<BlockMxfp4, BlockQ8_0>(
+        w,
+        rows,
+        a,
+        stride,
+        side,
+        out.len(),
+        (crate::contract::TILE_MAX_ROWS, TILE_MAX_TOKENS),
+        1,
+    );
+    let mut r0 = 0;
+    while r0 < k.rows {
+        let nr = (k.rows - r0).min(4);
+        let wp = w.as_ptr().wrapping_add(r0 * k.wstride);
+        let dp = side.scales.as_ptr();
+        let mut tmp = [0.0f32; 4 * TILE_MAX_TOKENS];
+        let tp = tmp.as_mut_ptr();
+        let ap = a.as_ptr();
+        macro_rules! go {
+            ($n:literal) => {
+                D::run(|| {
+                    rep_body::<D, $n>(wp, k.wstride, nr, ap, stride, dp, k.ad_stride, k.nb, tp)
+                })
+            };
+        }
+        // SAFETY: the kernel table hands this level out only where it was detected;
+        // `check_tile_rows` validated every weight, activation and scale the body reads
+        // (rows r0..r0 + nr of the call), and `tmp` holds the 4 * n results.
+        unsafe {
+            match k.cols {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+        }
+        let n = k.cols;
+        for r in 0..nr {
+            out[(r0 + r) * n..(r0 + r + 1) * n].copy_from_slice(&tmp[r * n..r * n + n]);
+        }
+        r0 += nr;
+    }
+}
+
+/// The one-row kernel of MXFP4's repacked order: [`rep_tile`]'s one-row instance.
+pub(super) fn rep_dot<D: Level>(w: &[u8], a: &[u8]) -> f32 {
+    check_dot::<BlockMxfp4, BlockQ8_0>(w, a);
+    let mut out = [0.0f32];
+    rep_tile::<D>(w, 1, a, a.len(), ActSide::default(), &mut out);
     out[0]
 }

@@ -51,6 +51,7 @@ const fn row(
         dot,
         tile,
         offset_sums: false,
+        block_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
@@ -61,15 +62,26 @@ const fn row(
     }
 }
 
+/// A row of MXFP4's repacked order (`DotOrder::Gemm4`): its tile takes eight weight rows
+/// (four per register) and eight activation rows.
+const fn rep_row(isa: Isa, dot: DotFn, tile: TileFn) -> KernelRow {
+    KernelRow {
+        tile_rows: crate::contract::TILE_MAX_ROWS,
+        ..row(GgmlType::MXFP4, DotOrder::Gemm4, isa, dot, Some(tile))
+    }
+}
+
 /// The aarch64 rows of the kernel table: every format at `Isa::Neon`, the ones `sdot`
-/// speeds up again at `Isa::NeonDotprod`.
+/// speeds up again at `Isa::NeonDotprod`. (No fast-order rows: the fast order falls back
+/// to the exact one here; MXFP4's repacked order, which is also its fast order, has rows
+/// as `Gemm4`.)
 #[rustfmt::skip]
 pub(crate) const ROWS: &[KernelRow] = {
     use DotOrder::{Gemm4, Single, Tiled};
     use GgmlType as T;
     use Isa::{Neon, NeonDotprod};
     use kquants::{self as k, ORD_GEMM4, ORD_SINGLE, ORD_TILED};
-    use legacy::{self as l, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    use legacy::{self as l, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use simd::{Dotprod, Plain};
     &[
         row(T::Q4_0, Single, Neon, l::dot::<Q4_0, Plain>, Some(l::tile::<Q4_0, Plain>)),
@@ -77,6 +89,8 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_0, Single, Neon, l::dot::<Q5_0, Plain>, Some(l::tile::<Q5_0, Plain>)),
         row(T::Q5_1, Single, Neon, l::dot::<Q5_1, Plain>, Some(l::tile::<Q5_1, Plain>)),
         row(T::Q8_0, Single, Neon, l::dot::<Q8_0, Plain>, Some(l::tile::<Q8_0, Plain>)),
+        row(T::MXFP4, Single, Neon, l::dot::<Mxfp4, Plain>, Some(l::tile::<Mxfp4, Plain>)),
+        rep_row(Neon, l::rep_dot::<Plain>, l::rep_tile::<Plain>),
         row(T::Q4_K, Single, Neon, k::q4_k_dot::<Plain, ORD_SINGLE>, Some(k::q4_k_tile::<Plain, ORD_SINGLE>)),
         row(T::Q4_K, Tiled, Neon, k::q4_k_dot::<Plain, ORD_TILED>, Some(k::q4_k_tile::<Plain, ORD_TILED>)),
         row(T::Q4_K, Gemm4, Neon, k::q4_k_dot::<Plain, ORD_GEMM4>, Some(k::q4_k_tile::<Plain, ORD_GEMM4>)),
@@ -90,6 +104,8 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_0, Single, NeonDotprod, l::dot::<Q5_0, Dotprod>, Some(l::tile::<Q5_0, Dotprod>)),
         row(T::Q5_1, Single, NeonDotprod, l::dot::<Q5_1, Dotprod>, Some(l::tile::<Q5_1, Dotprod>)),
         row(T::Q8_0, Single, NeonDotprod, l::dot::<Q8_0, Dotprod>, Some(l::tile::<Q8_0, Dotprod>)),
+        row(T::MXFP4, Single, NeonDotprod, l::dot::<Mxfp4, Dotprod>, Some(l::tile::<Mxfp4, Dotprod>)),
+        rep_row(NeonDotprod, l::rep_dot::<Dotprod>, l::rep_tile::<Dotprod>),
         row(T::Q4_K, Single, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_SINGLE>, Some(k::q4_k_tile::<Dotprod, ORD_SINGLE>)),
         row(T::Q4_K, Tiled, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_TILED>, Some(k::q4_k_tile::<Dotprod, ORD_TILED>)),
         row(T::Q4_K, Gemm4, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_GEMM4>, Some(k::q4_k_tile::<Dotprod, ORD_GEMM4>)),

@@ -1,14 +1,16 @@
-//! The legacy 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on AVX2, with an AVX-512
-//! VNNI variant that forms the integer lanes with `vpdpbusd` (and, for the exact packed
-//! kernels of the 4- and 5-bit formats, the same in AVX-VNNI's VEX encoding). Twins:
-//! `q4_0::vec_dot_q8_0`
-//! and the other formats' `vec_dot_*` in ggml's AVX2 order.
+//! The legacy 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and MXFP4 on AVX2, with an
+//! AVX-512 VNNI variant that forms the integer lanes with `vpdpbusd` (and, for the exact
+//! packed kernels of the 4- and 5-bit formats, the same in AVX-VNNI's VEX encoding).
+//! Twins: `q4_0::vec_dot_q8_0` and the other formats' `vec_dot_*` in ggml's AVX2 order;
+//! MXFP4's repacked order runs on the fast order's kernels (`mxfp4::vec_dot_q8_0_repacked`,
+//! one integer sum and one FMA per block, is what they compute).
 
 use core::arch::x86_64::*;
 
 use super::simd::*;
 use crate::contract::{check_tile, ActSide, TILE_MAX_TOKENS};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::mxfp4::{self, BlockMxfp4};
 use crate::formats::q4_0::BlockQ4_0;
 use crate::formats::q4_1::BlockQ4_1;
 use crate::formats::q5_0::BlockQ5_0;
@@ -39,6 +41,15 @@ trait Legacy {
     const EIGHT_BIT: bool = false;
     /// Quants have a fifth bit (Q5_0, Q5_1).
     const FIFTH_BIT: bool = false;
+    /// The block scale is one E8M0 exponent byte (MXFP4, `2^(e - 128)`), not an f16.
+    const E8M0: bool = false;
+    /// The nibbles index a value table (MXFP4): `unpack` gives the table's signed values,
+    /// `unpack_unsigned` and the packed registers the values plus `OFFSET`.
+    const LUT: bool = false;
+    /// llama.cpp's one-row order (MXFP4's `vec_dot`) sums even blocks into one set of
+    /// float lanes and odd ones into another, added before the fold, and an unpaired
+    /// last block after it (its whole integer sum times its scale, then added).
+    const PAIRED: bool = false;
     /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
     /// when `SIGNED`, else unsigned.
     ///
@@ -53,8 +64,9 @@ trait Legacy {
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i;
 }
 
-/// Q4_0 / Q5_0 / Q8_0 with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
+/// Q4_0 / Q5_0 / Q8_0 / MXFP4 with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
 struct Q4_0;
+struct Mxfp4;
 struct Q4_1;
 struct Q5_0;
 struct Q5_1;
@@ -141,6 +153,136 @@ impl Legacy for Q5_1 {
     }
 }
 
+/// MXFP4's table values plus [`mxfp4::OFFSET`] (`0..=24`).
+const MXFP4_UNSIGNED: [i8; 16] = {
+    let mut t = mxfp4::KVALUES;
+    let mut i = 0;
+    while i < 16 {
+        t[i] += mxfp4::OFFSET as i8;
+        i += 1;
+    }
+    t
+};
+
+/// MXFP4's table, unsigned ([`MXFP4_UNSIGNED`]) or signed, in both 128-bit halves, for
+/// `vpshufb` on nibble indices.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4_table(unsigned: bool) -> __m256i {
+    let v = if unsigned {
+        &MXFP4_UNSIGNED
+    } else {
+        &mxfp4::KVALUES
+    };
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr().cast()))
+}
+
+impl Legacy for Mxfp4 {
+    const WB: usize = BlockMxfp4::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
+    const OFFSET: i32 = mxfp4::OFFSET;
+    const E8M0: bool = true;
+    const LUT: bool = true;
+    const PAIRED: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        _mm256_shuffle_epi8(mxfp4_table(false), nibbles32(w.add(1)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        _mm256_shuffle_epi8(mxfp4_table(true), nibbles32(w.add(1)))
+    }
+}
+
+/// `2^(e - 128)` (`mxfp4::e8m0_to_f32_half`) of the exponent byte in each i32 lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e8m0_half8(e: __m256i) -> __m256 {
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+    let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+    _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, is_normal))
+}
+
+/// A weight block's scale field as 16 bits: the f16's, or MXFP4's exponent byte.
+///
+/// # Safety
+/// `wb` points to a whole weight block.
+#[inline(always)]
+unsafe fn scale_field<T: Legacy>(wb: *const u8) -> u16 {
+    if T::E8M0 {
+        u16::from(*wb)
+    } else {
+        wb.cast::<u16>().read_unaligned().to_le()
+    }
+}
+
+/// Eight scale fields (as [`scale_field`] gives them) widened to f32, exactly.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen8<T: Legacy>(h: __m128i) -> __m256 {
+    if T::E8M0 {
+        e8m0_half8(_mm256_cvtepu16_epi32(h))
+    } else {
+        _mm256_cvtph_ps(h)
+    }
+}
+
+/// The first four of eight scale fields widened to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen4<T: Legacy>(h: __m128i) -> __m128 {
+    if T::E8M0 {
+        _mm256_castps256_ps128(widen8::<T>(h))
+    } else {
+        _mm_cvtph_ps(h)
+    }
+}
+
+/// Decode's prefetch of the block of a packed group at `p`: its lines 1 KiB ahead for the
+/// 32-element formats; for MXFP4, whose expert matrices a decode step streams from
+/// memory as the K-quants' weights, at the distance `kernels::decode_prefetch` says (the
+/// runtime's tuned one, 8 KiB by default). Streaming 24 matrices of 2880 x 2880 on one
+/// thread (a Zen 3 VM shared with other work, plain read 9-10 GB/s) went from about 6 to
+/// 7-8 GB/s with 4-8 KiB.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn prefetch_packed<T: Legacy>(p: *const u8) {
+    if T::E8M0 {
+        prefetch_lines(p.wrapping_add(crate::kernels::decode_prefetch()), 8 * T::WB)
+    } else {
+        prefetch_block(p, 8 * T::WB)
+    }
+}
+
+/// Bytes before the quants in a block of a packed group: the eight rows' scale fields
+/// (and mins).
+const fn packed_head<T: Legacy>() -> usize {
+    if T::E8M0 {
+        8
+    } else if T::SIGNED {
+        16
+    } else {
+        32
+    }
+}
+
+/// The eight rows' scale fields at the start of a block of a packed group, as
+/// [`scale_field`] gives them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn packed_scales<T: Legacy>(p: *const u8) -> __m128i {
+    if T::E8M0 {
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()))
+    } else {
+        ld128(p)
+    }
+}
+
 impl Legacy for Q8_0 {
     const WB: usize = BlockQ8_0::BYTES;
     const AB: usize = BlockQ8_0::BYTES;
@@ -219,6 +361,11 @@ macro_rules! legacy_many {
         ) {
             let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut summs = [[0.0f32; N]; R];
+            // `PAIRED` only: the odd blocks' lanes, and an unpaired last block's scale
+            // product and integer sum.
+            let mut acc_odd = [[_mm256_setzero_ps(); N]; R];
+            let mut tail = [[(0.0f32, 0i32); N]; R];
+            let paired = if T::PAIRED { nb - nb % 2 } else { nb };
             let per = if T::SIGNED { 1 } else { 2 };
             for i in 0..nb {
                 let mut x = [_mm256_setzero_si256(); R];
@@ -241,11 +388,15 @@ macro_rules! legacy_many {
                             x[r]
                         };
                     }
-                    let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                        wb.cast::<u32>().read_unaligned().to_le() as i32,
-                    ));
-                    dx[r] = _mm256_broadcastss_ps(wd);
-                    mx[r] = _mm_cvtss_f32(_mm_movehdup_ps(wd));
+                    if T::E8M0 {
+                        dx[r] = _mm256_set1_ps(mxfp4::e8m0_to_f32_half(*wb));
+                    } else {
+                        let wd = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                            wb.cast::<u32>().read_unaligned().to_le() as i32,
+                        ));
+                        dx[r] = _mm256_broadcastss_ps(wd);
+                        mx[r] = _mm_cvtss_f32(_mm_movehdup_ps(wd));
+                    }
                 }
                 for c in 0..N {
                     let ab = a.add(c * stride + i * T::AB);
@@ -281,8 +432,16 @@ macro_rules! legacy_many {
                             };
                             $isum(u[r], s)
                         };
-                        let p = _mm256_cvtepi32_ps(isum);
-                        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dx[r], dy), p, acc[r][c]);
+                        let d = _mm256_mul_ps(dx[r], dy);
+                        if T::PAIRED && i >= paired {
+                            tail[r][c] = (_mm256_cvtss_f32(d), hsum_i32(isum));
+                        } else if T::PAIRED && i % 2 == 1 {
+                            let p = _mm256_cvtepi32_ps(isum);
+                            acc_odd[r][c] = _mm256_fmadd_ps(d, p, acc_odd[r][c]);
+                        } else {
+                            let p = _mm256_cvtepi32_ps(isum);
+                            acc[r][c] = _mm256_fmadd_ps(d, p, acc[r][c]);
+                        }
                         if !T::SIGNED {
                             summs[r][c] = mx[r].mul_add(sy, summs[r][c]);
                         }
@@ -291,7 +450,17 @@ macro_rules! legacy_many {
             }
             for r in 0..R {
                 for c in 0..N {
-                    let h = hsum_ps(acc[r][c]);
+                    let h = if T::PAIRED {
+                        let h = hsum_ps(_mm256_add_ps(acc[r][c], acc_odd[r][c]));
+                        let (d, sumi) = tail[r][c];
+                        if paired < nb {
+                            h + d * sumi as f32
+                        } else {
+                            h
+                        }
+                    } else {
+                        hsum_ps(acc[r][c])
+                    };
                     *out.add(r * N + c) = if T::SIGNED { h } else { h + summs[r][c] };
                 }
             }
@@ -441,7 +610,19 @@ many_entry!(
     true
 );
 
+many_entry!(mxfp4_many, Mxfp4, BlockMxfp4, BlockQ8_0, legacy_avx2, false);
+many_entry!(
+    mxfp4_many_vnni,
+    Mxfp4,
+    BlockMxfp4,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
+
 single_from_many!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, q4_0_many);
+single_from_many!(mxfp4_q8_0, BlockMxfp4, BlockQ8_0, mxfp4_many);
+single_from_many!(mxfp4_q8_0_vnni, BlockMxfp4, BlockQ8_0, mxfp4_many_vnni);
 single_from_many!(q4_1_q8_1, BlockQ4_1, BlockQ8_1, q4_1_many);
 single_from_many!(q5_0_q8_0, BlockQ5_0, BlockQ8_0, q5_0_many);
 single_from_many!(q5_1_q8_1, BlockQ5_1, BlockQ8_1, q5_1_many);
@@ -519,7 +700,7 @@ unsafe fn neg_offset_sum(yq: *const u8, off: i32) -> i32 {
 
 /// The eight transposed quant registers of one block of a packed group
 /// (`crate::formats::packed`), `q` at its quants: Q8_0's signed bytes, the other formats'
-/// unsigned stored values.
+/// unsigned stored values (MXFP4's table values plus its offset).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
@@ -535,6 +716,12 @@ unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
         let x = ld256(q.add(32 * v));
         t[2 * v] = _mm256_and_si256(x, m4);
         t[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
+    }
+    if T::LUT {
+        let table = mxfp4_table(true);
+        for t in &mut t {
+            *t = _mm256_shuffle_epi8(table, *t);
+        }
     }
     if T::FIFTH_BIT {
         // Bit k of each byte is register k's fifth bit: moved to bit 4 with a 16-bit
@@ -669,10 +856,9 @@ macro_rules! legacy_fast {
                     // SAFETY (this closure): block i of the group is inside `w`.
                     let p = w.add(i * 8 * T::WB);
                     if n <= 2 {
-                        prefetch_block(p, 8 * T::WB);
+                        prefetch_packed::<T>(p);
                     }
-                    let heads = if T::SIGNED { 1 } else { 2 };
-                    let mut t = packed_regs::<T>(p.add(16 * heads));
+                    let mut t = packed_regs::<T>(p.add(packed_head::<T>()));
                     if T::EIGHT_BIT != sign_trick {
                         // Stored signed (Q8_0) but wanted unsigned, or the reverse.
                         for x in &mut t {
@@ -685,7 +871,7 @@ macro_rules! legacy_fast {
                     }
                     (
                         t,
-                        ld128(p),
+                        packed_scales::<T>(p),
                         if T::SIGNED {
                             _mm_setzero_si128()
                         } else {
@@ -708,7 +894,7 @@ macro_rules! legacy_fast {
                         } else {
                             T::unpack_unsigned(wb)
                         };
-                        dh[r] = wb.cast::<u16>().read_unaligned().to_le();
+                        dh[r] = scale_field::<T>(wb);
                         if !T::SIGNED {
                             mh[r] = wb.add(2).cast::<u16>().read_unaligned().to_le();
                         }
@@ -719,7 +905,7 @@ macro_rules! legacy_fast {
                         _mm_loadu_si128(mh.as_ptr().cast()),
                     )
                 };
-                let dx = _mm256_cvtph_ps(dh);
+                let dx = widen8::<T>(dh);
                 let mx = if T::SIGNED {
                     _mm256_setzero_ps()
                 } else {
@@ -956,12 +1142,12 @@ macro_rules! legacy_fast {
                         } else {
                             T::unpack_unsigned(wb)
                         };
-                        dh[q] = wb.cast::<u16>().read_unaligned().to_le();
+                        dh[q] = scale_field::<T>(wb);
                         if !T::SIGNED {
                             mh[q] = wb.add(2).cast::<u16>().read_unaligned().to_le();
                         }
                     }
-                    let dx = _mm_cvtph_ps(_mm_loadl_epi64(dh.as_ptr().cast()));
+                    let dx = widen4::<T>(_mm_loadl_epi64(dh.as_ptr().cast()));
                     let mx = _mm_cvtph_ps(_mm_loadl_epi64(mh.as_ptr().cast()));
                     for (c, acc) in acc.iter_mut().enumerate().take(n) {
                         let ab = a.add(c * stride + i * T::AB);
@@ -1318,7 +1504,35 @@ fast_entry!(
     true
 );
 
+// MXFP4's repacked order (llama.cpp's `gemv`/`gemm_mxfp4_8x8_q8_0`) is the fast order's
+// arithmetic: its table values plus 12 (at most 24) go in unsigned, the activations'
+// block sums times -12 start the integer sums.
+fast_entry!(
+    mxfp4_rep_many,
+    mxfp4_rep_many_into,
+    mxfp4_rep_packed_into,
+    Mxfp4,
+    BlockMxfp4,
+    BlockQ8_0,
+    fast_avx2_small,
+    fast_avx2_small_decode,
+    true
+);
+fast_entry!(
+    mxfp4_rep_many_vnni,
+    mxfp4_rep_many_vnni_into,
+    mxfp4_rep_packed_vnni_into,
+    Mxfp4,
+    BlockMxfp4,
+    BlockQ8_0,
+    fast_vnni,
+    fast_vnni_decode,
+    true
+);
+
 single_from_many!(q4_0_fast, BlockQ4_0, BlockQ8_0, q4_0_fast_many);
+single_from_many!(mxfp4_rep, BlockMxfp4, BlockQ8_0, mxfp4_rep_many);
+single_from_many!(mxfp4_rep_vnni, BlockMxfp4, BlockQ8_0, mxfp4_rep_many_vnni);
 single_from_many!(q4_1_fast, BlockQ4_1, BlockQ8_1, q4_1_fast_many);
 single_from_many!(q5_0_fast, BlockQ5_0, BlockQ8_0, q5_0_fast_many);
 single_from_many!(q5_1_fast, BlockQ5_1, BlockQ8_1, q5_1_fast_many);
@@ -1355,15 +1569,14 @@ unsafe fn stage512<T: Legacy>(
     pb: *const u8,
     prefetch: bool,
 ) -> ([__m512i; 8], __m512, __m512) {
-    let heads = if T::SIGNED { 1 } else { 2 };
     if prefetch {
-        prefetch_block(pa, 8 * T::WB);
+        prefetch_packed::<T>(pa);
         if pb != pa {
-            prefetch_block(pb, 8 * T::WB);
+            prefetch_packed::<T>(pb);
         }
     }
-    let ta = packed_regs::<T>(pa.add(16 * heads));
-    let tb = packed_regs::<T>(pb.add(16 * heads));
+    let ta = packed_regs::<T>(pa.add(packed_head::<T>()));
+    let tb = packed_regs::<T>(pb.add(packed_head::<T>()));
     let flip = _mm512_set1_epi8(0x80u8 as i8);
     let t: [__m512i; 8] = arr(|k| {
         let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ta[k]), tb[k]);
@@ -1380,7 +1593,19 @@ unsafe fn stage512<T: Legacy>(
             ld128(pb.add(off)),
         ))
     };
-    let dx = h16(0);
+    let dx = if T::E8M0 {
+        // The ymm conversion for each group, joined.
+        let (lo, hi) = (
+            widen8::<T>(packed_scales::<T>(pa)),
+            widen8::<T>(packed_scales::<T>(pb)),
+        );
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castps_pd(_mm512_castps256_ps512(lo)),
+            _mm256_castps_pd(hi),
+        ))
+    } else {
+        h16(0)
+    };
     let mx = if T::SIGNED {
         _mm512_setzero_ps()
     } else {
@@ -1611,6 +1836,14 @@ fast_packed512!(
     BlockQ8_1,
     q5_1_fast_packed_vnni_into,
     false
+);
+fast_packed512!(
+    mxfp4_rep_packed512_into,
+    Mxfp4,
+    BlockMxfp4,
+    BlockQ8_0,
+    mxfp4_rep_packed_vnni_into,
+    true
 );
 fast_packed512!(
     q8_0_fast_packed512_into,

@@ -61,6 +61,7 @@ const fn row(
         dot,
         tile,
         offset_sums,
+        block_sums: false,
         tile_rows: crate::contract::EXACT_TILE_ROWS,
         tile_tokens: crate::contract::TILE_MAX_TOKENS,
         tile_into: None,
@@ -86,6 +87,7 @@ const fn fast_row(
         dot,
         tile: Some(tile),
         offset_sums,
+        block_sums: true,
         tile_rows: 8,
         tile_tokens: crate::contract::FAST_TILE_TOKENS,
         tile_into: Some(into),
@@ -109,6 +111,12 @@ const fn fast_row512(
         stream_rows: legacy::PACKED512_ROWS,
         ..fast_row(ty, Isa::Avx512, dot, (tile, into, packed), offset_sums)
     }
+}
+
+/// `r` filed under `order`: MXFP4's repacked order (llama.cpp's `DotOrder::Gemm4` for it)
+/// is the fast order's arithmetic, so the fast kernels serve it.
+const fn in_order(r: KernelRow, order: DotOrder) -> KernelRow {
+    KernelRow { order, ..r }
 }
 
 /// `r` with a packed tile of one group of eight rows (llama.cpp's order on packed rows).
@@ -165,6 +173,12 @@ pub(crate) const ROWS: &[KernelRow] = {
     const Q6K_TILED: (DotFn, TileFn) = (k::q6_k_q8_k_tiled, k::q6_k_tiled_many_entry);
     const Q6K_SINGLE: (DotFn, TileFn) = (k::q6_k_q8_k, k::q6_k_many_entry);
     use legacy as l;
+    type Fast3 = (TileFn, TileIntoFn, TileIntoFn);
+    const MXFP4_AVX2: Fast3 = (l::mxfp4_rep_many, l::mxfp4_rep_many_into, l::mxfp4_rep_packed_into);
+    const MXFP4_VNNI: Fast3 =
+        (l::mxfp4_rep_many_vnni, l::mxfp4_rep_many_vnni_into, l::mxfp4_rep_packed_vnni_into);
+    const MXFP4_512: Fast3 =
+        (l::mxfp4_rep_many_vnni, l::mxfp4_rep_many_vnni_into, l::mxfp4_rep_packed512_into);
     &[
         // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
         // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
@@ -232,5 +246,15 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q6_K, Fast, Avx2), Q6K_TILED, &p::Q6_K_TILED),
         packed_row_k((T::Q6_K, Fast, Avx2Vnni), Q6K_TILED, &p::Q6_K_TILED),
         packed_row_k((T::Q6_K, Fast, Avx512), Q6K_TILED, &p::Q6_K_TILED),
+        // MXFP4: ggml's `vec_dot` on the file's rows (matrices llama.cpp does not repack);
+        // its repacked order, which is also its fast order, on the fast order's kernels.
+        row(T::MXFP4, Single, Avx2, l::mxfp4_q8_0, Some(l::mxfp4_many), false),
+        row(T::MXFP4, Single, Avx2Vnni, l::mxfp4_q8_0_vnni, Some(l::mxfp4_many_vnni), true),
+        in_order(fast_row(T::MXFP4, Avx2, l::mxfp4_rep, MXFP4_AVX2, true), Gemm4),
+        in_order(fast_row(T::MXFP4, Avx2Vnni, l::mxfp4_rep_vnni, MXFP4_VNNI, true), Gemm4),
+        in_order(fast_row512(T::MXFP4, l::mxfp4_rep_vnni, MXFP4_512, true), Gemm4),
+        fast_row(T::MXFP4, Avx2, l::mxfp4_rep, MXFP4_AVX2, true),
+        fast_row(T::MXFP4, Avx2Vnni, l::mxfp4_rep_vnni, MXFP4_VNNI, true),
+        fast_row512(T::MXFP4, l::mxfp4_rep_vnni, MXFP4_512, true),
     ]
 };
