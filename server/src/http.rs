@@ -221,6 +221,16 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
 /// Checks every request before routing: `Host` on a keyless server, a JSON body type on
 /// POST, and an announced body no larger than the limit (a 413 at once, nothing read).
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    // A generation request refused here still counts once, as a handler's would.
+    let generation = matches!(req.uri().path(), "/v1/completions" | "/v1/chat/completions");
+    let refused = |e: ApiError| {
+        if generation {
+            let mut m = st.engine.shared.metrics();
+            m.requests_received += 1;
+            m.count(Outcome::Invalid);
+        }
+        e.into_response()
+    };
     let h = req.headers();
     if let Some(allowed) = &st.limits.host_check {
         let host = h
@@ -228,14 +238,13 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if !host_allowed(host, allowed) {
-            return ApiError::new(
+            return refused(ApiError::new(
                 ApiErrorKind::Forbidden,
                 format!(
                     "Host {host:?} is not this server's (a keyless rserve answers only loopback \
                      names, IP addresses and --allowed-host names)"
                 ),
-            )
-            .into_response();
+            ));
         }
     }
     if req.method() == Method::POST {
@@ -245,26 +254,37 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
             .and_then(|v| v.split(';').next())
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
         if !json {
-            return ApiError::new(
+            return refused(ApiError::new(
                 ApiErrorKind::UnsupportedMediaType,
                 "POST bodies must be sent as Content-Type: application/json",
-            )
-            .into_response();
+            ));
         }
     }
     let declared = h
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > st.limits.max_body_bytes as u64) {
-        let mut r = ApiError::new(
+    if let Some(n) = declared.filter(|&n| n > st.limits.max_body_bytes as u64) {
+        // A client that writes its whole body before reading gets the 413, not a reset
+        // (unread input makes the close a reset): an authorized body up to 4x the limit
+        // is read and dropped first, within the body timeout. Anything bigger, or from a
+        // client without a valid key, gets the 413 at once.
+        let authorized = st.authorize(h).is_ok();
+        if authorized && n <= 4 * st.limits.max_body_bytes as u64 {
+            use futures_util::StreamExt as _;
+            let mut body = req.into_body().into_data_stream();
+            let _ = tokio::time::timeout(st.limits.body_timeout, async {
+                while let Some(Ok(_)) = body.next().await {}
+            })
+            .await;
+        }
+        let mut r = refused(ApiError::new(
             ApiErrorKind::PayloadTooLarge,
             format!(
                 "request body is too large (at most {} bytes)",
                 st.limits.max_body_bytes
             ),
-        )
-        .into_response();
+        ));
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return r;
