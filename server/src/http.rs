@@ -376,14 +376,41 @@ fn names_served_model(asked: &str, info: &ServedModel, started_as: &str) -> bool
         || info.path.to_str() == Some(asked)
 }
 
+/// A generation request whose outcome is not counted yet: dropped unsettled, it counts
+/// `cancelled`.
+struct Unsettled(Option<Arc<crate::engine::Shared>>);
+
+impl Unsettled {
+    fn settle(&mut self, o: Outcome) {
+        if let Some(s) = self.0.take() {
+            s.count(o);
+        }
+    }
+
+    /// The engine counts it from now on.
+    fn hand_over(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        self.settle(Outcome::Cancelled);
+    }
+}
+
 async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> Response {
     let arrival = Instant::now();
     let shared = st.engine.shared.clone();
     shared.metrics().requests_received += 1;
+    // Until the engine holds its choices, the request's one outcome is the handler's: a
+    // client that goes away mid-body or mid-tokenizing drops this future, and the guard
+    // counts it cancelled.
+    let mut unsettled = Unsettled(Some(shared.clone()));
     let key_label = match st.authorize(&headers) {
         Ok(l) => l,
         Err(e) => {
-            shared.count(Outcome::Unauthorized);
+            unsettled.settle(Outcome::Unauthorized);
             return e.into_response();
         }
     };
@@ -391,7 +418,7 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
     let body = match read_body(&st, body).await {
         Ok(b) => b,
         Err(e) => {
-            shared.count(outcome_of(&e));
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
     };
@@ -430,7 +457,7 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
     let (parsed, model_id) = match prepared {
         Ok(x) => x,
         Err(e) => {
-            shared.count(outcome_of(&e));
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
     };
@@ -459,11 +486,12 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
         };
         if let Err(e) = st.engine.submit(req) {
             // Choices already submitted see their receivers dropped and are freed.
-            shared.count(outcome_of(&e));
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
         receivers.push(rx);
     }
+    unsettled.hand_over();
     let meta = ResponseMeta {
         kind,
         id: api::new_id(kind),

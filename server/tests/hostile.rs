@@ -186,7 +186,7 @@ fn slow_and_oversize_requests_are_cut_short() {
     }
     let d = tempfile::tempdir().unwrap();
     let keys = d.path().join("keys");
-    std::fs::write(&keys, "alice sk-alice-123\n").unwrap();
+    std::fs::write(&keys, "alice sk-alice-123\nadmin sk-admin-789\n").unwrap();
     let srv = start_with_keys(
         engine_config(),
         Some(server::tenant::ApiKeys::from_file(&keys).unwrap()),
@@ -246,6 +246,47 @@ fn slow_and_oversize_requests_are_cut_short() {
     );
     assert!(ans.starts_with("HTTP/1.1 413"), "{ans:?} after {secs:.1}s");
     assert!(secs < 5.0, "413 after {secs:.1}s");
+    // A client that goes away mid-body, or right after sending a long prompt (while it is
+    // tokenized), still ends its request in one outcome.
+    let prompt = json!({"prompt": words(60_000, 5), "max_tokens": 1}).to_string();
+    for whole in [false, true, true, true] {
+        let mut s = TcpStream::connect(a).unwrap();
+        let body = if whole { &prompt[..] } else { &prompt[..100] };
+        s.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\n{host}Authorization: Bearer sk-alice-123\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                prompt.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        drop(s);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let settled = || {
+        let r = request_with(
+            a,
+            "GET",
+            "/metrics",
+            None,
+            &[("Authorization", "Bearer sk-admin-789")],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        let m = r.text();
+        let received = server::metrics::parse_sample(&m, "rserve_requests_received_total").unwrap();
+        let outcomes: f64 = m
+            .lines()
+            .filter(|l| l.starts_with("rserve_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        received > 0.0 && received == outcomes
+    };
+    assert!(
+        eventually(Duration::from_secs(10), settled),
+        "a request received without an outcome"
+    );
     srv.shutdown();
 }
 
