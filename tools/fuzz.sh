@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
         *) targets+=("$1"); shift ;;
     esac
 done
-all=(gguf tokenizer chat_template sharegpt openai_request)
+all=(gguf tokenizer chat_template sharegpt openai_request json_schema)
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
 # libFuzzer needs nightly rustc flags (-Zsanitizer, sancov). Use the nightly toolchain

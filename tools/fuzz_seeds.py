@@ -233,6 +233,24 @@ def main():
         write(os.path.join(out, "openai_request"), f"r{i:03}",
               bytes([sel]) + json.dumps(r).encode() + (b"\xff" + tail if tail else b""))
 
+    # json_schema: mode 0 + schema text [+ 0xff + token choices], or mode 1 + generator bytes.
+    schemas = [
+        {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                          "age": {"type": "integer"}}, "required": ["name"]},
+        {"type": "array", "items": {"enum": ["a", "abc"]}, "minItems": 1, "maxItems": 3},
+        {"type": "object", "required": ["k"], "additionalProperties": {"type": "number"}},
+        {"type": "object", "additionalProperties": False},
+        {"properties": {"x": {"type": "boolean"}}, "required": ["x"]},
+        {"type": "string", "minLength": 5, "maxLength": 1},
+        {"type": "integer", "enum": ["abc"]},
+        {},
+    ]
+    for i, sc in enumerate(schemas):
+        write(os.path.join(out, "json_schema"), f"s{i:03}",
+              b"\x00" + json.dumps(sc).encode() + b"\xff" + bytes(range(i, i + 40)))
+    for i in range(8):
+        write(os.path.join(out, "json_schema"), f"g{i:03}", bytes([1] + [(i * 37 + k * 11) & 0xff for k in range(64)]))
+
     # sharegpt: small files in the real layout, cut and whole.
     sg = os.path.join(out, "sharegpt")
     entries = [

@@ -1,7 +1,8 @@
 //! `rbench soak` against the real `rserve`: a short soak (about two minutes) with real
-//! ShareGPT prompts at concurrency 64, cancels and bursts past the queue, whose accounting,
-//! idle KV and flatness checks must pass; and a server killed mid-run, which must end the
-//! soak with a failure, not a hang. Skipped, with a message, unless `RSERVE_BIN` points at
+//! ShareGPT prompts at concurrency 64, cancels, bursts past the queue and a 5% hostile
+//! share (pathological schemas with adverse logit_bias, slow headers, oversize bodies,
+//! drops), whose accounting, idle KV, flatness and hostile-TPOT checks must pass; and a
+//! server killed mid-run, which must end the soak with a failure, not a hang. Skipped, with a message, unless `RSERVE_BIN` points at
 //! a built `rserve` (CI sets it). Needs smollm2-135m and the sharegpt dataset (fetched and
 //! cached like the other tests').
 
@@ -54,6 +55,7 @@ fn short_soak_against_real_rserve() {
         .args(["--max-prompt-len", "384", "--max-total-len", "480"])
         .args(["--output-len", "32", "--ignore-eos"])
         .args(["--cancel-fraction", "0.1", "--burst-every", "30s"])
+        .args(["--hostile-fraction", "0.05"])
         .args(["--result-file", json.to_str().unwrap()])
         .output()
         .unwrap();
@@ -93,6 +95,8 @@ fn short_soak_against_real_rserve() {
         "server finished",
         "rss flat",
         "fds flat",
+        "hostile tpot",
+        "hostile handled",
     ] {
         assert_eq!(
             check(&v, name)["status"],

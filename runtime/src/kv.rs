@@ -315,6 +315,23 @@ impl KvCache {
         }
     }
 
+    /// Forgets one published prefix block, as [`clear_prefix_cache`](Self::clear_prefix_cache)
+    /// does for all: a cached block becomes free, a block in use stays with its sequences.
+    /// False when `key` is not published.
+    pub fn forget_prefix(&mut self, key: &BlockHash) -> bool {
+        let Some(b) = self.published.remove(key) else {
+            return false;
+        };
+        let m = &mut self.meta[b as usize];
+        m.key = None;
+        m.tokens = Vec::new();
+        if m.refs == 0 {
+            self.lru_unlink(b);
+            self.free.push(b);
+        }
+        true
+    }
+
     /// Blocks needed to grow `seq` by `n` positions.
     pub fn blocks_needed(&self, seq: SeqId, n: usize) -> usize {
         let s = self.seqs.get(&seq).map_or(0, |s| s.len);

@@ -4,15 +4,32 @@
 //! document, so the finished output always parses and validates. Generation ends as soon
 //! as the top-level value is complete.
 //!
+//! Which tokens may come next is computed as a mask over the whole vocabulary before
+//! sampling ([`JsonMachine::mask`]), never by sampling and retrying: a token trie
+//! ([`TokenIndex`]) is walked once from the current state, each trie node costing one
+//! automaton byte undone by a log (no copy of the stack), and subtrees the automaton
+//! refuses are skipped whole. Inside a string, plain string-content tokens are allowed by
+//! character count from a precomputed list and only the other tokens are walked. So the
+//! work per step is at most the trie's node count, whatever the schema, the output so far
+//! or the request's `logit_bias`.
+//!
 //! Schema keywords understood: `type` (object, array, string, integer, number, boolean,
-//! null), `properties`, `required`, `additionalProperties`, `items`, `minItems`,
-//! `maxItems`, `enum` (strings), `minLength`, `maxLength`, plus the annotations `title`,
-//! `description`, `$schema`, `$comment`, `examples`, `default`. Anything else is refused
-//! with a 400 naming the keyword, never silently ignored. An object with `properties`
-//! produces only those keys (each at most once), all `required` ones before it closes.
-//! Runs of more than three whitespace bytes and numbers longer than 20 bytes are refused
-//! so a model cannot stall in formatting or digits; exponents have at most two digits so
-//! every number fits an f64 (parsers differ on out-of-range numbers).
+//! null), `properties`, `required`, `additionalProperties` (a boolean or a schema),
+//! `items`, `minItems`, `maxItems`, `enum` (strings), `minLength`, `maxLength`, plus the
+//! annotations `title`, `description`, `$schema`, `$comment`, `examples`, `default`.
+//! Every keyword is enforced or the schema is refused with an error naming it: an unknown
+//! keyword, a keyword of another type than `type` names (without `type`, the keywords
+//! name it), and a contradiction (`minLength` above `maxLength`, an `enum` value of the
+//! wrong type or length, a `required` name that `additionalProperties: false` forbids).
+//! Every schema that compiles can be completed from every state the automaton reaches,
+//! so decoding never dead-ends. An object produces its `properties` (each at most once,
+//! all `required` ones before it closes); `required` names missing from `properties`
+//! are produced with the `additionalProperties` schema; an object without properties
+//! produces free keys with `additionalProperties` values (nothing for `false`). Objects
+//! and arrays nest at most [`MAX_DEPTH`] deep. Runs of more than three whitespace bytes
+//! and numbers longer than 20 bytes (integers: 18, so they fit 64 bits) are refused so a
+//! model cannot stall in formatting or digits; exponents have at most two digits so every number fits an f64 (parsers differ
+//! on out-of-range numbers).
 
 use std::sync::Arc;
 
@@ -21,7 +38,15 @@ use serde_json::Value;
 const MAX_WS_RUN: u8 = 3;
 /// The longest number written, in bytes (a model cannot stall in digits).
 const MAX_NUM_BYTES: u8 = 20;
+/// The longest `integer` written: 18 bytes, so it fits a signed 64-bit integer (parsers
+/// read longer ones as floats, which a validator rejects as integers).
+const MAX_INT_BYTES: u8 = 18;
 const MAX_PROPS: usize = 64;
+/// The most objects and arrays open at once: every output stays within common parsers'
+/// nesting limits (serde_json's is 128) and the automaton's stack stays small.
+pub const MAX_DEPTH: u8 = 32;
+/// The most nodes a compiled schema may have.
+const MAX_NODES: usize = 2048;
 /// Node 0 of every format: any JSON value (what free objects and arrays hold).
 const ANY: u32 = 0;
 /// The schema index of a free object, array or string (no constraints).
@@ -40,8 +65,10 @@ fn mask(n: usize) -> u64 {
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
     Any,
-    /// A free object: any keys, any values.
-    AnyObject,
+    /// An object with free keys (plain strings), every value of node `value`.
+    Map {
+        value: u32,
+    },
     Object {
         props: Vec<(Vec<u8>, u32)>,
         required: u64,
@@ -73,15 +100,15 @@ impl Format {
     /// `{"type": "json_object"}`.
     pub fn json_object() -> Format {
         Format {
-            nodes: Arc::new(vec![Node::Any, Node::AnyObject]),
+            nodes: Arc::new(vec![Node::Any, Node::Map { value: ANY }]),
             root: 1,
         }
     }
 
-    /// A format from a JSON Schema document.
+    /// A format from a JSON Schema document; the error names the offending keyword.
     pub fn json_schema(schema: &Value) -> Result<Format, String> {
         let mut nodes = vec![Node::Any];
-        let root = parse_node(schema, &mut nodes, "schema")?;
+        let root = parse_node(schema, &mut nodes, "schema", 0)?;
         Ok(Format {
             nodes: Arc::new(nodes),
             root,
@@ -116,11 +143,8 @@ impl Format {
     pub fn start(&self) -> JsonMachine {
         JsonMachine {
             nodes: self.nodes.clone(),
-            st: State {
-                stack: vec![Frame::Value(self.root)],
-                ws_run: 0,
-                done: false,
-            },
+            st: State::new(self.root),
+            marks: Vec::new(),
         }
     }
 }
@@ -134,25 +158,30 @@ const ANNOTATIONS: [&str; 6] = [
     "default",
 ];
 
-fn parse_node(v: &Value, nodes: &mut Vec<Node>, at: &str) -> Result<u32, String> {
+/// The type a keyword constrains (None: it applies to any type).
+fn keyword_type(k: &str) -> Option<&'static str> {
+    match k {
+        "properties" | "required" | "additionalProperties" => Some("object"),
+        "items" | "minItems" | "maxItems" => Some("array"),
+        "minLength" | "maxLength" => Some("string"),
+        _ => None,
+    }
+}
+
+fn needs_escape(s: &str) -> bool {
+    s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20)
+}
+
+/// Compiles one schema object; `depth` objects and arrays enclose it.
+fn parse_node(v: &Value, nodes: &mut Vec<Node>, at: &str, depth: u32) -> Result<u32, String> {
+    if nodes.len() >= MAX_NODES {
+        return Err(format!("{at}: the schema has more than {MAX_NODES} parts"));
+    }
     let obj = v
         .as_object()
         .ok_or_else(|| format!("{at}: a schema must be an object"))?;
     let known = |k: &str| {
-        ANNOTATIONS.contains(&k)
-            || matches!(
-                k,
-                "type"
-                    | "properties"
-                    | "required"
-                    | "additionalProperties"
-                    | "items"
-                    | "minItems"
-                    | "maxItems"
-                    | "enum"
-                    | "minLength"
-                    | "maxLength"
-            )
+        ANNOTATIONS.contains(&k) || keyword_type(k).is_some() || k == "type" || k == "enum"
     };
     if let Some(k) = obj.keys().find(|k| !known(k)) {
         return Err(format!("{at}: the keyword '{k}' is not supported"));
@@ -167,9 +196,7 @@ fn parse_node(v: &Value, nodes: &mut Vec<Node>, at: &str) -> Result<u32, String>
                 .ok_or_else(|| format!("{at}.{k} must be a non-negative integer")),
         }
     };
-    let idx = nodes.len() as u32;
-    nodes.push(Node::Any); // placeholder, children follow
-    let ty = match obj.get("type") {
+    let explicit = match obj.get("type") {
         None => None,
         Some(Value::String(t)) => Some(t.as_str()),
         Some(_) => {
@@ -178,94 +205,124 @@ fn parse_node(v: &Value, nodes: &mut Vec<Node>, at: &str) -> Result<u32, String>
             ))
         }
     };
+    if let Some(t) = explicit {
+        if !matches!(
+            t,
+            "object" | "array" | "string" | "integer" | "number" | "boolean" | "null"
+        ) {
+            return Err(format!("{at}.type '{t}' is not a JSON type"));
+        }
+    }
+    // Every type keyword must apply to the type; without `type`, they name it.
+    let typed: Vec<(&str, &str)> = obj
+        .keys()
+        .filter_map(|k| keyword_type(k).map(|t| (k.as_str(), t)))
+        .collect();
+    let ty = match explicit {
+        Some(t) => {
+            if let Some((k, kt)) = typed.iter().find(|(_, kt)| *kt != t) {
+                return Err(format!(
+                    "{at}: the keyword '{k}' applies to type {kt}, not to type '{t}'"
+                ));
+            }
+            Some(t)
+        }
+        None => {
+            let mut kinds: Vec<&str> = typed.iter().map(|x| x.1).collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            match kinds[..] {
+                [] => None,
+                [one] => Some(one),
+                _ => {
+                    let kws: Vec<&str> = typed.iter().map(|x| x.0).collect();
+                    return Err(format!(
+                        "{at}: the keywords {} constrain different types; give a \"type\"",
+                        kws.join(", ")
+                    ));
+                }
+            }
+        }
+    };
+    let min_len = u32_of("minLength")?.unwrap_or(0);
+    let max_len = u32_of("maxLength")?;
+    if let Some(m) = max_len.filter(|&m| m < min_len) {
+        return Err(format!(
+            "{at}: minLength {min_len} is above maxLength {m}: no string satisfies both"
+        ));
+    }
+    let idx = nodes.len() as u32;
+    nodes.push(Node::Any); // placeholder, children follow
     let node = if let Some(e) = obj.get("enum") {
         let vals = e
             .as_array()
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("{at}.enum must be a non-empty array"))?;
-        let strs: Option<Vec<Vec<u8>>> = vals
-            .iter()
-            .map(|x| x.as_str().map(|s| s.as_bytes().to_vec()))
-            .collect();
+        if let Some(t) = ty.filter(|&t| t != "string") {
+            return Err(format!(
+                "{at}.enum: {} is not of type {t} (enum values must match the type; only string \
+                 values are supported)",
+                vals[0]
+            ));
+        }
+        let strs: Option<Vec<&str>> = vals.iter().map(Value::as_str).collect();
         let strs = strs.ok_or_else(|| format!("{at}.enum: only string values are supported"))?;
         if strs.len() > MAX_PROPS {
             return Err(format!("{at}.enum: at most {MAX_PROPS} values"));
         }
-        if strs
-            .iter()
-            .any(|s| s.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20))
-        {
+        if strs.iter().any(|s| needs_escape(s)) {
             return Err(format!(
                 "{at}.enum: values needing JSON escapes are not supported"
             ));
         }
+        let kept: Vec<Vec<u8>> = strs
+            .iter()
+            .filter(|s| {
+                let n = s.chars().count() as u64;
+                n >= u64::from(min_len) && max_len.is_none_or(|m| n <= u64::from(m))
+            })
+            .map(|s| s.as_bytes().to_vec())
+            .collect();
+        if kept.is_empty() {
+            return Err(format!(
+                "{at}.enum: no value satisfies minLength / maxLength"
+            ));
+        }
         Node::String {
-            enumv: Some(strs),
+            enumv: Some(kept),
             min_len: 0,
             max_len: None,
         }
     } else {
         match ty {
             None => Node::Any,
-            Some("object") => match obj.get("properties") {
-                None => Node::AnyObject,
-                Some(p) => {
-                    let p = p
-                        .as_object()
-                        .ok_or_else(|| format!("{at}.properties must be an object"))?;
-                    if p.len() > MAX_PROPS {
-                        return Err(format!("{at}: at most {MAX_PROPS} properties"));
-                    }
-                    let mut props = Vec::new();
-                    for (name, sub) in p {
-                        if name.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-                            return Err(format!(
-                                "{at}: property names needing escapes are not supported"
-                            ));
-                        }
-                        let child = parse_node(sub, nodes, &format!("{at}.properties.{name}"))?;
-                        props.push((name.as_bytes().to_vec(), child));
-                    }
-                    let mut required = 0u64;
-                    for r in obj
-                        .get("required")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
-                        let r = r
-                            .as_str()
-                            .ok_or_else(|| format!("{at}.required must list names"))?;
-                        let i = props
-                            .iter()
-                            .position(|(n, _)| n == r.as_bytes())
-                            .ok_or_else(|| {
-                                format!("{at}.required names '{r}', which is not a property")
-                            })?;
-                        required |= 1 << i;
-                    }
-                    Node::Object { props, required }
-                }
-            },
+            Some("object") => parse_object(obj, nodes, at, depth)?,
             Some("array") => {
+                if depth >= u32::from(MAX_DEPTH) {
+                    return Err(format!(
+                        "{at}: objects and arrays nest more than {MAX_DEPTH} deep"
+                    ));
+                }
                 let items = match obj.get("items") {
-                    Some(i) => parse_node(i, nodes, &format!("{at}.items"))?,
-                    None => {
-                        nodes.push(Node::Any);
-                        nodes.len() as u32 - 1
+                    None => ANY,
+                    Some(i @ Value::Object(_)) => {
+                        parse_node(i, nodes, &format!("{at}.items"), depth + 1)?
                     }
+                    Some(_) => return Err(format!("{at}.items must be one schema object")),
                 };
                 let min = u32_of("minItems")?.unwrap_or(0);
                 let max = u32_of("maxItems")?;
-                if max.is_some_and(|m| m < min) {
-                    return Err(format!("{at}: maxItems < minItems"));
+                if let Some(m) = max.filter(|&m| m < min) {
+                    return Err(format!(
+                        "{at}: minItems {min} is above maxItems {m}: no array satisfies both"
+                    ));
                 }
                 Node::Array { items, min, max }
             }
             Some("string") => Node::String {
                 enumv: None,
-                min_len: u32_of("minLength")?.unwrap_or(0),
-                max_len: u32_of("maxLength")?,
+                min_len,
+                max_len,
             },
             Some("integer") => Node::Integer,
             Some("number") => Node::Number,
@@ -276,6 +333,99 @@ fn parse_node(v: &Value, nodes: &mut Vec<Node>, at: &str) -> Result<u32, String>
     };
     nodes[idx as usize] = node;
     Ok(idx)
+}
+
+fn parse_object(
+    obj: &serde_json::Map<String, Value>,
+    nodes: &mut Vec<Node>,
+    at: &str,
+    depth: u32,
+) -> Result<Node, String> {
+    if depth >= u32::from(MAX_DEPTH) {
+        return Err(format!(
+            "{at}: objects and arrays nest more than {MAX_DEPTH} deep"
+        ));
+    }
+    let declared = match obj.get("properties") {
+        None => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(_) => return Err(format!("{at}.properties must be an object")),
+    };
+    let required: Vec<&str> = match obj.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("{at}.required must be an array of property names"))?,
+        Some(_) => return Err(format!("{at}.required must be an array of property names")),
+    };
+    let mut props: Vec<(Vec<u8>, u32)> = Vec::new();
+    for (name, sub) in declared.into_iter().flatten() {
+        if needs_escape(name) {
+            return Err(format!(
+                "{at}.properties: names needing JSON escapes are not supported"
+            ));
+        }
+        let child = parse_node(sub, nodes, &format!("{at}.properties.{name}"), depth + 1)?;
+        props.push((name.as_bytes().to_vec(), child));
+    }
+    // Values of keys outside `properties`: None when none may appear.
+    let extra = match obj.get("additionalProperties") {
+        None | Some(Value::Bool(true)) => Some(ANY),
+        Some(Value::Bool(false)) => None,
+        Some(s @ Value::Object(_)) => Some(parse_node(
+            s,
+            nodes,
+            &format!("{at}.additionalProperties"),
+            depth + 1,
+        )?),
+        Some(_) => {
+            return Err(format!(
+                "{at}.additionalProperties must be a boolean or a schema"
+            ))
+        }
+    };
+    let mut req = 0u64;
+    for r in required {
+        let i = match props.iter().position(|(n, _)| n == r.as_bytes()) {
+            Some(i) => i,
+            None => {
+                let Some(value) = extra else {
+                    return Err(format!(
+                        "{at}.required names '{r}', which is not in properties while \
+                         additionalProperties is false"
+                    ));
+                };
+                if needs_escape(r) {
+                    return Err(format!(
+                        "{at}.required: names needing JSON escapes are not supported"
+                    ));
+                }
+                props.push((r.as_bytes().to_vec(), value));
+                props.len() - 1
+            }
+        };
+        if i >= MAX_PROPS {
+            break;
+        }
+        req |= 1 << i;
+    }
+    if props.len() > MAX_PROPS {
+        return Err(format!("{at}: at most {MAX_PROPS} properties"));
+    }
+    Ok(if !props.is_empty() {
+        // Declared keys only (extra keys are allowed by the schema but never produced).
+        Node::Object {
+            props,
+            required: req,
+        }
+    } else {
+        match extra {
+            Some(value) => Node::Map { value },
+            None => Node::Object { props, required: 0 },
+        }
+    })
 }
 
 /// String escape states at and above this one are inside a UTF-8 character: the next
@@ -393,6 +543,16 @@ const WORDS: [&[u8]; 3] = [b"true", b"false", b"null"];
 pub struct JsonMachine {
     nodes: Arc<Vec<Node>>,
     st: State,
+    /// Scratch for [`mask`](Self::mask): the state after each byte of the trie path.
+    marks: Vec<Mark>,
+}
+
+/// One undoable change of the stack (see [`State::logging`]).
+#[derive(Clone, Copy, Debug)]
+enum Undo {
+    Pushed,
+    Popped(Frame),
+    Set(u32, Frame),
 }
 
 /// The automaton's state; the schema nodes are passed in, never copied.
@@ -401,6 +561,22 @@ struct State {
     stack: Vec<Frame>,
     ws_run: u8,
     done: bool,
+    /// Objects and arrays open (at most [`MAX_DEPTH`]).
+    depth: u8,
+    /// While set, every stack change is logged so a trie walk can undo it: feeding one
+    /// byte changes O(1) frames, so the walk costs O(1) per trie node, never a copy of
+    /// the stack.
+    logging: bool,
+    log: Vec<Undo>,
+}
+
+/// A point [`State::reset`] can return to.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    log: usize,
+    ws_run: u8,
+    done: bool,
+    depth: u8,
 }
 
 fn is_ws(b: u8) -> bool {
@@ -436,6 +612,7 @@ impl JsonMachine {
             return false;
         }
         let mut st = self.st.clone();
+        st.logging = false;
         bytes.iter().all(|&b| st.feed(&self.nodes, b))
     }
 
@@ -448,6 +625,66 @@ impl JsonMachine {
 }
 
 impl State {
+    fn new(root: u32) -> State {
+        State {
+            stack: vec![Frame::Value(root)],
+            ws_run: 0,
+            done: false,
+            depth: 0,
+            logging: false,
+            log: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, f: Frame) {
+        self.stack.push(f);
+        if self.logging {
+            self.log.push(Undo::Pushed);
+        }
+    }
+
+    fn pop(&mut self) -> Option<Frame> {
+        let f = self.stack.pop()?;
+        if self.logging {
+            self.log.push(Undo::Popped(f));
+        }
+        Some(f)
+    }
+
+    fn set_top(&mut self, f: Frame) {
+        let i = self.stack.len() - 1;
+        if self.logging {
+            self.log.push(Undo::Set(i as u32, self.stack[i]));
+        }
+        self.stack[i] = f;
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            log: self.log.len(),
+            ws_run: self.ws_run,
+            done: self.done,
+            depth: self.depth,
+        }
+    }
+
+    /// Undoes every change since `m` (which must come from this logging session).
+    fn reset(&mut self, m: Mark) {
+        while self.log.len() > m.log {
+            match self.log.pop() {
+                Some(Undo::Pushed) => {
+                    self.stack.pop();
+                }
+                Some(Undo::Popped(f)) => self.stack.push(f),
+                Some(Undo::Set(i, f)) => self.stack[i as usize] = f,
+                None => break,
+            }
+        }
+        self.ws_run = m.ws_run;
+        self.done = m.done;
+        self.depth = m.depth;
+    }
+
     fn ws(&mut self, b: u8) -> bool {
         self.ws_run += 1;
         let _ = b;
@@ -456,39 +693,54 @@ impl State {
 
     /// A value has ended: tell the frame below.
     fn value_done(&mut self) {
-        match self.stack.last_mut() {
+        match self.stack.last().copied() {
             None => self.done = true,
-            Some(Frame::Obj { phase, .. }) => *phase = ObjPhase::Next,
-            Some(Frame::Arr { count, phase, .. }) => {
-                *count += 1;
-                *phase = ArrPhase::Next;
-            }
+            Some(Frame::Obj { n, seen, cur, .. }) => self.set_top(Frame::Obj {
+                n,
+                seen,
+                cur,
+                phase: ObjPhase::Next,
+            }),
+            Some(Frame::Arr { n, count, .. }) => self.set_top(Frame::Arr {
+                n,
+                count: count + 1,
+                phase: ArrPhase::Next,
+            }),
             Some(_) => unreachable!("only containers hold values"),
         }
+    }
+
+    /// Closes the innermost object or array.
+    fn close_container(&mut self) {
+        self.depth -= 1;
+        self.value_done();
     }
 
     /// Starts a value of node `n` with byte `b`.
     fn start_value(&mut self, nodes: &[Node], n: u32, b: u8) -> bool {
         if is_ws(b) {
-            self.stack.push(Frame::Value(n));
+            self.push(Frame::Value(n));
             return self.ws(b);
         }
         self.ws_run = 0;
         let node = &nodes[n as usize];
         let any = matches!(node, Node::Any);
         match b {
-            b'{' if any || matches!(node, Node::AnyObject | Node::Object { .. }) => {
-                let free = any || matches!(node, Node::AnyObject);
-                self.stack.push(Frame::Obj {
-                    n: if free { FREE } else { n },
+            b'{' if (any || matches!(node, Node::Map { .. } | Node::Object { .. }))
+                && self.depth < MAX_DEPTH =>
+            {
+                self.depth += 1;
+                self.push(Frame::Obj {
+                    n: if any { FREE } else { n },
                     seen: 0,
                     cur: 0,
                     phase: ObjPhase::Open,
                 });
                 true
             }
-            b'[' if any || matches!(node, Node::Array { .. }) => {
-                self.stack.push(Frame::Arr {
+            b'[' if (any || matches!(node, Node::Array { .. })) && self.depth < MAX_DEPTH => {
+                self.depth += 1;
+                self.push(Frame::Arr {
                     n: if any { FREE } else { n },
                     count: 0,
                     phase: ArrPhase::Open,
@@ -500,7 +752,7 @@ impl State {
                     Node::String { enumv: Some(e), .. } => mask(e.len()),
                     _ => 0,
                 };
-                self.stack.push(Frame::Str {
+                self.push(Frame::Str {
                     n: if any { FREE } else { n },
                     len: 0,
                     esc: 0,
@@ -509,7 +761,7 @@ impl State {
                 true
             }
             b'-' | b'0'..=b'9' if any || matches!(node, Node::Integer | Node::Number) => {
-                self.stack.push(Frame::Num {
+                self.push(Frame::Num {
                     integer: matches!(node, Node::Integer),
                     phase: match b {
                         b'-' => NumPhase::Minus,
@@ -521,14 +773,14 @@ impl State {
                 true
             }
             b't' | b'f' if any || matches!(node, Node::Boolean) => {
-                self.stack.push(Frame::Lit {
+                self.push(Frame::Lit {
                     word: if b == b't' { 0 } else { 1 },
                     pos: 1,
                 });
                 true
             }
             b'n' if any || matches!(node, Node::Null) => {
-                self.stack.push(Frame::Lit { word: 2, pos: 1 });
+                self.push(Frame::Lit { word: 2, pos: 1 });
                 true
             }
             _ => false,
@@ -539,7 +791,7 @@ impl State {
         if self.done {
             return false;
         }
-        let Some(top) = self.stack.pop() else {
+        let Some(top) = self.pop() else {
             return false;
         };
         match top {
@@ -552,7 +804,7 @@ impl State {
                 if pos as usize + 1 == w.len() {
                     self.value_done();
                 } else {
-                    self.stack.push(Frame::Lit { word, pos: pos + 1 });
+                    self.push(Frame::Lit { word, pos: pos + 1 });
                 }
                 true
             }
@@ -574,10 +826,20 @@ impl State {
 
     fn feed_num(&mut self, nodes: &[Node], integer: bool, phase: NumPhase, len: u8, b: u8) -> bool {
         use NumPhase::*;
-        let room = len < MAX_NUM_BYTES;
+        let max = if integer {
+            MAX_INT_BYTES
+        } else {
+            MAX_NUM_BYTES
+        };
+        let room = len < max;
+        // A byte after which a digit must follow (`.`, `e`, a sign) needs room for it too,
+        // so a number can always be finished.
+        let room2 = len + 1 < max;
         let next = match (phase, b) {
             _ if !room => None,
-            (Minus, b'0') => Some(Zero),
+            (Zero | Int | Frac, b'.' | b'e' | b'E') | (Exp, b'+' | b'-') if !room2 => None,
+            // `-0` parses as a float in some parsers: an integer never starts so.
+            (Minus, b'0') if !integer => Some(Zero),
             (Minus, b'1'..=b'9') => Some(Int),
             (Int, b'0'..=b'9') => Some(Int),
             (Zero | Int, b'.') if !integer => Some(Dot),
@@ -589,7 +851,7 @@ impl State {
             _ => None,
         };
         if let Some(p) = next {
-            self.stack.push(Frame::Num {
+            self.push(Frame::Num {
                 integer,
                 phase: p,
                 len: len + 1,
@@ -632,7 +894,7 @@ impl State {
             if c == 0 {
                 return false;
             }
-            self.stack.push(Frame::Str {
+            self.push(Frame::Str {
                 n,
                 len: len + 1,
                 esc: 0,
@@ -640,84 +902,16 @@ impl State {
             });
             return true;
         }
-        match esc {
-            0 => match b {
-                b'"' => {
-                    if len < min_len {
-                        return false;
-                    }
-                    self.value_done();
-                    true
-                }
-                b'\\' => {
-                    self.stack.push(Frame::Str {
-                        n,
-                        len,
-                        esc: 1,
-                        cand,
-                    });
-                    true
-                }
-                0..=0x1f => false,
-                _ => {
-                    if max_len.is_some_and(|m| len >= m) {
-                        return false;
-                    }
-                    let Some(esc) = utf8_lead(b) else {
-                        return false;
-                    };
-                    self.stack.push(Frame::Str {
-                        n,
-                        len: len + 1,
-                        esc,
-                        cand,
-                    });
-                    true
-                }
-            },
-            k if k >= UTF8 => {
-                // Inside a multi-byte character (counted once, at its lead byte).
-                let Some(next) = utf8_next(k, b) else {
-                    return false;
-                };
-                self.stack.push(Frame::Str {
-                    n,
-                    len,
-                    esc: next,
-                    cand,
-                });
+        match str_step(len, esc, min_len, max_len, b) {
+            StrStep::Go { len, esc } => {
+                self.push(Frame::Str { n, len, esc, cand });
                 true
             }
-            1 => {
-                if max_len.is_some_and(|m| len >= m) {
-                    return false;
-                }
-                let next = match b {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => 0,
-                    b'u' => 5,
-                    _ => return false,
-                };
-                self.stack.push(Frame::Str {
-                    n,
-                    len: len + u32::from(next == 0),
-                    esc: next,
-                    cand,
-                });
+            StrStep::Close => {
+                self.value_done();
                 true
             }
-            k => {
-                if !b.is_ascii_hexdigit() {
-                    return false;
-                }
-                let left = k - 1;
-                self.stack.push(Frame::Str {
-                    n,
-                    len: len + u32::from(left == 1),
-                    esc: if left == 1 { 0 } else { left },
-                    cand,
-                });
-                true
-            }
+            StrStep::Reject => false,
         }
     }
 
@@ -727,7 +921,7 @@ impl State {
             _ => (None, 0, None),
         };
         if is_ws(b) {
-            self.stack.push(Frame::Arr { n, count, phase });
+            self.push(Frame::Arr { n, count, phase });
             return self.ws(b);
         }
         self.ws_run = 0;
@@ -736,11 +930,11 @@ impl State {
         let can_add = max.is_none_or(|m| count < m);
         match (phase, b) {
             (ArrPhase::Open | ArrPhase::Next, b']') if can_close => {
-                self.value_done();
+                self.close_container();
                 true
             }
             (ArrPhase::Next, b',') if can_add => {
-                self.stack.push(Frame::Arr {
+                self.push(Frame::Arr {
                     n,
                     count,
                     phase: ArrPhase::Comma,
@@ -748,7 +942,7 @@ impl State {
                 true
             }
             (ArrPhase::Open | ArrPhase::Comma, _) if can_add => {
-                self.stack.push(Frame::Arr {
+                self.push(Frame::Arr {
                     n,
                     count,
                     phase: ArrPhase::Next,
@@ -768,15 +962,16 @@ impl State {
         phase: ObjPhase,
         b: u8,
     ) -> bool {
-        let props = match (n != FREE).then(|| &nodes[n as usize]) {
-            Some(Node::Object { props, required }) => Some((&props[..], *required)),
-            _ => None,
+        let (props, free_value) = match (n != FREE).then(|| &nodes[n as usize]) {
+            Some(Node::Object { props, required }) => (Some((&props[..], *required)), ANY),
+            Some(Node::Map { value }) => (None, *value),
+            _ => (None, ANY),
         };
         if let ObjPhase::Key { cand, len, esc } = phase {
             return self.feed_key(nodes, n, seen, props.map(|p| p.0), cand, len, esc, b);
         }
         if is_ws(b) {
-            self.stack.push(Frame::Obj {
+            self.push(Frame::Obj {
                 n,
                 seen,
                 cur,
@@ -791,11 +986,11 @@ impl State {
             .unwrap_or(u64::MAX);
         match (phase, b) {
             (ObjPhase::Open | ObjPhase::Next, b'}') if all_required => {
-                self.value_done();
+                self.close_container();
                 true
             }
             (ObjPhase::Next, b',') if unseen != 0 => {
-                self.stack.push(Frame::Obj {
+                self.push(Frame::Obj {
                     n,
                     seen,
                     cur,
@@ -804,7 +999,7 @@ impl State {
                 true
             }
             (ObjPhase::Open | ObjPhase::Comma, b'"') if unseen != 0 => {
-                self.stack.push(Frame::Obj {
+                self.push(Frame::Obj {
                     n,
                     seen,
                     cur,
@@ -817,14 +1012,14 @@ impl State {
                 true
             }
             (ObjPhase::Colon, b':') => {
-                self.stack.push(Frame::Obj {
+                self.push(Frame::Obj {
                     n,
                     seen,
                     cur,
                     phase: ObjPhase::Next,
                 });
-                let value = props.map_or(ANY, |(p, _)| p[cur as usize].1);
-                self.stack.push(Frame::Value(value));
+                let value = props.map_or(free_value, |(p, _)| p[cur as usize].1);
+                self.push(Frame::Value(value));
                 true
             }
             _ => false,
@@ -834,7 +1029,7 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     fn feed_key(
         &mut self,
-        nodes: &[Node],
+        _nodes: &[Node],
         n: u32,
         seen: u64,
         props: Option<&[(Vec<u8>, u32)]>,
@@ -845,24 +1040,12 @@ impl State {
     ) -> bool {
         let Some(props) = props else {
             // A free key: a plain JSON string.
-            let mut m = State {
-                stack: vec![Frame::Str {
-                    n: FREE,
-                    len,
-                    esc,
-                    cand: 0,
-                }],
-                ws_run: 0,
-                done: false,
+            let phase = match str_step(len, esc, 0, None, b) {
+                StrStep::Go { len, esc } => ObjPhase::Key { cand, len, esc },
+                StrStep::Close => ObjPhase::Colon,
+                StrStep::Reject => return false,
             };
-            if !m.feed(nodes, b) {
-                return false;
-            }
-            let phase = match m.stack.last() {
-                Some(&Frame::Str { len, esc, .. }) => ObjPhase::Key { cand, len, esc },
-                _ => ObjPhase::Colon, // the closing quote
-            };
-            self.stack.push(Frame::Obj {
+            self.push(Frame::Obj {
                 n,
                 seen,
                 cur: 0,
@@ -876,7 +1059,7 @@ impl State {
             else {
                 return false;
             };
-            self.stack.push(Frame::Obj {
+            self.push(Frame::Obj {
                 n,
                 seen: seen | 1 << i,
                 cur: i as u32,
@@ -893,7 +1076,7 @@ impl State {
         if c == 0 {
             return false;
         }
-        self.stack.push(Frame::Obj {
+        self.push(Frame::Obj {
             n,
             seen,
             cur: 0,
@@ -905,6 +1088,396 @@ impl State {
         });
         true
     }
+}
+
+/// What one byte does to a string without enum values.
+enum StrStep {
+    /// Still inside: characters so far and the escape state.
+    Go {
+        len: u32,
+        esc: u8,
+    },
+    /// The closing quote.
+    Close,
+    Reject,
+}
+
+/// One byte of a string holding `len` characters (escapes and multi-byte characters count
+/// once) in escape state `esc` (0 none, 1 after `\`, 2..=5 hex digits left + 1, UTF-8
+/// states from [`UTF8`]), with `min_len` / `max_len` characters.
+fn str_step(len: u32, esc: u8, min_len: u32, max_len: Option<u32>, b: u8) -> StrStep {
+    let full = max_len.is_some_and(|m| len >= m);
+    match esc {
+        0 => match b {
+            b'"' if len < min_len => StrStep::Reject,
+            b'"' => StrStep::Close,
+            b'\\' if full => StrStep::Reject,
+            b'\\' => StrStep::Go { len, esc: 1 },
+            0..=0x1f => StrStep::Reject,
+            _ if full => StrStep::Reject,
+            _ => match utf8_lead(b) {
+                Some(esc) => StrStep::Go { len: len + 1, esc },
+                None => StrStep::Reject,
+            },
+        },
+        // Inside a multi-byte character (counted once, at its lead byte).
+        k if k >= UTF8 => match utf8_next(k, b) {
+            Some(esc) => StrStep::Go { len, esc },
+            None => StrStep::Reject,
+        },
+        1 => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => StrStep::Go {
+                len: len + 1,
+                esc: 0,
+            },
+            b'u' => StrStep::Go { len, esc: 5 },
+            _ => StrStep::Reject,
+        },
+        k => {
+            if !b.is_ascii_hexdigit() {
+                return StrStep::Reject;
+            }
+            let left = k - 1;
+            StrStep::Go {
+                len: len + u32::from(left == 1),
+                esc: if left == 1 { 0 } else { left },
+            }
+        }
+    }
+}
+
+/// The characters of a token read as string content from outside any escape, when every
+/// byte is plain content (no quote, backslash or control byte; well-formed UTF-8 from a
+/// character boundary, possibly ending inside a character). Such a token is allowed
+/// inside a string exactly when that many more characters fit.
+fn content_chars(bytes: &[u8]) -> Option<u32> {
+    let mut esc = 0u8;
+    let mut n = 0u32;
+    for &b in bytes {
+        if esc >= UTF8 {
+            esc = utf8_next(esc, b)?;
+        } else {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                return None;
+            }
+            esc = utf8_lead(b)?;
+            n += 1;
+        }
+    }
+    Some(n)
+}
+
+/// A byte trie over token pieces in preorder: node `i` is reached by `byte[i]` from its
+/// parent at depth `depth[i] - 1`, its subtree ends before `end[i]`, and the tokens whose
+/// piece ends there are `toks[first[i]..first[i + 1]]`.
+#[derive(Debug, Default)]
+struct Trie {
+    byte: Vec<u8>,
+    depth: Vec<u32>,
+    end: Vec<u32>,
+    first: Vec<u32>,
+    toks: Vec<u32>,
+}
+
+impl Trie {
+    fn build(mut items: Vec<(&[u8], u32)>) -> Trie {
+        items.sort_unstable();
+        let mut t = Trie::default();
+        let mut path: Vec<usize> = Vec::new();
+        let mut prev: &[u8] = &[];
+        for (bytes, id) in items {
+            let lcp = prev
+                .iter()
+                .zip(bytes)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(path.len());
+            while path.len() > lcp {
+                let n = path.pop().expect("non-empty path");
+                t.end[n] = t.byte.len() as u32;
+            }
+            for (k, &b) in bytes.iter().enumerate().skip(lcp) {
+                path.push(t.byte.len());
+                t.byte.push(b);
+                t.depth.push(k as u32);
+                t.end.push(0);
+                t.first.push(t.toks.len() as u32);
+            }
+            t.toks.push(id);
+            prev = bytes;
+        }
+        while let Some(n) = path.pop() {
+            t.end[n] = t.byte.len() as u32;
+        }
+        t.first.push(t.toks.len() as u32);
+        t
+    }
+
+    fn len(&self) -> usize {
+        self.byte.len()
+    }
+
+    fn tokens(&self, i: usize) -> &[u32] {
+        &self.toks[self.first[i] as usize..self.first[i + 1] as usize]
+    }
+}
+
+fn set_bit(out: &mut [u64], t: u32) {
+    out[t as usize / 64] |= 1 << (t % 64);
+}
+
+/// A model's vocabulary prepared for constraint masks: built once per model, shared by
+/// every constrained request.
+#[derive(Debug)]
+pub struct TokenIndex {
+    n_vocab: usize,
+    /// Every token with a non-empty piece (end-of-generation tokens aside).
+    full: Trie,
+    /// The tokens that are not plain string content (see [`content_chars`]).
+    special: Trie,
+    /// Plain string-content tokens by character count: `content[..content_upto[k]]` have
+    /// at most `k` characters (the last entry covers them all).
+    content: Vec<u32>,
+    content_upto: Vec<u32>,
+    content_all: Vec<u64>,
+    eog: Vec<u32>,
+}
+
+impl TokenIndex {
+    /// From each token's bytes (None for control tokens, which are never allowed) and
+    /// which tokens end generation (allowed once the output may end).
+    pub fn new(pieces: &[Option<Vec<u8>>], is_eog: impl Fn(u32) -> bool) -> TokenIndex {
+        let n_vocab = pieces.len();
+        let mut all = Vec::new();
+        let mut special = Vec::new();
+        let mut content: Vec<(u32, u32)> = Vec::new();
+        let mut eog = Vec::new();
+        for (t, p) in pieces.iter().enumerate() {
+            let t = t as u32;
+            if is_eog(t) {
+                eog.push(t);
+                continue;
+            }
+            let Some(p) = p.as_deref().filter(|p| !p.is_empty()) else {
+                continue;
+            };
+            all.push((p, t));
+            match content_chars(p) {
+                Some(n) => content.push((n, t)),
+                None => special.push((p, t)),
+            }
+        }
+        content.sort_unstable();
+        let max_chars = content.last().map_or(0, |c| c.0) as usize;
+        let mut content_upto = vec![0u32; max_chars + 1];
+        for (i, &(n, _)) in content.iter().enumerate() {
+            content_upto[n as usize] = i as u32 + 1;
+        }
+        for k in 1..content_upto.len() {
+            content_upto[k] = content_upto[k].max(content_upto[k - 1]);
+        }
+        let mut content_all = vec![0u64; n_vocab.div_ceil(64)];
+        for &(_, t) in &content {
+            set_bit(&mut content_all, t);
+        }
+        TokenIndex {
+            n_vocab,
+            full: Trie::build(all),
+            special: Trie::build(special),
+            content: content.into_iter().map(|c| c.1).collect(),
+            content_upto,
+            content_all,
+            eog,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// The most automaton bytes one [`JsonMachine::mask`] may feed: every trie node once.
+    /// A property of the vocabulary, independent of any request.
+    pub fn cost_bound(&self) -> usize {
+        self.full.len()
+    }
+
+    /// Nodes of the trie walked inside strings (the tokens that are not plain content).
+    pub fn special_nodes(&self) -> usize {
+        self.special.len()
+    }
+}
+
+impl JsonMachine {
+    /// The characters that still fit when the output is inside a string (or a free
+    /// object key) outside any escape, where plain content tokens depend only on that
+    /// count: `Some(None)` for no limit; None elsewhere.
+    fn content_room(&self) -> Option<Option<u32>> {
+        match self.st.stack.last()? {
+            Frame::Str { n, len, esc: 0, .. } => {
+                if *n == FREE {
+                    return Some(None);
+                }
+                match &self.nodes[*n as usize] {
+                    Node::String {
+                        enumv: None,
+                        max_len,
+                        ..
+                    } => Some(max_len.map(|m| m.saturating_sub(*len))),
+                    _ => None,
+                }
+            }
+            Frame::Obj {
+                n,
+                phase: ObjPhase::Key { esc: 0, .. },
+                ..
+            } if *n == FREE || matches!(self.nodes[*n as usize], Node::Map { .. }) => Some(None),
+            _ => None,
+        }
+    }
+
+    /// Every token that may come next, as a bitset over the vocabulary in `out`: tokens
+    /// whose bytes all keep the output a valid prefix, and the end-of-generation tokens
+    /// when `allow_eog` and the output may end here. Returns the automaton bytes fed,
+    /// never more than [`TokenIndex::cost_bound`]. The machine is left as it was.
+    pub fn mask(&mut self, idx: &TokenIndex, allow_eog: bool, out: &mut Vec<u64>) -> usize {
+        out.clear();
+        out.resize(idx.n_vocab.div_ceil(64), 0);
+        if self.st.done {
+            return 0;
+        }
+        let fed = match self.content_room() {
+            Some(room) => {
+                match room {
+                    None => {
+                        for (o, c) in out.iter_mut().zip(&idx.content_all) {
+                            *o |= c;
+                        }
+                    }
+                    Some(r) => {
+                        let k = (r as usize).min(idx.content_upto.len() - 1);
+                        for &t in &idx.content[..idx.content_upto[k] as usize] {
+                            set_bit(out, t);
+                        }
+                    }
+                }
+                self.walk(&idx.special, out)
+            }
+            None => self.walk(&idx.full, out),
+        };
+        if allow_eog && self.can_end() {
+            for &t in &idx.eog {
+                set_bit(out, t);
+            }
+        }
+        fed
+    }
+
+    /// Walks `trie` from the current state, setting the bits of every token it accepts;
+    /// a refused node skips its subtree. Returns the bytes fed.
+    fn walk(&mut self, trie: &Trie, out: &mut [u64]) -> usize {
+        let nodes = &*self.nodes;
+        let st = &mut self.st;
+        let marks = &mut self.marks;
+        st.logging = true;
+        st.log.clear();
+        let base = st.mark();
+        marks.clear();
+        marks.push(base);
+        let mut fed = 0;
+        let mut i = 0;
+        while i < trie.len() {
+            let d = trie.depth[i] as usize;
+            st.reset(marks[d]);
+            fed += 1;
+            if st.feed(nodes, trie.byte[i]) {
+                for &t in trie.tokens(i) {
+                    set_bit(out, t);
+                }
+                marks.truncate(d + 1);
+                marks.push(st.mark());
+                i += 1;
+            } else {
+                i = trie.end[i] as usize;
+            }
+        }
+        st.reset(base);
+        st.logging = false;
+        st.log.clear();
+        fed
+    }
+}
+
+/// An independent check that `doc` satisfies `schema` under JSON Schema's rules, for the
+/// keywords [`Format::json_schema`] accepts (for tests and fuzzing: the automaton must
+/// only ever produce documents this accepts).
+pub fn validate(schema: &Value, doc: &Value) -> Result<(), String> {
+    let s = schema.as_object().ok_or("a schema must be an object")?;
+    let fail = |why: String| Err(format!("{doc}: {why}"));
+    if let Some(e) = s.get("enum").and_then(Value::as_array) {
+        if !e.contains(doc) {
+            return fail(format!("not one of {}", Value::Array(e.clone())));
+        }
+    }
+    if let Some(t) = s.get("type").and_then(Value::as_str) {
+        let ok = match t {
+            "object" => doc.is_object(),
+            "array" => doc.is_array(),
+            "string" => doc.is_string(),
+            "integer" => doc.is_i64() || doc.is_u64(),
+            "number" => doc.is_number(),
+            "boolean" => doc.is_boolean(),
+            "null" => doc.is_null(),
+            _ => false,
+        };
+        if !ok {
+            return fail(format!("not of type {t}"));
+        }
+    }
+    let num = |k: &str| s.get(k).and_then(Value::as_u64);
+    match doc {
+        Value::String(x) => {
+            let n = x.chars().count() as u64;
+            if num("minLength").is_some_and(|m| n < m) || num("maxLength").is_some_and(|m| n > m) {
+                return fail("length out of range".into());
+            }
+        }
+        Value::Array(a) => {
+            let n = a.len() as u64;
+            if num("minItems").is_some_and(|m| n < m) || num("maxItems").is_some_and(|m| n > m) {
+                return fail("item count out of range".into());
+            }
+            if let Some(items) = s.get("items") {
+                for x in a {
+                    validate(items, x)?;
+                }
+            }
+        }
+        Value::Object(o) => {
+            for r in s
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if !r.as_str().is_some_and(|r| o.contains_key(r)) {
+                    return fail(format!("required {r} missing"));
+                }
+            }
+            let props = s.get("properties").and_then(Value::as_object);
+            for (k, v) in o {
+                match props.and_then(|p| p.get(k)) {
+                    Some(ps) => validate(ps, v)?,
+                    None => match s.get("additionalProperties") {
+                        Some(Value::Bool(false)) => return fail(format!("extra key {k}")),
+                        Some(a @ Value::Object(_)) => validate(a, v)?,
+                        _ => {}
+                    },
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -976,8 +1549,12 @@ mod tests {
     #[test]
     fn numbers_are_bounded() {
         let f = Format::json_schema(&json!({"type": "integer"})).unwrap();
-        assert!(prefix_ok(&f, &"9".repeat(20)));
-        assert!(!prefix_ok(&f, &"9".repeat(21)));
+        assert!(prefix_ok(&f, &"9".repeat(18)));
+        assert!(!prefix_ok(&f, &"9".repeat(19)));
+        assert!(!prefix_ok(&f, &format!("-{}", "9".repeat(18))));
+        let n = Format::json_schema(&json!({"type": "number"})).unwrap();
+        assert!(prefix_ok(&n, &"9".repeat(20)));
+        assert!(!prefix_ok(&n, &"9".repeat(21)));
         let mut m = f.start();
         assert!(m.push(b"-12") && !m.is_complete() && m.can_end());
     }
@@ -1066,8 +1643,26 @@ mod tests {
                 "'int'",
             ),
             (
-                json!({"type": "object", "properties": {}, "required": ["x"]}),
-                "not a property",
+                json!({"type": "object", "required": ["x"], "additionalProperties": false}),
+                "required",
+            ),
+            (json!({"type": "string", "minItems": 1}), "'minItems'"),
+            (json!({"minLength": 1, "items": {}}), "give a \"type\""),
+            (json!({"type": "integer", "enum": ["abc"]}), "enum"),
+            (json!({"enum": ["ab"], "maxLength": 1}), "enum"),
+            (
+                json!({"type": "string", "minLength": 5, "maxLength": 1}),
+                "minLength",
+            ),
+            (
+                json!({"type": "array", "minItems": 2, "maxItems": 1}),
+                "minItems",
+            ),
+            (json!({"type": "object", "required": "x"}), "required"),
+            (json!({"type": "array", "items": [{}]}), "items"),
+            (
+                json!({"type": "object", "additionalProperties": 1}),
+                "additionalProperties",
             ),
             (json!({"enum": [1, 2]}), "only string"),
         ] {
@@ -1078,5 +1673,213 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(Format::from_response_format(&json!({"type": "xml"})).is_err());
+    }
+
+    /// A small vocabulary: every single byte (so every document is reachable) and
+    /// multi-byte pieces of JSON, words, UTF-8 (whole and split) and escapes.
+    fn vocab() -> Vec<Option<Vec<u8>>> {
+        let mut v: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+        for p in [
+            "{\"",
+            "\":",
+            "\": \"",
+            "\", \"",
+            "\"}",
+            "\"]",
+            "[\"",
+            "[1",
+            "],",
+            "]}",
+            "}}",
+            "},",
+            " \"",
+            "\n  ",
+            "   ",
+            "    ",
+            "true",
+            "false",
+            "null",
+            "12",
+            "0.5",
+            "-3",
+            "e+",
+            "1e",
+            "name",
+            " age",
+            "abc",
+            "hello world",
+            "\\u00",
+            "\\n",
+            "\\\"",
+            "é",
+            "€",
+            "ab\"",
+            "a\"}",
+            "x\",\"y",
+            "\":1}",
+            "\":[",
+            "\":{\"",
+            "\"a\"",
+            ", ",
+            "0",
+            "00",
+            "9999999999",
+        ] {
+            v.push(Some(p.as_bytes().to_vec()));
+        }
+        v.push(Some(vec![0xe2, 0x82])); // a split euro sign
+        v.push(Some(vec![0x82, 0xac, b'a']));
+        v.push(Some(vec![0xff, b'a'])); // never valid
+        v.push(None); // a control token
+        v.push(None); // end of generation
+        v
+    }
+
+    fn index() -> (TokenIndex, Vec<Option<Vec<u8>>>, u32) {
+        let v = vocab();
+        let eog = v.len() as u32 - 1;
+        (TokenIndex::new(&v, |t| t == eog), v, eog)
+    }
+
+    fn bit(m: &[u64], t: usize) -> bool {
+        m[t / 64] >> (t % 64) & 1 == 1
+    }
+
+    fn next(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    /// Random walks over masks: the mask is exactly the set of tokens `accepts` allows
+    /// (plus end of generation when the output may end), it is never empty before the
+    /// value is complete, the work stays within the trie bound, and every finished
+    /// output parses and validates against the schema.
+    fn walk_schema(schema: &Value, walks: usize, seed: &mut u64) {
+        let (idx, v, eog) = index();
+        let f = Format::json_schema(schema).unwrap_or_else(|e| panic!("{schema}: {e}"));
+        let mut out = Vec::new();
+        for _ in 0..walks {
+            let mut m = f.start();
+            let mut text = Vec::new();
+            for _step in 0..200 {
+                let fed = m.mask(&idx, true, &mut out);
+                assert!(fed <= idx.cost_bound(), "{fed} > {}", idx.cost_bound());
+                let mut allowed = Vec::new();
+                for (t, p) in v.iter().enumerate() {
+                    let want = if t as u32 == eog {
+                        m.can_end()
+                    } else {
+                        p.as_deref().is_some_and(|p| m.accepts(p))
+                    };
+                    assert_eq!(
+                        bit(&out, t),
+                        want,
+                        "{schema}: token {t} {p:?} after {:?}",
+                        String::from_utf8_lossy(&text)
+                    );
+                    if want {
+                        allowed.push(t);
+                    }
+                }
+                assert!(
+                    !allowed.is_empty(),
+                    "{schema}: dead end after {:?}",
+                    String::from_utf8_lossy(&text)
+                );
+                // Prefer closing tokens now and then so walks finish.
+                let pick = allowed[next(seed) as usize % allowed.len()];
+                if pick as u32 == eog {
+                    break;
+                }
+                let p = v[pick].as_deref().unwrap();
+                assert!(m.push(p));
+                text.extend_from_slice(p);
+                if m.is_complete() {
+                    break;
+                }
+            }
+            if m.is_complete() || m.can_end() {
+                let doc: Value = serde_json::from_slice(&text).unwrap_or_else(|e| {
+                    panic!("{schema}: {:?}: {e}", String::from_utf8_lossy(&text))
+                });
+                validate(schema, &doc).unwrap_or_else(|e| panic!("{schema}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    fn masks_are_exact_and_finished_outputs_validate() {
+        let mut seed = 11;
+        for schema in [
+            json!({"type": "object"}),
+            json!({"type": "array"}),
+            json!({"type": "string", "minLength": 2, "maxLength": 4}),
+            json!({"type": "object", "required": ["a"], "additionalProperties": {"type": "integer"}}),
+            json!({"type": "object", "additionalProperties": {"type": "array", "maxItems": 2}}),
+            json!({"type": "object", "additionalProperties": false}),
+            json!({"properties": {"name": {"type": "string", "maxLength": 3},
+                   "tags": {"type": "array", "items": {"enum": ["a", "abc"]}, "minItems": 1}},
+                   "required": ["tags"]}),
+            json!({"type": "number"}),
+            json!({}),
+        ] {
+            walk_schema(&schema, 40, &mut seed);
+        }
+    }
+
+    #[test]
+    fn keywords_are_enforced() {
+        let f = |s: Value| Format::json_schema(&s).unwrap();
+        // `required` without properties: the key must appear before the object closes.
+        let r = f(json!({"type": "object", "required": ["k"]}));
+        assert!(!prefix_ok(&r, "{}"));
+        assert!(ok(&r, r#"{"k": [1]}"#));
+        // Object keywords without `type` make an object.
+        let o = f(json!({"properties": {"a": {"type": "integer"}}, "required": ["a"]}));
+        assert!(!prefix_ok(&o, "1"));
+        assert!(ok(&o, r#"{"a": 5}"#));
+        // additionalProperties false: nothing but {}; a schema: every value follows it.
+        let none = f(json!({"type": "object", "additionalProperties": false}));
+        assert!(ok(&none, "{}"));
+        assert!(!prefix_ok(&none, "{\""));
+        let ints = f(json!({"type": "object", "additionalProperties": {"type": "integer"}}));
+        assert!(ok(&ints, r#"{"x": 1, "y": -2}"#));
+        assert!(!prefix_ok(&ints, r#"{"x": "s"#));
+        // enum with lengths keeps the values that fit.
+        let e = f(json!({"enum": ["a", "abc", "abcdef"], "maxLength": 3}));
+        assert!(ok(&e, "\"abc\""));
+        assert!(!prefix_ok(&e, "\"abcd"));
+        // Nesting is bounded: free arrays cannot open a 33rd level.
+        let any = f(json!({}));
+        let deep = "[".repeat(MAX_DEPTH as usize);
+        assert!(prefix_ok(&any, &deep));
+        assert!(!prefix_ok(&any, &format!("{deep}[")));
+        let mut nested = json!({"type": "array"});
+        for _ in 0..MAX_DEPTH {
+            nested = json!({"type": "array", "items": nested});
+        }
+        assert!(Format::json_schema(&nested).unwrap_err().contains("nest"));
+    }
+
+    /// The work of one mask is bounded by the trie whatever the state: strings walk only
+    /// the tokens that are not plain content.
+    #[test]
+    fn mask_work_is_bounded_by_the_trie() {
+        let (idx, _, _) = index();
+        let f =
+            Format::json_schema(&json!({"type": "array", "items": {"type": "string"}})).unwrap();
+        let mut m = f.start();
+        assert!(m.push(b"[\"some text"));
+        let mut out = Vec::new();
+        let fed = m.mask(&idx, true, &mut out);
+        assert!(
+            fed <= idx.special_nodes(),
+            "{fed} > {}",
+            idx.special_nodes()
+        );
+        assert!(idx.special_nodes() < idx.cost_bound());
+        assert!(bit(&out, b'a' as usize) && bit(&out, b'"' as usize) && !bit(&out, 0x01));
     }
 }

@@ -22,7 +22,7 @@ use runtime::sampling::{Sampler, SamplingParams};
 use runtime::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
-use crate::constrain::JsonMachine;
+use crate::constrain::{JsonMachine, TokenIndex};
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::{Metrics, Outcome};
 use crate::scheduler::{Scheduler, SchedulerConfig, SeqEntry};
@@ -99,6 +99,8 @@ pub struct GenRequest {
     pub arrival: Instant,
     /// Its cache-isolation domain.
     pub tenant: crate::tenant::Tenant,
+    /// Shared by the choices of one request, which counts one outcome.
+    pub tally: Arc<crate::metrics::Tally>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -215,15 +217,23 @@ impl Shared {
     }
 }
 
+/// Picks tenants by label.
+pub type TenantFilter = Box<dyn Fn(&str) -> bool + Send>;
+
 enum Msg {
     Submit(Box<GenRequest>),
-    ResetPrefixCache,
+    /// Forget cached prefixes: every tenant's (None), or those of the tenants a filter
+    /// picks by label.
+    ResetPrefixCache(Option<TenantFilter>),
     Stop,
 }
 
 pub struct Engine {
     tx: Mutex<std_mpsc::Sender<Msg>>,
     pub shared: Arc<Shared>,
+    /// The model name or path the engine was started with (a request's `model` may say
+    /// it).
+    pub model_name: String,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -240,6 +250,7 @@ impl Engine {
         });
         let (tx, rx) = std_mpsc::channel();
         let sh = shared.clone();
+        let model_name = cfg.model.clone();
         let thread = std::thread::Builder::new()
             .name("rserve-engine".into())
             .spawn(move || {
@@ -251,6 +262,7 @@ impl Engine {
         Engine {
             tx: Mutex::new(tx),
             shared,
+            model_name,
             thread: Mutex::new(Some(thread)),
         }
     }
@@ -307,10 +319,20 @@ impl Engine {
     /// Forgets every cached prefix (blocks in use stay with their sequences). Takes effect
     /// before any request submitted after this call.
     pub fn reset_prefix_cache(&self) -> bool {
+        self.send(Msg::ResetPrefixCache(None))
+    }
+
+    /// Forgets the cached prefixes that tenants whose label `only` accepts published
+    /// (blocks in use stay with their sequences); other tenants' caches are untouched.
+    pub fn reset_tenant_prefix_cache(&self, only: TenantFilter) -> bool {
+        self.send(Msg::ResetPrefixCache(Some(only)))
+    }
+
+    fn send(&self, m: Msg) -> bool {
         self.tx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(Msg::ResetPrefixCache)
+            .send(m)
             .is_ok()
     }
 
@@ -647,7 +669,8 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         active: HashMap::new(),
         next_id: 1,
         shared,
-        token_bytes: None,
+        token_index: None,
+        mask: Vec::new(),
         persist,
     };
     shared.set_state(State::Ready);
@@ -667,6 +690,8 @@ struct Active<'t> {
     n_sampled: usize,
     /// Where the output stands in its `response_format`.
     constraint: Option<JsonMachine>,
+    /// The request's choices, for its one outcome.
+    tally: Arc<crate::metrics::Tally>,
 }
 
 impl Active<'_> {
@@ -721,54 +746,38 @@ struct BatchLoop<'a> {
     active: HashMap<SeqId, Active<'a>>,
     next_id: SeqId,
     shared: &'a Shared,
-    /// Each token's bytes (None for special tokens), built on the first constrained
+    /// The vocabulary's token trie for constraint masks, built on the first constrained
     /// request.
-    token_bytes: Option<Vec<Option<Vec<u8>>>>,
+    token_index: Option<TokenIndex>,
+    /// Scratch: the current constraint mask, a bit per token.
+    mask: Vec<u64>,
     /// The on-disk copy of the prefix cache, with --kv-persist.
     persist: Option<crate::persist::Persist>,
 }
 
-/// Samples a token `m` accepts: the sampler's choice when that is allowed, otherwise the
-/// sampler again with the refused tokens removed (bounded), then with every refused token
-/// removed. End-of-generation is allowed only once the output could end. None when no
-/// token can continue the output.
-fn sample_constrained(
-    sampler: &mut Sampler,
-    logits: &mut [f32],
-    m: &JsonMachine,
-    bytes: &[Option<Vec<u8>>],
-    is_eog: &dyn Fn(u32) -> bool,
-) -> Option<u32> {
-    let allowed = |t: u32| {
-        if is_eog(t) {
-            m.can_end()
-        } else {
-            bytes[t as usize].as_deref().is_some_and(|b| m.accepts(b))
-        }
-    };
-    let raw = logits.to_vec();
-    let mut refused: Vec<u32> = Vec::new();
-    for _ in 0..32 {
-        logits.copy_from_slice(&raw);
-        for &r in &refused {
-            logits[r as usize] = f32::NEG_INFINITY;
-        }
-        let t = sampler.sample(logits);
-        if allowed(t) {
-            return Some(t);
-        }
-        refused.push(t);
-    }
-    logits.copy_from_slice(&raw);
-    let mut any = false;
-    for (t, l) in logits.iter_mut().enumerate() {
-        if allowed(t as u32) {
-            any = true;
-        } else {
-            *l = f32::NEG_INFINITY;
+/// Samples from `logits` with every token outside `mask` (a bit per token) removed first,
+/// so the sampler's distribution is the model's conditioned on the constraint; nothing
+/// is sampled twice. None when the mask allows no token.
+fn sample_masked(sampler: &mut Sampler, logits: &mut [f32], mask: &[u64]) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (w, chunk) in logits.chunks_mut(64).enumerate() {
+        let bits = mask[w];
+        for (j, l) in chunk.iter_mut().enumerate() {
+            if bits >> j & 1 == 0 {
+                *l = f32::NEG_INFINITY;
+            } else if best.is_none_or(|b| *l > b.1) {
+                best = Some(((w * 64 + j) as u32, *l));
+            }
         }
     }
-    any.then(|| sampler.sample(logits))
+    let (fallback, _) = best?;
+    let t = sampler.sample(logits);
+    // Rounding in the sampler's cumulative sum can leave it on a removed token (its last
+    // candidate); the most likely allowed token stands in.
+    let allowed = mask
+        .get(t as usize / 64)
+        .is_some_and(|w| w >> (t % 64) & 1 == 1);
+    Some(if allowed { t } else { fallback })
 }
 
 impl<'a> BatchLoop<'a> {
@@ -784,7 +793,7 @@ impl<'a> BatchLoop<'a> {
                 };
                 match msg {
                     Ok(Msg::Submit(r)) => self.accept(*r),
-                    Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
+                    Ok(Msg::ResetPrefixCache(only)) => self.reset_cache(only),
                     Ok(Msg::Stop) | Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
                     Err(std_mpsc::RecvTimeoutError::Timeout) => {}
                 }
@@ -793,7 +802,7 @@ impl<'a> BatchLoop<'a> {
             loop {
                 match rx.try_recv() {
                     Ok(Msg::Submit(r)) => self.accept(*r),
-                    Ok(Msg::ResetPrefixCache) => self.kv.clear_prefix_cache(),
+                    Ok(Msg::ResetPrefixCache(only)) => self.reset_cache(only),
                     Ok(Msg::Stop) => stop = true,
                     Err(std_mpsc::TryRecvError::Empty) => break,
                     Err(std_mpsc::TryRecvError::Disconnected) => {
@@ -809,9 +818,11 @@ impl<'a> BatchLoop<'a> {
             if !self.sched.is_idle() {
                 self.step();
             }
-            if let Some(p) = self.persist.as_mut().filter(|p| p.due()) {
+            if self.persist.as_mut().is_some_and(|p| p.due()) {
                 let sched = &self.sched;
-                p.write_new(self.kv, |k| sched.tenant_of(k).cloned());
+                if let Some(p) = self.persist.as_mut() {
+                    p.write_new(self.kv, |k| sched.tenant_of(k).cloned());
+                }
             }
             self.update_gauges();
         }
@@ -829,7 +840,9 @@ impl<'a> BatchLoop<'a> {
         while let Ok(m) = rx.try_recv() {
             if let Msg::Submit(r) = m {
                 self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-                self.shared.count(Outcome::Unavailable);
+                self.shared
+                    .metrics()
+                    .end_choice(Outcome::Unavailable, &r.tally);
                 let _ = r.events.send(Event::Error(ApiError::new(
                     ApiErrorKind::Unavailable { retry_after_s: 5 },
                     "the server is shutting down",
@@ -843,9 +856,19 @@ impl<'a> BatchLoop<'a> {
         }
     }
 
+    fn reset_cache(&mut self, only: Option<TenantFilter>) {
+        match only {
+            None => self.kv.clear_prefix_cache(),
+            Some(f) => {
+                let n = self.sched.forget_tenant_prefixes(self.kv, |t| f(t));
+                eprintln!("rserve: reset_prefix_cache: {n} cached blocks of one tenant dropped");
+            }
+        }
+    }
+
     fn accept(&mut self, r: GenRequest) {
         let constraint = r.params.format.as_ref().map(|f| f.start());
-        let needs_bytes = constraint.is_some();
+        let needs_index = constraint.is_some();
         let id = self.next_id;
         self.next_id += 1;
         let mut sampler = Sampler::new(r.params.sampling.clone());
@@ -865,15 +888,25 @@ impl<'a> BatchLoop<'a> {
                 last_token_at: None,
                 n_sampled: 0,
                 constraint,
+                tally: r.tally,
             },
         );
-        if needs_bytes && self.token_bytes.is_none() {
+        if needs_index && self.token_index.is_none() {
             let tok = self.tok;
-            self.token_bytes = Some(
-                (0..tok.n_vocab() as u32)
-                    .map(|t| (!tok.is_control(t)).then(|| tok.token_to_piece(t, false)))
-                    .collect(),
+            let t0 = Instant::now();
+            let pieces: Vec<Option<Vec<u8>>> = (0..tok.n_vocab() as u32)
+                .map(|t| (!tok.is_control(t)).then(|| tok.token_to_piece(t, false)))
+                .collect();
+            let idx = TokenIndex::new(&pieces, |t| tok.is_eog(t));
+            eprintln!(
+                "rserve: constraint token trie: {} nodes ({} outside plain string content), \
+                 built in {:.0} ms",
+                idx.cost_bound(),
+                idx.special_nodes(),
+                t0.elapsed().as_secs_f64() * 1e3
             );
+            self.shared.metrics().constraint_trie_nodes = idx.cost_bound() as u64;
+            self.token_index = Some(idx);
         }
         self.sched
             .add(SeqEntry::new(id, r.prompt).in_tenant(r.tenant.root, &r.tenant.label));
@@ -898,7 +931,7 @@ impl<'a> BatchLoop<'a> {
         if !a.admitted {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
         }
-        self.shared.count(outcome);
+        self.shared.metrics().end_choice(outcome, &a.tally);
         Some((e?, a))
     }
 
@@ -1002,11 +1035,24 @@ impl<'a> BatchLoop<'a> {
         for &(t, b) in &a.params.logit_bias {
             logits[t as usize] += b;
         }
-        let t = match (&a.constraint, &self.token_bytes) {
-            (Some(m), Some(bytes)) => {
-                match sample_constrained(&mut a.sampler, logits, m, bytes, &|t| tok.is_eog(t)) {
+        let t = match (a.constraint.as_mut(), &self.token_index) {
+            (Some(m), Some(idx)) => {
+                let t0 = Instant::now();
+                let fed = m.mask(idx, !a.params.ignore_eos, &mut self.mask);
+                self.shared
+                    .metrics()
+                    .observe_mask(fed as u64, t0.elapsed().as_secs_f64());
+                match sample_masked(&mut a.sampler, logits, &self.mask) {
                     Some(t) => t,
+                    None if m.can_end() => {
+                        // A top-level number that cannot grow, with ignore_eos: it is done.
+                        let (text, _) = a.drain_tail();
+                        self.finish(id, FinishReason::Stop, text);
+                        return;
+                    }
                     None => {
+                        // Compiled schemas never dead-end; a vocabulary without some
+                        // byte could.
                         self.end_with_error(
                             id,
                             ApiError::new(
@@ -1038,8 +1084,8 @@ impl<'a> BatchLoop<'a> {
         }
         a.sampler.accept(t);
         let mut format_done = false;
-        if let (Some(m), Some(bytes)) = (a.constraint.as_mut(), self.token_bytes.as_ref()) {
-            let ok = bytes[t as usize].as_deref().is_some_and(|b| m.push(b));
+        if let Some(m) = a.constraint.as_mut() {
+            let ok = m.push(&tok.token_to_piece(t, false));
             debug_assert!(ok, "a sampled token is always allowed");
             format_done = m.is_complete();
         }
@@ -1113,6 +1159,10 @@ impl<'a> BatchLoop<'a> {
         m.kv_blocks_used = self.kv.used_blocks();
         m.kv_blocks_free = self.kv.free_blocks();
         m.kv_blocks_cached = self.kv.cached_blocks();
+        if let Some(p) = &self.persist {
+            m.kv_persist_write_errors = p.write_errors();
+            m.kv_persist_blocks_pending = p.pending_blocks() as u64;
+        }
         let mut tenants: std::collections::BTreeMap<String, crate::metrics::TenantKv> =
             Default::default();
         for e in self.sched.entries() {

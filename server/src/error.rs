@@ -9,10 +9,18 @@ pub enum ApiErrorKind {
     InvalidRequest,
     /// 401: a missing or wrong API key.
     Unauthorized,
-    /// 404: unknown model or route.
+    /// 403: refused before anything else (a `Host` this server does not answer to).
+    Forbidden,
+    /// 404: unknown route.
     NotFound,
+    /// 404: the request's `model` is not served here.
+    ModelNotFound,
+    /// 408: the request did not arrive in time.
+    Timeout,
     /// 413: body larger than the configured limit.
     PayloadTooLarge,
+    /// 415: a POST body that is not `application/json`.
+    UnsupportedMediaType,
     /// 429: the admission queue is full.
     Overloaded { retry_after_s: u32 },
     /// 503: the server is loading or shutting down.
@@ -63,8 +71,11 @@ impl ApiError {
         match self.kind {
             ApiErrorKind::InvalidRequest => 400,
             ApiErrorKind::Unauthorized => 401,
-            ApiErrorKind::NotFound => 404,
+            ApiErrorKind::Forbidden => 403,
+            ApiErrorKind::NotFound | ApiErrorKind::ModelNotFound => 404,
+            ApiErrorKind::Timeout => 408,
             ApiErrorKind::PayloadTooLarge => 413,
+            ApiErrorKind::UnsupportedMediaType => 415,
             ApiErrorKind::Overloaded { .. } => 429,
             ApiErrorKind::Unavailable { .. } => 503,
             ApiErrorKind::Internal => 500,
@@ -84,8 +95,14 @@ impl ApiError {
         let (ty, code) = match self.kind {
             ApiErrorKind::InvalidRequest => ("invalid_request_error", None),
             ApiErrorKind::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
+            ApiErrorKind::Forbidden => ("invalid_request_error", Some("forbidden")),
             ApiErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
+            ApiErrorKind::ModelNotFound => ("invalid_request_error", Some("model_not_found")),
+            ApiErrorKind::Timeout => ("invalid_request_error", Some("request_timeout")),
             ApiErrorKind::PayloadTooLarge => ("invalid_request_error", Some("payload_too_large")),
+            ApiErrorKind::UnsupportedMediaType => {
+                ("invalid_request_error", Some("unsupported_media_type"))
+            }
             ApiErrorKind::Overloaded { .. } => ("server_overloaded", Some("rate_limit_exceeded")),
             ApiErrorKind::Unavailable { .. } => ("service_unavailable", None),
             ApiErrorKind::Internal => ("server_error", None),

@@ -4,22 +4,30 @@
 //! Handlers run on a small tokio runtime; they parse and tokenize, then hand the engine a
 //! request carrying its own event channel. A client that goes away drops that channel,
 //! which the engine notices on its next step and frees the sequence.
+//!
+//! Against hostile clients: connections are capped below the descriptor limit (beyond
+//! the cap a connection gets a 503 at once and is closed); a request's headers, and the
+//! wait for the next request on a kept-alive connection, must arrive within
+//! `header_timeout`, its body within `body_timeout`; an oversize `Content-Length` is a 413
+//! before any body byte is read; the API key is checked before the body is read; POST
+//! bodies must be `application/json`; a keyless server checks `Host` against DNS
+//! rebinding; /metrics needs the metrics (or admin) key when keys are configured.
 
 use std::convert::Infallible;
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sha2::Digest as _;
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{self, Kind, RawRequest, ResponseMeta};
@@ -27,8 +35,8 @@ use crate::engine::{
     Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState, Usage,
 };
 use crate::error::{ApiError, ApiErrorKind};
-use crate::metrics::Outcome;
-use crate::tenant::{bearer, ApiKeys, Tenant};
+use crate::metrics::{Outcome, Tally};
+use crate::tenant::{bearer, ApiKeys, Tenant, ADMIN};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -45,6 +53,20 @@ pub struct ServerConfig {
     pub handle_signals: bool,
     /// API keys every route but /health and /metrics requires (None: open).
     pub api_keys: Option<Arc<ApiKeys>>,
+    /// The key /metrics requires (besides the `admin` API key); with API keys and no
+    /// metrics key, only the admin key reads /metrics.
+    pub metrics_key: Option<String>,
+    /// How long a client has to send a request's headers, also the longest a kept-alive
+    /// connection may sit idle between requests.
+    pub header_timeout: Duration,
+    /// How long a client has to send a request's body.
+    pub body_timeout: Duration,
+    /// The most connections open at once (None: from the descriptor limit); always kept
+    /// below the limit with headroom for the engine's files.
+    pub max_connections: Option<usize>,
+    /// Host names a keyless server accepts besides loopback names and IP literals
+    /// (against DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +80,11 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(60),
             handle_signals: false,
             api_keys: None,
+            metrics_key: None,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -67,6 +94,55 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// When set, every route but /health and /metrics needs one of these keys.
     pub keys: Option<Arc<ApiKeys>>,
+    pub limits: Limits,
+    /// Keys the salted tenants' labels are hashed with (random per process).
+    label_key: [u8; 32],
+}
+
+/// What the middleware and handlers enforce per request.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub body_timeout: Duration,
+    /// The /metrics key (its label `metrics`).
+    pub metrics_key: Option<Arc<ApiKeys>>,
+    /// Check `Host` (a keyless server), accepting these names besides loopback names and
+    /// IP literals.
+    pub host_check: Option<Arc<Vec<String>>>,
+}
+
+impl Limits {
+    pub fn new(max_body_bytes: usize) -> Limits {
+        Limits {
+            max_body_bytes,
+            body_timeout: Duration::from_secs(30),
+            metrics_key: None,
+            host_check: None,
+        }
+    }
+}
+
+fn random_key() -> [u8; 32] {
+    use std::io::Read;
+    let mut k = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut k))
+        .is_err()
+    {
+        // No /dev/urandom: a per-process value (labels only need to differ from outside
+        // guesses, not to be secret forever).
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let d = sha2::Sha256::digest(format!("{t}{}", std::process::id()).as_bytes());
+        k.copy_from_slice(&d);
+    }
+    k
+}
+
+fn key_of(headers: &HeaderMap) -> Option<String> {
+    let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    bearer(h("authorization"), h("x-api-key"))
 }
 
 impl AppState {
@@ -94,15 +170,17 @@ impl AppState {
 }
 
 pub fn router(engine: Arc<Engine>, max_body_bytes: usize) -> Router {
-    router_with_keys(engine, max_body_bytes, None)
+    router_with_keys(engine, Limits::new(max_body_bytes), None)
 }
 
 /// [`router`] with API keys required on every route but /health and /metrics.
-pub fn router_with_keys(
-    engine: Arc<Engine>,
-    max_body_bytes: usize,
-    keys: Option<Arc<ApiKeys>>,
-) -> Router {
+pub fn router_with_keys(engine: Arc<Engine>, limits: Limits, keys: Option<Arc<ApiKeys>>) -> Router {
+    let st = AppState {
+        engine,
+        keys,
+        limits,
+        label_key: random_key(),
+    };
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -114,8 +192,136 @@ pub fn router_with_keys(
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(AppState { engine, keys })
+        .layer(middleware::from_fn_with_state(st.clone(), guard))
+        .with_state(st)
+}
+
+/// Whether `host` (a Host header) names this machine as a browser page cannot: a loopback
+/// name, an IP literal, or an allowed name. A DNS-rebinding page reaches us under its own
+/// domain name, which this refuses.
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6]:port
+        match rest.split_once(']') {
+            Some((ip, _)) => return ip.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => return false,
+        }
+    } else {
+        host.rsplit_once(':')
+            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(host, |(h, _)| h)
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name.parse::<std::net::Ipv4Addr>().is_ok()
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
+}
+
+/// Checks every request before routing: `Host` on a keyless server, a JSON body type on
+/// POST, and an announced body no larger than the limit (a 413 at once, nothing read).
+async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    // A generation request refused here still counts once, as a handler's would.
+    let generation = matches!(req.uri().path(), "/v1/completions" | "/v1/chat/completions");
+    let refused = |e: ApiError| {
+        if generation {
+            let mut m = st.engine.shared.metrics();
+            m.requests_received += 1;
+            m.count(Outcome::Invalid);
+        }
+        e.into_response()
+    };
+    let h = req.headers();
+    if let Some(allowed) = &st.limits.host_check {
+        let host = h
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !host_allowed(host, allowed) {
+            return refused(ApiError::new(
+                ApiErrorKind::Forbidden,
+                format!(
+                    "Host {host:?} is not this server's (a keyless rserve answers only loopback \
+                     names, IP addresses and --allowed-host names)"
+                ),
+            ));
+        }
+    }
+    if req.method() == Method::POST {
+        let json = h
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return refused(ApiError::new(
+                ApiErrorKind::UnsupportedMediaType,
+                "POST bodies must be sent as Content-Type: application/json",
+            ));
+        }
+    }
+    let declared = h
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > st.limits.max_body_bytes as u64) {
+        // A client that writes its whole body before reading gets the 413, not a reset
+        // (unread input makes the close a reset): an authorized body up to 4x the limit
+        // is read and dropped first, within the body timeout. Anything bigger, or from a
+        // client without a valid key, gets the 413 at once.
+        let authorized = st.authorize(h).is_ok();
+        if authorized && n <= 4 * st.limits.max_body_bytes as u64 {
+            use futures_util::StreamExt as _;
+            let mut body = req.into_body().into_data_stream();
+            let _ = tokio::time::timeout(st.limits.body_timeout, async {
+                while let Some(Ok(_)) = body.next().await {}
+            })
+            .await;
+        }
+        let mut r = refused(ApiError::new(
+            ApiErrorKind::PayloadTooLarge,
+            format!(
+                "request body is too large (at most {} bytes)",
+                st.limits.max_body_bytes
+            ),
+        ));
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
+    next.run(req).await
+}
+
+/// Reads a request's body after it was authorized: at most the limit, within the body
+/// timeout.
+async fn read_body(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(
+        st.limits.body_timeout,
+        axum::body::to_bytes(body, st.limits.max_body_bytes),
+    )
+    .await
+    {
+        Err(_) => Err(ApiError::new(
+            ApiErrorKind::Timeout,
+            format!(
+                "the request body did not arrive within {:?}",
+                st.limits.body_timeout
+            ),
+        )),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                ApiError::new(ApiErrorKind::PayloadTooLarge, "request body is too large")
+            } else {
+                ApiError::new(
+                    ApiErrorKind::InvalidRequest,
+                    format!("cannot read the request body: {e}"),
+                )
+            })
+        }
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -130,17 +336,6 @@ async fn method_not_allowed() -> Response {
     .into_response();
     *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
     r
-}
-
-fn body_error(e: BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(ApiErrorKind::PayloadTooLarge, "request body is too large")
-    } else {
-        ApiError::new(
-            ApiErrorKind::InvalidRequest,
-            format!("cannot read the request body: {}", e.body_text()),
-        )
-    }
 }
 
 fn loaded(st: &AppState) -> Result<&ServedModel, ApiError> {
@@ -161,35 +356,69 @@ fn outcome_of(e: &ApiError) -> Outcome {
     }
 }
 
-async fn completions(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     generate(st, headers, Kind::Completion, body).await
 }
 
-async fn chat_completions(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat_completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     generate(st, headers, Kind::Chat, body).await
 }
 
-async fn generate(
-    st: AppState,
-    headers: HeaderMap,
-    kind: Kind,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+/// Whether a request's `model` names the served model: its id, the name or path it was
+/// started with, or the file's name or stem.
+fn names_served_model(asked: &str, info: &ServedModel, started_as: &str) -> bool {
+    let file = info.path.file_name().and_then(|f| f.to_str());
+    let stem = info.path.file_stem().and_then(|f| f.to_str());
+    asked == info.id
+        || asked == started_as
+        || Some(asked) == file
+        || Some(asked) == stem
+        || info.path.to_str() == Some(asked)
+}
+
+/// A generation request whose outcome is not counted yet: dropped unsettled, it counts
+/// `cancelled`.
+struct Unsettled(Option<Arc<crate::engine::Shared>>);
+
+impl Unsettled {
+    fn settle(&mut self, o: Outcome) {
+        if let Some(s) = self.0.take() {
+            s.count(o);
+        }
+    }
+
+    /// The engine counts it from now on.
+    fn hand_over(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        self.settle(Outcome::Cancelled);
+    }
+}
+
+async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> Response {
     let arrival = Instant::now();
     let shared = st.engine.shared.clone();
     shared.metrics().requests_received += 1;
+    // Until the engine holds its choices, the request's one outcome is the handler's: a
+    // client that goes away mid-body or mid-tokenizing drops this future, and the guard
+    // counts it cancelled.
+    let mut unsettled = Unsettled(Some(shared.clone()));
     let key_label = match st.authorize(&headers) {
         Ok(l) => l,
         Err(e) => {
-            shared.count(Outcome::Unauthorized);
+            unsettled.settle(Outcome::Unauthorized);
+            return e.into_response();
+        }
+    };
+    // The body is read only now, once the key is known to be good.
+    let body = match read_body(&st, body).await {
+        Ok(b) => b,
+        Err(e) => {
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
     };
@@ -197,7 +426,6 @@ async fn generate(
     // keep it off the async workers.
     let engine = st.engine.clone();
     let prepared = tokio::task::spawn_blocking(move || {
-        let body = body.map_err(body_error)?;
         let info = engine.shared.info.get().ok_or_else(|| {
             ApiError::new(
                 ApiErrorKind::Unavailable { retry_after_s: 5 },
@@ -205,6 +433,17 @@ async fn generate(
             )
         })?;
         let raw: RawRequest = api::parse_json(&body)?;
+        if let Some(m) = raw.model.as_deref() {
+            if !names_served_model(m, info, &engine.model_name) {
+                return Err(ApiError::new(
+                    ApiErrorKind::ModelNotFound,
+                    format!(
+                        "the model '{m}' does not exist here: this server serves '{}'",
+                        info.id
+                    ),
+                ));
+            }
+        }
         let parsed = api::parse_request(kind, &raw, &info.tokenizer, &info.template, info.n_ctx)?;
         Ok::<_, ApiError>((parsed, info.id.clone()))
     })
@@ -218,7 +457,7 @@ async fn generate(
     let (parsed, model_id) = match prepared {
         Ok(x) => x,
         Err(e) => {
-            shared.count(outcome_of(&e));
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
     };
@@ -226,7 +465,12 @@ async fn generate(
     // prompt blocks (the scheduler lets the later ones wait for the first's), so `n`
     // costs one prefill, not n.
     let n = parsed.n;
-    let tenant = Tenant::of(key_label.as_deref(), parsed.cache_salt.as_deref());
+    let tenant = Tenant::of(
+        key_label.as_deref(),
+        parsed.cache_salt.as_deref(),
+        &st.label_key,
+    );
+    let tally = Arc::new(Tally::new(n));
     let mut receivers = Vec::with_capacity(n);
     for i in 0..n {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -238,14 +482,16 @@ async fn generate(
             events: tx,
             arrival,
             tenant: tenant.clone(),
+            tally: tally.clone(),
         };
         if let Err(e) = st.engine.submit(req) {
             // Choices already submitted see their receivers dropped and are freed.
-            shared.count(outcome_of(&e));
+            unsettled.settle(outcome_of(&e));
             return e.into_response();
         }
         receivers.push(rx);
     }
+    unsettled.hand_over();
     let meta = ResponseMeta {
         kind,
         id: api::new_id(kind),
@@ -522,7 +768,26 @@ async fn health(State(st): State<AppState>) -> Response {
     (code, Json(body)).into_response()
 }
 
-async fn metrics(State(st): State<AppState>) -> Response {
+async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    if st.keys.is_some() || st.limits.metrics_key.is_some() {
+        let key = key_of(&headers).unwrap_or_default();
+        let by_metrics_key = st
+            .limits
+            .metrics_key
+            .as_ref()
+            .is_some_and(|k| k.check(&key).is_some());
+        let by_admin = st
+            .keys
+            .as_ref()
+            .is_some_and(|k| k.check(&key) == Some(ADMIN));
+        if !by_metrics_key && !by_admin {
+            return ApiError::new(
+                ApiErrorKind::Unauthorized,
+                "/metrics needs the --metrics-key or the admin API key",
+            )
+            .into_response();
+        }
+    }
     let sh = &st.engine.shared;
     let queued = sh.queued();
     let text = {
@@ -541,10 +806,21 @@ async fn metrics(State(st): State<AppState>) -> Response {
 }
 
 async fn reset_prefix_cache(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = st.authorize(&headers) {
-        return e.into_response();
-    }
-    if st.engine.reset_prefix_cache() {
+    let label = match st.authorize(&headers) {
+        Ok(l) => l,
+        Err(e) => return e.into_response(),
+    };
+    // A tenant flushes its own cache (its key's label and its salted domains); the admin
+    // key, or anyone on a keyless server, flushes every tenant's.
+    let sent = match label {
+        Some(l) if l != ADMIN => {
+            let sub = format!("{l}/");
+            st.engine
+                .reset_tenant_prefix_cache(Box::new(move |t: &str| t == l || t.starts_with(&sub)))
+        }
+        _ => st.engine.reset_prefix_cache(),
+    };
+    if sent {
         Json(json!({"status": "ok"})).into_response()
     } else {
         ApiError::new(
@@ -563,16 +839,13 @@ struct TokenizeRequest {
     add_generation_prompt: Option<bool>,
 }
 
-async fn tokenize(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn tokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     if let Err(e) = st.authorize(&headers) {
         return e.into_response();
     }
+    let body = read_body(&st, body).await;
     let r = (|| {
-        let body = body.map_err(body_error)?;
+        let body = body?;
         let info = loaded(&st)?;
         let req: TokenizeRequest = api::parse_json(&body)?;
         let tokens = match (&req.prompt, &req.messages) {
@@ -608,16 +881,13 @@ struct DetokenizeRequest {
     tokens: Vec<i64>,
 }
 
-async fn detokenize(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn detokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     if let Err(e) = st.authorize(&headers) {
         return e.into_response();
     }
+    let body = read_body(&st, body).await;
     let r = (|| {
-        let body = body.map_err(body_error)?;
+        let body = body?;
         let info = loaded(&st)?;
         let req: DetokenizeRequest = api::parse_json(&body)?;
         let n = info.n_vocab as i64;
@@ -765,38 +1035,135 @@ async fn wait_for_signal() {
     }
 }
 
+/// The connection cap: the configured one (default 1024), kept below the descriptor limit
+/// with room for the engine's files and the connections refused beyond the cap.
+pub fn connection_cap(configured: Option<usize>) -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    let fds = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_cur.min(1 << 20) as usize
+    } else {
+        1024
+    };
+    let room = fds.saturating_sub(fds / 8 + 64).max(8);
+    configured.unwrap_or(1024).min(room).max(1)
+}
+
+/// Answers a connection beyond the cap with a 503 and closes it, without reading it.
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = ApiError::new(
+        ApiErrorKind::Unavailable { retry_after_s: 1 },
+        "too many connections; retry later",
+    )
+    .body_json();
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(msg.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
 async fn serve(
     listener: std::net::TcpListener,
     engine: Arc<Engine>,
     cfg: &ServerConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let app = router_with_keys(engine.clone(), cfg.max_body_bytes, cfg.api_keys.clone());
-    let mut stop2 = stop.clone();
-    let eng = engine.clone();
-    let signal = async move {
-        let mut stop = stop;
-        let _ = stop.wait_for(|s| *s).await;
-        eng.begin_drain();
+    let local = listener.local_addr()?;
+    let keyless = cfg.api_keys.is_none();
+    let limits = Limits {
+        max_body_bytes: cfg.max_body_bytes,
+        body_timeout: cfg.body_timeout,
+        metrics_key: cfg
+            .metrics_key
+            .as_deref()
+            .map(|k| ApiKeys::single(k).map(Arc::new))
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        host_check: (keyless || !cfg.allowed_hosts.is_empty()).then(|| {
+            let mut a = cfg.allowed_hosts.clone();
+            a.push(local.ip().to_string());
+            Arc::new(a)
+        }),
     };
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => {
-            r?;
+    let app = router_with_keys(engine.clone(), limits, cfg.api_keys.clone());
+    let cap = connection_cap(cfg.max_connections);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_timeout)
+        .keep_alive(true);
+    let http = Arc::new(http);
+    let (close_tx, close_rx) = watch::channel(false);
+    let mut stop_accepting = stop.clone();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        tokio::spawn(refuse(stream));
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let svc = TowerToHyperService::new(app.clone());
+                    let http = http.clone();
+                    let mut close = close_rx.clone();
+                    tokio::spawn(async move {
+                        let conn = http.serve_connection(TokioIo::new(stream), svc);
+                        tokio::pin!(conn);
+                        let finished = tokio::select! {
+                            _ = conn.as_mut() => true,
+                            _ = close.wait_for(|c| *c) => false,
+                        };
+                        if !finished {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.as_mut().await;
+                        }
+                        drop(slot);
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors or the like: back off instead of spinning.
+                    eprintln!("rserve: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = stop_accepting.wait_for(|s| *s) => break,
         }
-        _ = stop2.wait_for(|s| *s) => {
-            // Drain: in-flight requests finish; past the deadline they end with a 503 error.
-            if tokio::time::timeout(cfg.drain_timeout, &mut server).await.is_err() {
-                eprintln!("rserve: drain timeout: ending the remaining requests");
-                let e = engine.clone();
-                let _ = tokio::task::spawn_blocking(move || e.stop()).await;
-                let _ = tokio::time::timeout(Duration::from_secs(10), &mut server).await;
-            }
+    }
+    drop(listener);
+    engine.begin_drain();
+    // Kept-alive idle connections close now; in-flight requests finish.
+    let _ = close_tx.send(true);
+    let all_closed = {
+        let slots = slots.clone();
+        async move {
+            let _ = slots.acquire_many(cap as u32).await;
         }
+    };
+    tokio::pin!(all_closed);
+    // Drain: in-flight requests finish; past the deadline they end with a 503 error.
+    if tokio::time::timeout(cfg.drain_timeout, &mut all_closed)
+        .await
+        .is_err()
+    {
+        eprintln!("rserve: drain timeout: ending the remaining requests");
+        let e = engine.clone();
+        let _ = tokio::task::spawn_blocking(move || e.stop()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut all_closed).await;
     }
     let e = engine.clone();
     let _ = tokio::task::spawn_blocking(move || e.stop()).await;

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 /// Why a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,6 +51,38 @@ impl Outcome {
             Outcome::Error => "error",
         }
     }
+}
+
+/// A generation request's choices (`n`): the request's outcome is counted once, when its
+/// last choice ends, as the worst of its choices' outcomes (in [`Outcome`]'s order).
+#[derive(Debug)]
+pub struct Tally {
+    left: AtomicUsize,
+    worst: AtomicU8,
+}
+
+impl Tally {
+    pub fn new(choices: usize) -> Tally {
+        Tally {
+            left: AtomicUsize::new(choices),
+            worst: AtomicU8::new(0),
+        }
+    }
+}
+
+/// Escapes a label value as the Prometheus text format requires (backslash, double quote
+/// and newline), so no value can end its label or start a new line.
+pub fn escape_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[derive(Clone, Debug)]
@@ -102,6 +135,10 @@ impl Histogram {
     }
 }
 
+const MASK_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+];
+
 const LATENCY_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
@@ -117,7 +154,10 @@ pub struct TenantKv {
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub requests_received: u64,
+    /// One per request (the worst of its choices).
     pub outcomes: BTreeMap<Outcome, u64>,
+    /// One per choice (a request with `n` choices runs `n` sequences).
+    pub choice_outcomes: BTreeMap<Outcome, u64>,
     pub running: usize,
     pub waiting: usize,
     /// Accepted requests not yet admitted (what `--queue-size` bounds).
@@ -141,6 +181,15 @@ pub struct Metrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue_time: Histogram,
+    /// Constraint masks: the token trie's nodes (the bound on one mask's work), the most
+    /// automaton bytes one mask fed, and the time per mask.
+    pub constraint_trie_nodes: u64,
+    pub constraint_mask_bytes_max: u64,
+    pub constraint_mask: Histogram,
+    /// `--kv-persist`: segment writes that failed (their blocks are retried) and blocks
+    /// published but not yet durable on disk.
+    pub kv_persist_write_errors: u64,
+    pub kv_persist_blocks_pending: u64,
 }
 
 impl Default for Metrics {
@@ -148,6 +197,7 @@ impl Default for Metrics {
         Metrics {
             requests_received: 0,
             outcomes: Outcome::ALL.iter().map(|&o| (o, 0)).collect(),
+            choice_outcomes: Outcome::ALL.iter().map(|&o| (o, 0)).collect(),
             running: 0,
             waiting: 0,
             queued: 0,
@@ -166,6 +216,11 @@ impl Default for Metrics {
             itl: Histogram::new(LATENCY_BOUNDS),
             e2e: Histogram::new(LATENCY_BOUNDS),
             queue_time: Histogram::new(LATENCY_BOUNDS),
+            constraint_trie_nodes: 0,
+            constraint_mask_bytes_max: 0,
+            constraint_mask: Histogram::new(MASK_BOUNDS),
+            kv_persist_write_errors: 0,
+            kv_persist_blocks_pending: 0,
         }
     }
 }
@@ -173,6 +228,23 @@ impl Default for Metrics {
 impl Metrics {
     pub fn count(&mut self, o: Outcome) {
         *self.outcomes.entry(o).or_default() += 1;
+    }
+
+    /// One choice of a request ended with `o`; the request's outcome is counted when its
+    /// last choice ends.
+    pub fn end_choice(&mut self, o: Outcome, tally: &Tally) {
+        *self.choice_outcomes.entry(o).or_default() += 1;
+        let prev = tally.worst.fetch_max(o as u8, Ordering::AcqRel);
+        if tally.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let worst = Outcome::ALL[prev.max(o as u8) as usize];
+            self.count(worst);
+        }
+    }
+
+    /// One constraint mask: the automaton bytes it fed and its time.
+    pub fn observe_mask(&mut self, bytes: u64, seconds: f64) {
+        self.constraint_mask_bytes_max = self.constraint_mask_bytes_max.max(bytes);
+        self.constraint_mask.observe(seconds);
     }
 
     pub fn outcome(&self, o: Outcome) -> u64 {
@@ -287,6 +359,7 @@ impl Metrics {
         ] {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
             for (tenant, t) in &self.tenants {
+                let tenant = escape_label(tenant);
                 let _ = writeln!(s, "{name}{{tenant=\"{tenant}\"}} {}", get(t));
             }
         }
@@ -302,6 +375,52 @@ impl Metrics {
                 self.outcome(o)
             );
         }
+        let _ = writeln!(
+            s,
+            "# HELP rserve_choices_total Choices (sequences) by outcome; a request with n choices has n.\n# TYPE rserve_choices_total counter"
+        );
+        for o in Outcome::ALL {
+            let n = self.choice_outcomes.get(&o).copied().unwrap_or(0);
+            let _ = writeln!(s, "rserve_choices_total{{outcome=\"{}\"}} {n}", o.label());
+        }
+        let mut one = |name: &str, ty: &str, help: &str, v: f64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {ty}\n{name} {v}");
+        };
+        one(
+            "rserve_constraint_trie_nodes",
+            "gauge",
+            "Nodes of the token trie for response_format masks: the most automaton bytes one mask may feed.",
+            self.constraint_trie_nodes as f64,
+        );
+        one(
+            "rserve_constraint_mask_bytes_max",
+            "gauge",
+            "The most automaton bytes one response_format mask fed so far.",
+            self.constraint_mask_bytes_max as f64,
+        );
+        one(
+            "rserve_constraint_mask_seconds_max",
+            "gauge",
+            "The longest time one response_format mask took so far.",
+            self.constraint_mask.max(),
+        );
+        one(
+            "rserve_kv_persist_write_errors_total",
+            "counter",
+            "KV segment writes that failed (their blocks stay pending and are retried).",
+            self.kv_persist_write_errors as f64,
+        );
+        one(
+            "rserve_kv_persist_blocks_pending",
+            "gauge",
+            "Published KV blocks not yet durable on disk.",
+            self.kv_persist_blocks_pending as f64,
+        );
+        self.constraint_mask.render(
+            &mut s,
+            "rserve_constraint_mask_seconds",
+            "Time to compute one response_format token mask.",
+        );
         self.ttft.render(
             &mut s,
             "rserve_time_to_first_token_seconds",
@@ -368,5 +487,28 @@ mod tests {
             Some(2.0)
         );
         assert_eq!(parse_sample(&t, "rserve_kv_blocks_used"), Some(0.0));
+    }
+
+    #[test]
+    fn a_request_counts_one_outcome_however_many_choices() {
+        let mut m = Metrics::default();
+        let t = Tally::new(3);
+        m.end_choice(Outcome::Stop, &t);
+        m.end_choice(Outcome::Length, &t);
+        assert_eq!(m.outcome(Outcome::Length) + m.outcome(Outcome::Stop), 0);
+        m.end_choice(Outcome::Stop, &t);
+        assert_eq!(m.outcome(Outcome::Length), 1, "the worst of its choices");
+        assert_eq!(m.outcome(Outcome::Stop), 0);
+        assert_eq!(m.choice_outcomes[&Outcome::Stop], 2);
+        let text = m.render();
+        assert_eq!(
+            parse_sample(&text, "rserve_choices_total{outcome=\"stop\"}"),
+            Some(2.0)
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

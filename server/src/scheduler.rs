@@ -178,6 +178,27 @@ impl Scheduler {
         self.published_by.get(key)
     }
 
+    /// Forgets the cached prefix blocks that tenants `pick` accepts (by label) published;
+    /// other tenants' blocks stay. Returns the blocks forgotten.
+    pub fn forget_tenant_prefixes(
+        &mut self,
+        kv: &mut KvCache,
+        pick: impl Fn(&str) -> bool,
+    ) -> usize {
+        let keys: Vec<BlockHash> = self
+            .published_by
+            .iter()
+            .filter(|(_, t)| pick(t))
+            .map(|(k, _)| *k)
+            .collect();
+        let mut n = 0;
+        for k in keys {
+            self.published_by.remove(&k);
+            n += usize::from(kv.forget_prefix(&k));
+        }
+        n
+    }
+
     /// Records the tenant of a block that entered the cache from elsewhere (a restart).
     pub fn note_published(&mut self, key: BlockHash, tenant: Arc<str>) {
         self.published_by.insert(key, tenant);

@@ -25,6 +25,33 @@ fn digest(s: &str) -> [u8; 32] {
     Sha256::digest(s.as_bytes()).into()
 }
 
+/// The label of the key that may flush every tenant's prefix cache and read /metrics.
+pub const ADMIN: &str = "admin";
+
+/// Whether `label` may name a key: 1 to 64 of `A-Z a-z 0-9 _ . -` (labels appear in
+/// /metrics and in persisted files).
+pub fn valid_label(label: &str) -> bool {
+    (1..=64).contains(&label.len())
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// A tenant label from an untrusted source (a persisted file) reduced to the safe
+/// alphabet (`A-Z a-z 0-9 _ . - /`, at most 160 bytes): anything else becomes `_`.
+pub fn safe_label(s: &str) -> String {
+    s.chars()
+        .take(160)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 impl ApiKeys {
     /// One key, labelled `default`.
     pub fn single(key: &str) -> Result<ApiKeys, String> {
@@ -37,7 +64,8 @@ impl ApiKeys {
     }
 
     /// A keys file: one key per line, `LABEL KEY` or just `KEY` (labelled `key-N`);
-    /// blank lines and `#` comments are skipped.
+    /// blank lines and `#` comments are skipped. Labels use `A-Z a-z 0-9 _ . -`; the key
+    /// labelled `admin` may flush every tenant's cache and read /metrics.
     pub fn from_file(path: &Path) -> Result<ApiKeys, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("--api-keys {}: {e}", path.display()))?;
@@ -51,6 +79,13 @@ impl ApiKeys {
                 Some((l, k)) => (l.to_string(), k.trim()),
                 None => (format!("key-{}", entries.len() + 1), line),
             };
+            if !valid_label(&label) {
+                return Err(format!(
+                    "--api-keys {}:{}: a label must be 1 to 64 of A-Z a-z 0-9 _ . -",
+                    path.display(),
+                    i + 1
+                ));
+            }
             if entries.iter().any(|(l, _)| *l == label) {
                 return Err(format!(
                     "--api-keys {}:{}: label '{label}' used twice",
@@ -113,10 +148,11 @@ pub struct Tenant {
 
 impl Tenant {
     /// The tenant of a request authenticated as `key_label` (None: no keys configured)
-    /// with `cache_salt`.
-    pub fn of(key_label: Option<&str>, cache_salt: Option<&str>) -> Tenant {
+    /// with `cache_salt`. A salt is shown by a hash keyed with `label_key` (the server's
+    /// secret), so a short salt cannot be found from its label by trying guesses.
+    pub fn of(key_label: Option<&str>, cache_salt: Option<&str>, label_key: &[u8; 32]) -> Tenant {
         let salt_tag = cache_salt.map(|s| {
-            let d = digest(s);
+            let d = crate::persist::Mac::new(label_key).tag(s.as_bytes());
             format!("salt-{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
         });
         let label = match (key_label, &salt_tag) {
@@ -154,10 +190,23 @@ mod tests {
         assert_eq!(k.check(""), None);
         std::fs::write(&f, "a k1\na k2\n").unwrap();
         assert!(ApiKeys::from_file(&f).unwrap_err().contains("used twice"));
+        std::fs::write(&f, "a\"b k1\n").unwrap();
+        assert!(ApiKeys::from_file(&f).unwrap_err().contains("label"));
         std::fs::write(&f, "# nothing\n").unwrap();
         assert!(ApiKeys::from_file(&f).unwrap_err().contains("no keys"));
         assert!(ApiKeys::single(" ").is_err());
         assert_eq!(ApiKeys::single("s").unwrap().check("s"), Some("default"));
+    }
+
+    #[test]
+    fn labels_are_safe() {
+        assert!(valid_label("team-a.1_x"));
+        assert!(!valid_label("a\"b") && !valid_label("") && !valid_label("a b"));
+        assert_eq!(
+            safe_label("x\"} 1\nrserve_forged 1"),
+            "x___1_rserve_forged_1"
+        );
+        assert_eq!(safe_label("alice/salt-0a1b"), "alice/salt-0a1b");
     }
 
     #[test]
@@ -171,13 +220,18 @@ mod tests {
 
     #[test]
     fn tenants_separate_by_key_and_salt() {
-        let d = Tenant::of(None, None);
+        let k = [3u8; 32];
+        let d = Tenant::of(None, None, &k);
         assert_eq!((d.label.as_str(), d.root), ("default", None));
-        let a = Tenant::of(Some("alice"), None);
-        let a2 = Tenant::of(Some("alice"), None);
-        let b = Tenant::of(Some("bob"), None);
-        let s = Tenant::of(None, Some("secret"));
-        let as_ = Tenant::of(Some("alice"), Some("secret"));
+        let a = Tenant::of(Some("alice"), None, &k);
+        let a2 = Tenant::of(Some("alice"), None, &k);
+        let b = Tenant::of(Some("bob"), None, &k);
+        let s = Tenant::of(None, Some("secret"), &k);
+        let as_ = Tenant::of(Some("alice"), Some("secret"), &k);
+        // The salt's label depends on the server's key: not guessable offline.
+        let other = Tenant::of(None, Some("secret"), &[4u8; 32]);
+        assert_ne!(s.label, other.label);
+        assert_eq!(s.root, other.root);
         assert_eq!(a, a2);
         assert_ne!(a.root, b.root);
         assert_ne!(s.root, as_.root);

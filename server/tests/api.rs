@@ -565,7 +565,11 @@ fn tenants_are_isolated_in_the_prefix_cache() {
     }
     let d = tempfile::tempdir().unwrap();
     let keys = d.path().join("keys");
-    std::fs::write(&keys, "alice sk-alice-123\nbob sk-bob-456\n").unwrap();
+    std::fs::write(
+        &keys,
+        "alice sk-alice-123\nbob sk-bob-456\nadmin sk-admin-789\n",
+    )
+    .unwrap();
     let srv = start_with_keys(
         engine_config(),
         Some(server::tenant::ApiKeys::from_file(&keys).unwrap()),
@@ -622,7 +626,13 @@ fn tenants_are_isolated_in_the_prefix_cache() {
     let bad = json!({"prompt": "x", "cache_salt": 5});
     assert_eq!(call(Some("sk-alice-123"), &bad).status, 400);
 
-    let m = get(a, "/metrics").text();
+    // /metrics on a keyed server: the admin key (or --metrics-key) only.
+    let metrics_with = |key: Option<&str>| {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let h: Vec<(&str, &str)> = auth.iter().map(|v| ("Authorization", v.as_str())).collect();
+        request_with(a, "GET", "/metrics", None, &h, Duration::from_secs(30)).unwrap()
+    };
+    let m = metrics_with(Some("sk-admin-789")).text();
     for tenant in ["alice", "bob"] {
         let v = server::metrics::parse_sample(
             &m,
@@ -641,5 +651,8 @@ fn tenants_are_isolated_in_the_prefix_cache() {
             == Some(3.0),
         "{m}"
     );
+    // A tenant's key, or none, cannot read every tenant's labels.
+    assert_eq!(metrics_with(Some("sk-alice-123")).status, 401);
+    assert_eq!(metrics_with(None).status, 401);
     srv.shutdown();
 }

@@ -99,6 +99,7 @@ fn kv_persist_with_offload_is_refused() {
         drain_timeout: Duration::from_secs(5),
         handle_signals: false,
         api_keys: None,
+        ..ServerConfig::default()
     })
     .expect("listens");
     let err = srv

@@ -131,6 +131,19 @@ pub struct SoakArgs {
     /// The SVG plot of the series [default: the result file with .svg].
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Share of the clients' requests replaced by hostile ones, in turn: a pathological
+    /// `response_format` schema with an adverse `logit_bias` (n 3, ignore_eos), a
+    /// connection that never finishes its headers, an oversize declared body, and a
+    /// request dropped right after it is sent. The load then alternates phases without
+    /// and with them (each a tenth of the run, at least 10 s), and the verdict checks that
+    /// the honest requests' TPOT p99 in the hostile phases stays within
+    /// --hostile-tpot-bound of the phases without, that every slow connection was closed
+    /// by the server and every oversize body refused with a 413.
+    #[arg(long, default_value_t = 0.0)]
+    pub hostile_fraction: f64,
+    /// The most the honest TPOT p99 may grow in the hostile phases.
+    #[arg(long, default_value_t = 1.5)]
+    pub hostile_tpot_bound: f64,
 }
 
 /// Seconds from `30m`, `120s`, `1h30m`, `1.5h`, `250ms` or a bare number of seconds.
@@ -274,6 +287,14 @@ pub struct Counts {
     pub bursts: u64,
     /// Output tokens of completed requests (the server's usage, else counted).
     pub output_tokens: u64,
+    /// Hostile actions (not in `sent`): those that send a whole generation request (the
+    /// server counts them), and those whose answer was not the one expected (a slow
+    /// connection held open, an oversize body not refused with a 413, a constrained
+    /// request failing).
+    pub hostile_sent: u64,
+    pub hostile_requests: u64,
+    pub hostile_unexpected: u64,
+    pub hostile_by_kind: BTreeMap<String, u64>,
 }
 
 impl Counts {
@@ -465,6 +486,9 @@ impl ServerMetrics {
 pub fn cross_check(start: &ServerMetrics, end: &ServerMetrics, c: &Counts) -> Vec<Check> {
     let d = |o: &str| (end.outcome(o) - start.outcome(o)).round() as i64;
     let received = (end.received - start.received).round() as i64;
+    // Hostile generation requests reach the server too (a dropped one may or may not).
+    let extra = c.hostile_requests as i64;
+    let within = |x: i64, base: i64| (base..=base + extra).contains(&x);
     let outcomes: i64 = OUTCOMES.iter().map(|o| d(o)).sum();
     let finished = d("stop") + d("length") + d("cancelled");
     let other = d("unavailable") + d("invalid") + d("unauthorized") + d("error");
@@ -478,7 +502,7 @@ pub fn cross_check(start: &ServerMetrics, end: &ServerMetrics, c: &Counts) -> Ve
     };
     one(
         "server received",
-        received == c.sent as i64 && outcomes == received,
+        within(received, c.sent as i64) && outcomes == received,
         format!(
             "rserve_requests_received_total +{received} (sent {}), outcomes +{outcomes}",
             c.sent
@@ -486,7 +510,7 @@ pub fn cross_check(start: &ServerMetrics, end: &ServerMetrics, c: &Counts) -> Ve
     );
     one(
         "server 429s",
-        d("rejected_queue_full") == c.rejected_429 as i64,
+        within(d("rejected_queue_full"), c.rejected_429 as i64),
         format!(
             "outcome rejected_queue_full +{} (429s seen {})",
             d("rejected_queue_full"),
@@ -495,7 +519,8 @@ pub fn cross_check(start: &ServerMetrics, end: &ServerMetrics, c: &Counts) -> Ve
     );
     one(
         "server finished",
-        finished == (c.completed + c.cancelled) as i64 && d("cancelled") <= c.cancelled as i64,
+        within(finished, (c.completed + c.cancelled) as i64)
+            && d("cancelled") <= c.cancelled as i64 + extra,
         format!(
             "outcomes stop +{} length +{} cancelled +{} = {finished} (completed {} + cancelled {}; \
              the server may finish a request we hung up on before it notices)",
@@ -508,7 +533,7 @@ pub fn cross_check(start: &ServerMetrics, end: &ServerMetrics, c: &Counts) -> Ve
     );
     one(
         "server errors",
-        other == c.failed as i64,
+        within(other, c.failed as i64),
         format!(
             "outcomes unavailable +{} invalid +{} unauthorized +{} error +{} (failed {})",
             d("unavailable"),
@@ -635,9 +660,93 @@ struct Load {
     errors: Mutex<Vec<String>>,
     count: super::TokenCounter,
     start: Instant,
+    hostile: Option<Hostile>,
+    /// Honest completed requests' TPOT (seconds), sent in phases without / with hostile
+    /// requests.
+    tpot: Mutex<[Vec<f64>; 2]>,
+}
+
+/// The hostile share's settings.
+struct Hostile {
+    fraction: f64,
+    phase_s: f64,
+    /// The server's header timeout is taken to be under this: a slow connection still
+    /// open after it counts as held.
+    hold_limit: Duration,
+}
+
+/// A request's time per output token after the first: the mean gap between content
+/// chunks.
+fn tpot_of(o: &RequestOutput) -> Option<f64> {
+    (!o.itl.is_empty()).then(|| o.itl.iter().sum::<f64>() / o.itl.len() as f64)
+}
+
+/// The value below which a share `q` of `v` lies (nearest rank).
+fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    Some(v[i])
+}
+
+/// The honest TPOT p99 with the hostile share against without it.
+pub fn hostile_check(off: &mut [f64], on: &mut [f64], bound: f64) -> Check {
+    match (quantile(off, 0.99), quantile(on, 0.99)) {
+        (Some(a), Some(b)) if a > 0.0 => {
+            let r = b / a;
+            let detail = format!(
+                "honest TPOT p99 {:.1} ms with hostile requests vs {:.1} ms without ({r:.2}x, \
+                 bound {bound}x; {} and {} requests)",
+                b * 1e3,
+                a * 1e3,
+                on.len(),
+                off.len()
+            );
+            if r <= bound {
+                Check::pass("hostile tpot", detail)
+            } else {
+                Check::fail("hostile tpot", detail)
+            }
+        }
+        _ => Check::fail(
+            "hostile tpot",
+            format!(
+                "too few honest completions to compare ({} without, {} with hostile requests)",
+                off.len(),
+                on.len()
+            ),
+        ),
+    }
 }
 
 impl Load {
+    /// Whether the load is in a phase with hostile requests.
+    fn hostile_phase(&self) -> bool {
+        self.hostile
+            .as_ref()
+            .is_some_and(|h| (self.start.elapsed().as_secs_f64() / h.phase_s) as u64 % 2 == 1)
+    }
+
+    fn hostile_done(&self, kind: &str, expected: bool, whole_request: bool) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.hostile_sent += 1;
+        c.hostile_requests += u64::from(whole_request);
+        *c.hostile_by_kind.entry(kind.into()).or_default() += 1;
+        if !expected {
+            c.hostile_unexpected += 1;
+            drop(c);
+            let mut e = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+            if e.len() < 20 {
+                e.push(format!(
+                    "t={:.1}s hostile {kind}: not the expected answer",
+                    self.start.elapsed().as_secs_f64()
+                ));
+            }
+        }
+    }
+
     fn counts(&self) -> Counts {
         self.counts
             .lock()
@@ -685,7 +794,16 @@ impl Load {
 /// server's Retry-After is 1 s) or a failure, so a full queue is not hammered.
 async fn client_loop(load: Arc<Load>, seed: u64, cancel_fraction: f64, cancel_max: usize) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut n_hostile = seed;
     while !load.stop.load(Ordering::Acquire) {
+        let phase = load.hostile_phase();
+        if let Some(h) = load.hostile.as_ref().filter(|_| phase) {
+            if rng.gen::<f64>() < h.fraction {
+                n_hostile += 1;
+                hostile_action(&load, n_hostile % 4, h.hold_limit).await;
+                continue;
+            }
+        }
         let r = load.pick(&mut rng).clone();
         let cancel_after =
             (rng.gen::<f64>() < cancel_fraction).then(|| rng.gen_range(1..=cancel_max.max(1)));
@@ -700,10 +818,122 @@ async fn client_loop(load: Arc<Load>, seed: u64, cancel_fraction: f64, cancel_ma
             cancel_after,
         )
         .await;
-        match load.record(&o, false) {
+        let class = load.record(&o, false);
+        if class == Class::Completed {
+            if let Some(t) = tpot_of(&o) {
+                load.tpot.lock().unwrap_or_else(|e| e.into_inner())[usize::from(phase)].push(t);
+            }
+        }
+        match class {
             Class::Rejected => tokio::time::sleep(Duration::from_millis(500)).await,
             Class::Failed(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             _ => {}
+        }
+    }
+}
+
+/// A raw HTTP exchange: sends `head` (and `body`), then reads until the server closes or
+/// `limit` passes. The status (None: no status line) and whether the server closed.
+async fn raw_exchange(
+    ep: &Endpoint,
+    head: String,
+    body: &[u8],
+    limit: Duration,
+    hang_up: bool,
+) -> (Option<u16>, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(Ok(mut s)) = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect((ep.host.as_str(), ep.port)),
+    )
+    .await
+    else {
+        return (None, false);
+    };
+    if s.write_all(head.as_bytes()).await.is_err() || s.write_all(body).await.is_err() {
+        return (None, true);
+    }
+    if hang_up {
+        return (None, true);
+    }
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    let status = std::str::from_utf8(&buf[..buf.len().min(64)])
+        .ok()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok());
+    (status, closed)
+}
+
+/// One hostile action (`kind` 0..4, see `--hostile-fraction`), counted apart from the
+/// honest requests.
+async fn hostile_action(load: &Load, kind: u64, hold_limit: Duration) {
+    let ep = &load.ep;
+    let host = format!("{}:{}", ep.host, ep.port);
+    let post = |len: usize| {
+        format!(
+            "POST {} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\nConnection: close\r\n\r\n",
+            ep.path
+        )
+    };
+    match kind {
+        0 => {
+            // Grammar-refused tokens pushed up: the constraint must hold without costing
+            // the others their speed.
+            let bias: serde_json::Map<String, Value> =
+                (100..400).map(|t| (t.to_string(), json!(100))).collect();
+            let mut body = json!({
+                "model": load.model,
+                "max_tokens": 64,
+                "temperature": 1,
+                "n": 3,
+                "ignore_eos": true,
+                "logit_bias": bias,
+                "response_format": {"type": "json_schema", "json_schema": {"schema":
+                    {"type": "array", "items": {"type": "object", "required": ["a"],
+                     "additionalProperties": {"type": "string"}}}}},
+            });
+            if ep.chat {
+                body["messages"] = json!([{"role": "user", "content": "List things."}]);
+            } else {
+                body["prompt"] = json!("List things.");
+            }
+            let b = body.to_string();
+            let (st, _) = raw_exchange(ep, post(b.len()), b.as_bytes(), load.timeout, false).await;
+            load.hostile_done("constrained", matches!(st, Some(200 | 429)), true);
+        }
+        1 => {
+            let head = format!("POST {} HTTP/1.1\r\nHost: {host}\r\nX-Slow: 1\r\n", ep.path);
+            let (_, closed) = raw_exchange(ep, head, b"", hold_limit, false).await;
+            load.hostile_done("slow headers", closed, false);
+        }
+        2 => {
+            let head = format!(
+                "POST {} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 99999999999\r\n\r\n",
+                ep.path
+            );
+            let (st, _) = raw_exchange(ep, head, b"", Duration::from_secs(10), false).await;
+            // rserve counts a refused generation request (an outcome `invalid`).
+            load.hostile_done("oversize body", st == Some(413), true);
+        }
+        _ => {
+            let body = json!({"model": load.model, "prompt": "Tell a long story.",
+                              "max_tokens": 64, "stream": true});
+            let b = body.to_string();
+            let _ = raw_exchange(ep, post(b.len()), b.as_bytes(), Duration::ZERO, true).await;
+            load.hostile_done("dropped", true, true);
         }
     }
 }
@@ -933,6 +1163,9 @@ fn validate(a: &SoakArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.cancel_fraction) {
         bail!("--cancel-fraction must be within 0..=1");
     }
+    if !(0.0..=1.0).contains(&a.hostile_fraction) {
+        bail!("--hostile-fraction must be within 0..=1");
+    }
     if a.sample_every.is_some_and(|s| s <= 0.0) {
         bail!("--sample-every must be positive");
     }
@@ -1046,6 +1279,8 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         "rss_bound_mib": a.rss_bound_mib,
         "fd_bound": a.fd_bound,
         "idle_wait_s": a.idle_wait,
+        "hostile_fraction": a.hostile_fraction,
+        "hostile_tpot_bound": a.hostile_tpot_bound,
     });
     eprintln!(
         "rbench soak: {} for {:.0}s at concurrency {}, dataset {} ({} prompts), cancel {:.0}%, \
@@ -1080,6 +1315,12 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         errors: Mutex::new(Vec::new()),
         count,
         start: Instant::now(),
+        hostile: (a.hostile_fraction > 0.0).then(|| Hostile {
+            fraction: a.hostile_fraction,
+            phase_s: (plan.duration_s / 10.0).max(10.0),
+            hold_limit: Duration::from_secs(60),
+        }),
+        tpot: Mutex::new([Vec::new(), Vec::new()]),
     });
     let sample = |t_s: f64, server: &Server| {
         let proc = server.pid().and_then(proc_sample);
@@ -1206,7 +1447,7 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
     };
     let counts = load.counts();
     let flat = flatness(&samples, plan.warmup_s);
-    let checks = verdict(
+    let mut checks = verdict(
         a,
         &plan,
         &counts,
@@ -1214,6 +1455,34 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         flat.as_ref(),
         server.pid().is_some(),
     );
+    let [mut tpot_off, mut tpot_on] =
+        std::mem::take(&mut *load.tpot.lock().unwrap_or_else(|e| e.into_inner()));
+    if load.hostile.is_some() {
+        checks.push(hostile_check(
+            &mut tpot_off,
+            &mut tpot_on,
+            a.hostile_tpot_bound,
+        ));
+        checks.push(
+            if counts.hostile_unexpected == 0 && counts.hostile_sent > 0 {
+                Check::pass(
+                    "hostile handled",
+                    format!(
+                        "{} hostile actions {:?}, each answered as expected",
+                        counts.hostile_sent, counts.hostile_by_kind
+                    ),
+                )
+            } else {
+                Check::fail(
+                    "hostile handled",
+                    format!(
+                        "{} of {} hostile actions not answered as expected {:?}",
+                        counts.hostile_unexpected, counts.hostile_sent, counts.hostile_by_kind
+                    ),
+                )
+            },
+        );
+    }
     let passed = !checks.iter().any(Check::failed);
     let throughput = json!({
         "load_s": load_s,
@@ -1715,6 +1984,31 @@ mod tests {
         assert!(cross_check(&start, &bad, &c)[2].failed());
         assert!(!metrics(1.0, &[("stop", 1.0)], 2.0).settled());
         assert!(!metrics(2.0, &[("stop", 1.0)], 0.0).settled());
+    }
+
+    #[test]
+    fn hostile_tpot_check() {
+        let off: Vec<f64> = (1..=100).map(|i| f64::from(i) * 1e-3).collect();
+        let mut on: Vec<f64> = off.iter().map(|x| x * 1.4).collect();
+        assert_eq!(hostile_check(&mut off.clone(), &mut on, 1.5).status, "pass");
+        let mut slow: Vec<f64> = off.iter().map(|x| x * 2.0).collect();
+        assert_eq!(
+            hostile_check(&mut off.clone(), &mut slow, 1.5).status,
+            "fail"
+        );
+        assert_eq!(hostile_check(&mut [], &mut [1.0], 1.5).status, "fail");
+        // Hostile generation requests may add to the server's counts, up to their number.
+        let c = Counts {
+            sent: 4,
+            completed: 4,
+            hostile_requests: 2,
+            ..Default::default()
+        };
+        let start = metrics(0.0, &[], 0.0);
+        let end = metrics(6.0, &[("stop", 6.0)], 0.0);
+        assert!(cross_check(&start, &end, &c).iter().all(|k| !k.failed()));
+        let over = metrics(7.0, &[("stop", 7.0)], 0.0);
+        assert!(cross_check(&start, &over, &c).iter().any(Check::failed));
     }
 
     #[test]

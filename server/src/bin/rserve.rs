@@ -59,13 +59,42 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     drain_timeout: u64,
     /// Require this API key (`Authorization: Bearer KEY`) on every route but /health and
-    /// /metrics. Prefer --api-keys: a key on the command line is visible to other users.
-    #[arg(long, conflicts_with = "api_keys")]
+    /// /metrics. A key on the command line is visible to every local user (in
+    /// /proc/PID/cmdline): prefer the RSERVE_API_KEY environment variable or --api-keys.
+    #[arg(
+        long,
+        env = "RSERVE_API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_keys"
+    )]
     api_key: Option<String>,
-    /// A file of API keys, one per line: `LABEL KEY` (or `KEY`). Each key is a tenant:
-    /// tenants never share cached prefix blocks, and /metrics shows KV use per label.
-    #[arg(long)]
+    /// A file of API keys, one per line: `LABEL KEY` (or `KEY`); labels use A-Z a-z 0-9
+    /// _ . -. Each key is a tenant: tenants never share cached prefix blocks, and /metrics
+    /// shows KV use per label. The key labelled `admin` may flush every tenant's prefix
+    /// cache and read /metrics.
+    #[arg(long, env = "RSERVE_API_KEYS")]
     api_keys: Option<std::path::PathBuf>,
+    /// A key for /metrics (`Authorization: Bearer KEY`). With API keys configured,
+    /// /metrics needs this key or the admin key; without, /metrics is open unless this is
+    /// set. Prefer the RSERVE_METRICS_KEY environment variable (the command line is
+    /// visible to other users).
+    #[arg(long, env = "RSERVE_METRICS_KEY", hide_env_values = true)]
+    metrics_key: Option<String>,
+    /// Seconds a client has to send a request's headers; also the longest a kept-alive
+    /// connection may stay idle between requests.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Most connections open at once; beyond it a new connection gets a 503 at once. Kept
+    /// below the open-file limit (`ulimit -n`) with room for the engine's files.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// A host name a keyless server answers to besides loopback names and IP addresses
+    /// (repeatable); other `Host` headers get a 403, against DNS rebinding.
+    #[arg(long = "allowed-host")]
+    allowed_hosts: Vec<String>,
     /// Keep the prefix cache in this directory across restarts: cached blocks are loaded
     /// at start and written on shutdown and while running (keyed by the model file's
     /// SHA-256 and the KV layout; damaged files are skipped).
@@ -159,6 +188,11 @@ fn main() {
         drain_timeout: Duration::from_secs(a.drain_timeout),
         handle_signals: true,
         api_keys: keys.map(std::sync::Arc::new),
+        metrics_key: a.metrics_key.filter(|k| !k.trim().is_empty()),
+        header_timeout: Duration::from_secs_f64(a.header_timeout.clamp(0.1, 3600.0)),
+        body_timeout: Duration::from_secs_f64(a.body_timeout.clamp(0.1, 3600.0)),
+        max_connections: Some(a.max_connections.max(1)),
+        allowed_hosts: a.allowed_hosts,
         ..ServerConfig::default()
     };
     let srv = match server::start(cfg) {

@@ -69,6 +69,7 @@ pub fn start_with_keys(
         drain_timeout: Duration::from_secs(30),
         handle_signals: false,
         api_keys: keys.map(std::sync::Arc::new),
+        ..ServerConfig::default()
     })
     .expect("server starts");
     srv.wait_ready(Duration::from_secs(120))
@@ -130,8 +131,9 @@ fn send_request_with(
     body: Option<&[u8]>,
     extra: &[(&str, &str)],
 ) -> std::io::Result<()> {
+    let host = s.peer_addr()?;
     let mut req =
-        format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nAccept: */*\r\n");
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nAccept: */*\r\n");
     for (k, v) in extra {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
