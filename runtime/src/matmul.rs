@@ -361,9 +361,10 @@ pub fn matmul_jobs(pool: &ThreadPool, jobs: &mut [Job<'_, '_>], xq: &mut Vec<u8>
     // distance the tuner picks (`crate::tune`; x86 kernels only read it).
     let streamed = cfg!(target_arch = "x86_64")
         && preps.iter().all(|p| p.n_tok <= 2)
-        && jobs
-            .iter()
-            .all(|j| matches!(j.w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && j.w.packed.is_some());
+        && jobs.iter().all(|j| {
+            matches!(j.w.ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::MXFP4)
+                && j.w.packed.is_some()
+        });
     if streamed {
         let bytes = jobs.iter().map(|j| j.w.data.len() as u64).sum();
         crate::tune::decode_dispatch(bytes, dispatch);

@@ -890,7 +890,10 @@ fn write_segment(
 }
 
 fn writer(dir: &Dir, rx: &mpsc::Receiver<Job>, done: &mpsc::Sender<Done>) {
-    let abort_after: Option<usize> = std::env::var(ABORT_ENV).ok().and_then(|v| v.parse().ok());
+    let abort_after: Option<usize> = runtime::options::Env::get()
+        .persist_abort_after
+        .as_deref()
+        .and_then(|v| v.parse().ok());
     while let Ok(job) = rx.recv() {
         if !job.bytes.is_empty() {
             let name = seg_name(job.seg);

@@ -53,7 +53,7 @@ fn a_hostile_constrained_request_barely_slows_a_neighbour() {
         return;
     }
     let mut cfg = engine_config();
-    cfg.threads = 1;
+    cfg.run.threads = 1;
     let srv = start(cfg);
     let a = srv.addr;
     let toks = post(
