@@ -200,6 +200,7 @@ const SCALAR_ROWS: &[KernelRow] = {
     use GgmlType as T;
     &[
         scalar_row(T::F32, Single, float::vec_dot_f32),
+        scalar_row(T::F32, Tiled, float::vec_dot_f32_tiled),
         scalar_row(T::F16, Single, float::vec_dot_f16),
         scalar_row(T::BF16, Single, float::vec_dot_bf16),
         scalar_row(T::Q4_0, Single, q4_0::vec_dot_q8_0),
@@ -252,12 +253,15 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// `0..n - n % 4` and `gemv` for the rest; other Q4_K and Q6_K matrices go through the
 /// tiled GEMM from 8 tokens up (`GGML_CPU_TILED_MM`, on by default). (Un-repacked Q4_K
 /// below 8 tokens runs ggml's AVX2 `vec_dot`, not emulated: it gets the `gemv` order.)
-/// MXFP4 matrices with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
+/// F32 matrices (MoE routers) go through tinyBLAS from two tokens up. MXFP4 matrices
+/// with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
 /// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
 /// run `vec_dot` (`DotOrder::Single`).
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
+        // F32 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` for one.
+        GgmlType::F32 if n >= 2 => DotOrder::Tiled,
         GgmlType::MXFP4 if n_out.is_multiple_of(8) => DotOrder::Gemm4,
         GgmlType::Q4_K if n_out.is_multiple_of(8) => {
             if i < n - n % 4 {

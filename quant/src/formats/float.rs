@@ -1,11 +1,15 @@
 //! Unquantized rows: F32, F16 and BF16 (block size 1).
 //!
-//! Dot products take f32 activations (our `vec_dot_type` for all float weights) and follow
-//! ggml's scalar `ggml_vec_dot_f32/_f16/_bf16` shape: each product is formed in f32 and
-//! accumulated in f64, then rounded to f32 once. (ggml itself converts activations to the
-//! weight's type first for F16/BF16; keeping them f32 is strictly more accurate.)
+//! Dot products take f32 activations (our `vec_dot_type` for all float weights). F32
+//! weights (MoE routers, which llama.cpp never quantizes) follow llama.cpp's x86 orders:
+//! `ggml_vec_dot_f32` for one token ([`vec_dot_f32`]) and llamafile's tinyBLAS for two or
+//! more ([`vec_dot_f32_tiled`]), in the flavor of the ggml build (`crate::order::flavor`).
+//! F16/BF16 follow ggml's scalar shape: each product formed in f32 and accumulated in f64,
+//! then rounded to f32 once. (ggml itself converts activations to the weight's type first
+//! for F16/BF16; keeping them f32 is strictly more accurate.)
 
 use crate::f16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::order::{hsum, reduce4, Flavor};
 
 fn check(bytes: usize, elems: usize, width: usize, what: &str) {
     assert_eq!(
@@ -68,14 +72,75 @@ pub fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Dot of an f32 weight row with f32 activations (both as little-endian bytes).
+/// Dot of an f32 weight row with f32 activations (both as little-endian bytes) in
+/// `ggml_vec_dot_f32`'s order: four accumulator registers of the flavor's lanes, each
+/// element's product fused into its lane, steps of four registers; the registers folded
+/// and reduced as `GGML_F32_VEC_REDUCE`; the elements past the last whole step added to
+/// that float one at a time, as the compiled tail loop does.
 pub fn vec_dot_f32(w: &[u8], a: &[u8]) -> f32 {
+    vec_dot_f32_in(crate::order::flavor(), w, a)
+}
+
+/// [`vec_dot_f32`] in the given flavor.
+pub fn vec_dot_f32_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
     assert_eq!(w.len(), a.len(), "vec_dot F32: length mismatch");
-    let mut sum = 0.0f64;
-    for (x, y) in w.chunks_exact(4).zip(a.chunks_exact(4)) {
-        sum += (rd_f32(x) * rd_f32(y)) as f64;
+    let n = w.len() / 4;
+    let lanes = fl.lanes();
+    let step = 4 * lanes;
+    let np = n - n % step;
+    let mut acc = [[0f32; 16]; 4];
+    let (wf, af) = (
+        |i: usize| rd_f32(&w[4 * i..]),
+        |i: usize| rd_f32(&a[4 * i..]),
+    );
+    for i in (0..np).step_by(step) {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            for (l, v) in acc.iter_mut().enumerate().take(lanes) {
+                let e = i + j * lanes + l;
+                *v = wf(e).mul_add(af(e), *v);
+            }
+        }
     }
-    sum as f32
+    let mut sum = reduce4(fl, &mut acc);
+    // The tail loop `sumf += x[i]*y[i]` as GCC 12 vectorises it in ggml's build: the
+    // products of whole groups of eight, then of four, rounded and added in order; the
+    // last up-to-three fused (read from the object code of the linked llama.cpp).
+    let tail = n - np;
+    let unfused = tail / 8 * 8 + if tail % 8 >= 4 { 4 } else { 0 };
+    for i in np..np + unfused {
+        sum += wf(i) * af(i);
+    }
+    for i in np + unfused..n {
+        sum = wf(i).mul_add(af(i), sum);
+    }
+    sum
+}
+
+/// Dot of an f32 weight row with f32 activations in tinyBLAS's order (llamafile's GEMM,
+/// which llama.cpp runs for a micro-batch of two or more tokens): one register of the
+/// flavor's lanes, each element's product fused into its lane, then the register halved
+/// down to one float. tinyBLAS takes only rows of whole registers; llama.cpp multiplies
+/// other widths with `ggml_vec_dot_f32`, so does this.
+pub fn vec_dot_f32_tiled(w: &[u8], a: &[u8]) -> f32 {
+    vec_dot_f32_tiled_in(crate::order::flavor(), w, a)
+}
+
+/// [`vec_dot_f32_tiled`] in the given flavor.
+pub fn vec_dot_f32_tiled_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot F32: length mismatch");
+    let n = w.len() / 4;
+    let lanes = fl.lanes();
+    if !n.is_multiple_of(lanes) {
+        return vec_dot_f32_in(fl, w, a);
+    }
+    let mut acc = [0f32; 16];
+    for i in (0..n).step_by(lanes) {
+        for (l, v) in acc.iter_mut().enumerate().take(lanes) {
+            let e = i + l;
+            *v = rd_f32(&w[4 * e..]).mul_add(rd_f32(&a[4 * e..]), *v);
+        }
+    }
+    hsum(fl, &mut acc)
 }
 
 /// Dot of an f16 weight row with f32 activations.

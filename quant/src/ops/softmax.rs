@@ -11,6 +11,32 @@ pub fn softmax(fl: Flavor, x: &mut [f32], first_cell: usize) {
     softmax_with_sink(fl, x, first_cell, None)
 }
 
+/// ggml's `soft_max` of a row without mask (a router's probabilities): the whole vectors
+/// of the flavor's lanes from the row's start by ggml's vectorised `exp`, each reduced by
+/// [`hsum`] into an f64 sum, the elements past the last whole vector by libm's `expf`,
+/// added one at a time, then everything scaled by `(f32)(1 / sum)`
+/// (`ggml_vec_soft_max_f32`).
+pub fn softmax_row(fl: Flavor, x: &mut [f32]) {
+    let lanes = fl.lanes();
+    let body = x.len() - x.len() % lanes;
+    let max = row_max(x);
+    let mut sum = 0.0f64;
+    for c in x[..body].chunks_exact_mut(lanes) {
+        let mut l = [0.0f32; 16];
+        for (v, l) in c.iter_mut().zip(l.iter_mut()) {
+            *v = expf(fl, *v - max);
+            *l = *v;
+        }
+        sum += hsum(fl, &mut l) as f64;
+    }
+    for v in &mut x[body..] {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// [`softmax`] with an attention sink: a logit that joins the maximum and, as
 /// `expf(sink - max)` (libm's, in f64), the sum, as ggml's `soft_max` with sinks.
 pub fn softmax_with_sink(fl: Flavor, x: &mut [f32], first_cell: usize, sink: Option<f32>) {
@@ -250,6 +276,36 @@ mod tests {
                 let s: f32 = a.iter().sum();
                 assert!((s - 1.0).abs() < 1e-5);
                 assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    /// A router's soft-max: over whole vectors it is the attention soft-max of a row
+    /// starting at cell 0; the elements past them take libm's `exp` (so a row of four, as
+    /// gpt-oss's chosen experts, differs from the vectorised polynomial's bits) and the
+    /// row still sums to one.
+    #[test]
+    fn router_softmax_whole_vectors_and_tail() {
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for n in [4, 8, 13, 16, 32, 128, 129] {
+                let x0: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7919) % 23) as f32 * 0.17 - 1.5)
+                    .collect();
+                let mut a = x0.clone();
+                softmax_row(fl, &mut a);
+                let s: f64 = a.iter().map(|&v| v as f64).sum();
+                assert!((s - 1.0).abs() < 1e-5, "{fl:?} {n}: sum {s}");
+                let body = n - n % fl.lanes();
+                if body == n {
+                    let mut b = x0.clone();
+                    softmax(fl, &mut b, 0);
+                    assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+                // The tail is libm's exp of (x - max), scaled.
+                let max = x0.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let ratio = a[n - 1] / (x0[n - 1] - max).exp();
+                let ratio0 = a[body.min(n - 1)] / (x0[body.min(n - 1)] - max).exp();
+                assert!((ratio - ratio0).abs() <= f32::EPSILON * ratio.abs() * 4.0);
             }
         }
     }

@@ -12,7 +12,7 @@
 //! for repacked weights), then each expert's output is scaled by its weight and the
 //! outputs are added in the order the experts were chosen.
 
-use quant::ops::softmax::softmax;
+use quant::ops::softmax::softmax_row;
 use quant::order::flavor;
 
 use super::cpu::{activate, add_bias};
@@ -57,6 +57,25 @@ pub struct MoeScratch {
     at: Vec<usize>,
 }
 
+/// Traces `rows` (one `width`-row per (token, choice), grouped by expert; `at` maps each
+/// (token, choice) to its row) in llama.cpp's layout, token by token and choice by choice.
+fn trace_choices(
+    trace: &mut Option<super::TraceFn>,
+    at: &[usize],
+    name: &str,
+    il: usize,
+    rows: &[f32],
+    width: usize,
+) {
+    if let Some(f) = trace.as_mut() {
+        let v: Vec<f32> = at
+            .iter()
+            .flat_map(|&r| rows[r * width..(r + 1) * width].iter().copied())
+            .collect();
+        f(name, il, &v);
+    }
+}
+
 /// The top `k` indices of `v` by value, largest first (ties: the lower index first).
 fn top_k(v: &[f32], k: usize, out: &mut Vec<u32>) {
     out.clear();
@@ -88,7 +107,7 @@ fn route(
     for row in logits.chunks_exact_mut(ne) {
         match spec.gating {
             Gating::Softmax => {
-                softmax(fl, row, 0);
+                softmax_row(fl, row);
                 top_k(row, nu, idx);
                 w.clear();
                 w.extend(idx.iter().map(|&e| row[e as usize]));
@@ -97,7 +116,7 @@ fn route(
                 top_k(row, nu, idx);
                 w.clear();
                 w.extend(idx.iter().map(|&e| row[e as usize]));
-                softmax(fl, w, 0);
+                softmax_row(fl, w);
             }
         }
         if spec.norm_weights {
@@ -138,7 +157,20 @@ pub(super) fn moe_ffn(
         &mut s.logits,
     );
     add_bias(&mut s.logits, m.router_b);
+    if let Some(f) = ws.trace.as_mut() {
+        let name = match m.router_b {
+            Some(_) => "ffn_moe_logits_biased",
+            None => "ffn_moe_logits",
+        };
+        f(name, il, &ws.moe.logits);
+    }
+    let s = &mut ws.moe;
     route(m.spec, &mut s.logits, &mut s.chosen, &mut s.idx, &mut s.w);
+    if let Some(f) = ws.trace.as_mut() {
+        let w: Vec<f32> = ws.moe.chosen.iter().map(|c| c.1).collect();
+        f("ffn_moe_weights", il, &w);
+    }
+    let s = &mut ws.moe;
 
     // Group the (token, choice) pairs by expert, in token order within each.
     s.starts.clear();
@@ -158,6 +190,11 @@ pub(super) fn moe_ffn(
         s.next[e as usize] += 1;
     }
     let n_rows = s.rows.len();
+    s.at.clear();
+    s.at.resize(s.chosen.len(), 0);
+    for (r, &i) in s.rows.iter().enumerate() {
+        s.at[i as usize] = r;
+    }
     // An expert with one token reads that token's row in place (so all the experts of a
     // decoded token share its quantized activations); several are gathered.
     s.xg.resize(n_rows * d, 0.0);
@@ -229,7 +266,10 @@ pub(super) fn moe_ffn(
             }
         }
     }
+    trace_choices(&mut ws.trace, &s.at, "ffn_moe_gate_biased", il, &s.gate, nf);
+    trace_choices(&mut ws.trace, &s.at, "ffn_moe_up_biased", il, &s.up, nf);
     activate(model, pool, m.spec.act, &mut s.gate, &s.up, nf);
+    trace_choices(&mut ws.trace, &s.at, "ffn_moe_swiglu_oai", il, &s.gate, nf);
     {
         let mut jobs: Vec<Job<'_, '_>> = Vec::with_capacity(ne.min(n_rows));
         let mut ds: &mut [f32] = &mut s.down;
@@ -251,18 +291,21 @@ pub(super) fn moe_ffn(
     }
     // Each output row scaled by its weight (after its bias), then added per token in
     // choice order.
-    let bd = m.experts.b_down.as_deref();
-    s.at.clear();
-    s.at.resize(s.chosen.len(), 0);
-    for (r, &i) in s.rows.iter().enumerate() {
-        s.at[i as usize] = r;
-        let (e, w) = s.chosen[i as usize];
-        let row = &mut s.down[r * d..(r + 1) * d];
-        if let Some(b) = bd {
-            add_bias(row, Some(&b[e as usize * d..(e as usize + 1) * d]));
+    if let Some(b) = m.experts.b_down.as_deref() {
+        for (r, &i) in s.rows.iter().enumerate() {
+            let e = s.chosen[i as usize].0 as usize;
+            add_bias(
+                &mut s.down[r * d..(r + 1) * d],
+                Some(&b[e * d..(e + 1) * d]),
+            );
         }
-        row.iter_mut().for_each(|v| *v *= w);
     }
+    trace_choices(&mut ws.trace, &s.at, "ffn_moe_down_biased", il, &s.down, d);
+    for (r, &i) in s.rows.iter().enumerate() {
+        let w = s.chosen[i as usize].1;
+        s.down[r * d..(r + 1) * d].iter_mut().for_each(|v| *v *= w);
+    }
+    trace_choices(&mut ws.trace, &s.at, "ffn_moe_weighted", il, &s.down, d);
     ws.proj.resize(n_tok * d, 0.0);
     for t in 0..n_tok {
         let out = &mut ws.proj[t * d..(t + 1) * d];
