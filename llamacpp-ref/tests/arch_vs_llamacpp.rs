@@ -2,9 +2,9 @@
 //! Gemma 2, SmolLM3) against llama.cpp, on `rllama synth` files of each family's shape
 //! (cut to a few layers and narrower widths, with a short sliding window where the
 //! family slides, so the tests see every feature): llama.cpp must load our writer's file
-//! and describe it as that architecture, then over 20 prompts x 32 tokens the
-//! teacher-forced top-1 agreement must be at least 99% and greedy-32 identical for at
-//! least 18 of 20, the issue's bars. The largest logit difference is printed: 0 where
+//! and describe it as that architecture, then over 20 prompts x 32 tokens
+//! (`RLLAMA_ARCH_PROMPTS=20`; CI runs 6) the teacher-forced top-1 agreement must be at
+//! least 99% and greedy-32 identical for at least 90% of the prompts, the issue's bars. The largest logit difference is printed: 0 where
 //! our kernels follow llama.cpp's order operation for operation.
 //!
 //! `RLLAMA_ARCH_CHECK=/path/to/file.gguf` also runs the comparison on that file (a
@@ -25,7 +25,16 @@ use runtime::weights::WeightPlan;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 const TOKENS: usize = 32;
-const PROMPTS: usize = 20;
+
+/// Prompts per architecture: the issue's 20 with `RLLAMA_ARCH_PROMPTS=20` (the evidence
+/// run); CI runs 6, every one of which must agree as the bars allow (and in practice all
+/// do: the figures are exact where the orders are).
+fn n_prompts() -> usize {
+    std::env::var("RLLAMA_ARCH_PROMPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6)
+}
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -36,7 +45,7 @@ fn prompts() -> Vec<String> {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| l.replace("\\n", "\n"))
-        .take(PROMPTS)
+        .take(n_prompts())
         .collect()
 }
 
@@ -47,7 +56,25 @@ struct Agreement {
     max_diff: f32,
     greedy_same: usize,
     prompts: usize,
+    /// The ggml executor (every layer and the output on ggml's CPU device); `None`
+    /// without ggml.
+    device: Option<DeviceAgreement>,
 }
+
+/// The ggml executor against llama.cpp: teacher-forced top-1 over all positions, and over
+/// the positions where llama.cpp's best logit leads its second by more than [`DECISIVE`].
+#[derive(Default)]
+struct DeviceAgreement {
+    top1: usize,
+    positions: usize,
+    decisive_top1: usize,
+    decisive: usize,
+    max_diff: f32,
+}
+
+/// A lead that the executors' differing orders (up to 0.07 in a logit on these cuts) do
+/// not overturn.
+const DECISIVE: f32 = 0.25;
 
 /// Loads `path` in both engines with a context of `n_ctx` and measures their agreement.
 fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
@@ -70,8 +97,19 @@ fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
         desc.starts_with(expect_arch),
         "llama.cpp describes it as {desc:?}"
     );
-    let model =
-        Arc::new(Model::build(f, WeightPlan::default(), None, Some(n_ctx)).expect("ours loads"));
+    let model = Arc::new(
+        Model::build(f.clone(), WeightPlan::default(), None, Some(n_ctx)).expect("ours loads"),
+    );
+    // The same declaration through the ggml graph builder.
+    let device = ggml_sys::available_or_skip().then(|| {
+        let mut m = Model::build(f, WeightPlan::default(), None, Some(n_ctx)).unwrap();
+        let spec = runtime::offload::OffloadSpec::new(m.config.n_layer + 1, Some("CPU".into()));
+        let slots = m.kv_layout(n_ctx, 16).n_blocks * 16;
+        m.offload(&spec, slots, threads(), &mut |_, _| {})
+            .expect("offloads to ggml's CPU device");
+        Runner::new(Arc::new(m), threads(), n_ctx)
+    });
+    let mut device = device;
     let nv = model.config.n_vocab;
     assert_eq!(theirs.n_vocab(), nv);
     let mut ours = Runner::new(model, threads(), n_ctx);
@@ -81,6 +119,7 @@ fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
         max_diff: 0.0,
         greedy_same: 0,
         prompts: 0,
+        device: device.as_ref().map(|_| DeviceAgreement::default()),
     };
     for prompt in prompts() {
         let ptoks = theirs.tokenize(&prompt, true, true).unwrap();
@@ -91,6 +130,7 @@ fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
         seq.extend(&cont);
         let ref_logits = theirs.logits_all(&seq).unwrap();
         let our_logits = ours.logits_all(&seq).unwrap();
+        let dev_logits = device.as_mut().map(|d| d.logits_all(&seq).unwrap());
         for p in ptoks.len() - 1..seq.len() {
             let (x, y) = (
                 &our_logits[p * nv..(p + 1) * nv],
@@ -104,6 +144,27 @@ fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
                 .zip(y)
                 .map(|(u, v)| (u - v).abs())
                 .fold(a.max_diff, f32::max);
+            if let (Some(dl), Some(d)) = (&dev_logits, &mut a.device) {
+                let z = &dl[p * nv..(p + 1) * nv];
+                let (best, same) = (argmax(y) as usize, argmax(z) == argmax(y));
+                let second = y
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != best)
+                    .map(|(_, &v)| v)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                d.positions += 1;
+                d.top1 += same as usize;
+                if y[best] - second > DECISIVE {
+                    d.decisive += 1;
+                    d.decisive_top1 += same as usize;
+                }
+                d.max_diff = z
+                    .iter()
+                    .zip(y)
+                    .map(|(u, v)| (u - v).abs())
+                    .fold(d.max_diff, f32::max);
+            }
         }
         let mut sampler = Sampler::new(SamplingParams::greedy());
         let eog = |t: u32| theirs.is_eog(t);
@@ -152,6 +213,27 @@ fn report_and_assert(name: &str, a: &Agreement) {
         a.prompts
     );
     assert!(rate >= 0.99, "{name}: top-1 agreement {rate:.4}");
+    if let Some(d) = &a.device {
+        // The ggml executor follows ggml's graph order, not llama.cpp's exactly (its own
+        // attention graph), and random weights leave many near-ties, which a MoE router
+        // also turns into other experts: 95-100% of all positions agree on these cuts.
+        // Where llama.cpp's choice is decisive, every one must (gpt-oss without its
+        // attention sinks: 68% of all positions).
+        eprintln!(
+            "{name}: ggml executor (-ngl all on ggml's CPU device): teacher-forced top-1 \
+             {}/{} = {:.2}%, where decisive {}/{}, max |logit diff| {:.6}",
+            d.top1,
+            d.positions,
+            100.0 * d.top1 as f64 / d.positions as f64,
+            d.decisive_top1,
+            d.decisive,
+            d.max_diff
+        );
+        assert!(
+            d.decisive_top1 * 100 >= 99 * d.decisive && d.top1 * 10 >= 9 * d.positions,
+            "{name}: the ggml executor's top-1 agreement is too low"
+        );
+    }
     assert!(
         a.greedy_same * 10 >= 9 * a.prompts,
         "{name}: greedy identical {}/{}",
@@ -161,8 +243,11 @@ fn report_and_assert(name: &str, a: &Agreement) {
 }
 
 /// A few layers at a fraction of the width: every feature of the family, little time.
+/// The vocabulary is smollm2's (49152 tokens) whatever the family's: the output layer of
+/// a 256k vocabulary is most of a cut model's time and tests nothing of the architecture.
 fn cut(shape: Shape, div: usize, layers: usize) -> Shape {
     let mut s = shape.scaled_down(div).with_layers(layers);
+    s.tokenizer_from = "smollm2-135m";
     // A window the prompts cross, so sliding layers really slide.
     if s.feat.sliding_window > 0 {
         s.feat.sliding_window = 16;
