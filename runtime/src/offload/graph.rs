@@ -63,8 +63,18 @@ struct DevLayer {
     freq_factors: Option<*mut ggml_tensor>,
 }
 
+/// How a graph's intermediate tensors get memory and where its nodes run.
+enum Alloc {
+    /// Everything on the device: one allocator, one backend.
+    Device(sys::ggml_gallocr_t),
+    /// Some weights (`--n-cpu-moe`'s experts) live in host memory: ggml's scheduler
+    /// splits the graph between the device and the CPU backend (last), copying
+    /// activations across, as llama.cpp runs such a model.
+    Sched(sys::ggml_backend_sched_t),
+}
+
 struct State {
-    galloc: sys::ggml_gallocr_t,
+    alloc: Alloc,
     /// Memory for the per-call graph context (tensor and graph metadata only).
     meta: Vec<u8>,
     /// Largest compute buffer seen, for the memory report.
@@ -116,12 +126,24 @@ pub struct DeviceLayers {
     flash_attn: bool,
     w_ctx: *mut ggml_context,
     w_buf: sys::ggml_backend_buffer_t,
+    /// `--n-cpu-moe`: the experts kept in host memory, and the CPU backend that runs them.
+    host: Option<HostExperts>,
     kv_ctx: *mut ggml_context,
     kv_buf: sys::ggml_backend_buffer_t,
     /// Bytes on the device: weights, KV cache.
     pub weight_bytes: usize,
     pub kv_bytes: usize,
     state: Mutex<State>,
+}
+
+/// The expert stacks of the first offloaded layers that `--n-cpu-moe` keeps on the CPU.
+struct HostExperts {
+    ctx: *mut ggml_context,
+    buf: sys::ggml_backend_buffer_t,
+    backend: sys::ggml_backend_t,
+    /// Global indices of the layers whose experts are here.
+    layers: std::ops::Range<usize>,
+    bytes: usize,
 }
 
 // SAFETY: the raw pointers are ggml objects owned by this value; every use of the mutable
@@ -201,11 +223,19 @@ impl DeviceLayers {
         let k_dim = cfg.n_head_kv * cfg.head_dim_k;
         let v_dim = cfg.n_head_kv * cfg.head_dim_v;
         let kv_per_layer = n_slots * (k_dim + v_dim) * 2;
+        // `--n-cpu-moe N`: the expert stacks of layers below N stay in host memory (their
+        // biases, small, go to the device with the rest of the layer).
+        let on_host = |j: usize| {
+            first_layer + j < offload.n_cpu_moe && matches!(layers[j].ffn, FfnKind::Moe { .. })
+        };
         let layer_bytes: Vec<usize> = layers
             .iter()
-            .map(|w| layer_weight_bytes(w) + kv_per_layer)
+            .enumerate()
+            .map(|(j, w)| {
+                let host = if on_host(j) { expert_bytes(w) } else { 0 };
+                layer_weight_bytes(w) - host + kv_per_layer
+            })
             .collect();
-        let _ = layer_specs;
         let out_bytes = output
             .as_ref()
             .map_or(0, |(n, w)| n.len() * 4 + weight_bytes(w));
@@ -250,10 +280,13 @@ impl DeviceLayers {
         let n_tensors = layers.len() * 32 + 4;
         let w_ctx = new_ctx(l, n_tensors)?;
         let kv_ctx = new_ctx(l, layers.len() * 2 + 2)?;
+        let host_ctx = new_ctx(l, layers.len() * 4 + 1)?;
         let uploads: std::cell::RefCell<Vec<(*mut ggml_tensor, *const u8, usize)>> =
             Default::default();
+        // Whether the layer being mapped keeps its expert stacks in host memory.
+        let experts_to_host = std::cell::Cell::new(false);
         let new_w = |w: &Weight<'_>| -> *mut ggml_tensor {
-            // SAFETY: w_ctx is a live no-alloc context sized for these tensors.
+            // SAFETY: w_ctx and host_ctx are live no-alloc contexts sized for these tensors.
             unsafe {
                 match w {
                     Weight::Mat {
@@ -265,7 +298,11 @@ impl DeviceLayers {
                     } => {
                         let t = if *n_expert > 1 {
                             l.ggml_new_tensor_3d(
-                                w_ctx,
+                                if experts_to_host.get() {
+                                    host_ctx
+                                } else {
+                                    w_ctx
+                                },
                                 gtype(*ty),
                                 *n_in as i64,
                                 *n_out as i64,
@@ -292,12 +329,14 @@ impl DeviceLayers {
             }
         };
         let mut lw = Vec::with_capacity(layers.len());
-        for (w, ls) in layers.iter().zip(layer_specs) {
+        for (j, (w, ls)) in layers.iter().zip(layer_specs).enumerate() {
+            experts_to_host.set(on_host(j));
             let dw = w
                 .map::<_, _, std::convert::Infallible>(&mut |m| Ok(new_w(m)), &mut |v| {
                     Ok(new_w(&Weight::Vec(v)))
                 })
                 .unwrap_or_else(|e| match e {});
+            experts_to_host.set(false);
             let freq_factors = ls
                 .attn
                 .rope
@@ -337,27 +376,50 @@ impl DeviceLayers {
         // SAFETY: contexts hold only tensor metadata; the backend allocates their data.
         let w_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(w_ctx, backend) };
         let kv_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(kv_ctx, backend) };
-        if w_buf.is_null() || kv_buf.is_null() {
-            unsafe {
-                if !w_buf.is_null() {
-                    l.ggml_backend_buffer_free(w_buf);
-                }
-                if !kv_buf.is_null() {
-                    l.ggml_backend_buffer_free(kv_buf);
-                }
-                l.ggml_free(w_ctx);
-                l.ggml_free(kv_ctx);
-                l.ggml_backend_free(backend);
+        let n_host = (0..layers.len()).filter(|&j| on_host(j)).count();
+        let host = match (n_host, w_buf.is_null() || kv_buf.is_null()) {
+            (0, _) | (_, true) => {
+                // SAFETY: host_ctx holds no allocated tensor data.
+                unsafe { l.ggml_free(host_ctx) };
+                Ok(None)
             }
-            return Err(OffloadError::OutOfMemory {
-                device: dev_name,
-                need_mib: need >> 20,
-                free_mib: free >> 20,
-                layers: layers.len(),
-                output: out.is_some(),
-                fit: 0,
-            });
-        }
+            // SAFETY: host_ctx is a live no-alloc context.
+            _ => unsafe { host_experts(l, host_ctx, threads) }.map(|(buf, be)| {
+                Some(HostExperts {
+                    ctx: host_ctx,
+                    buf,
+                    backend: be,
+                    layers: first_layer..first_layer + n_host,
+                    // SAFETY: buf is live.
+                    bytes: unsafe { l.ggml_backend_buffer_get_size(buf) },
+                })
+            }),
+        };
+        let host = match host {
+            Ok(h) if !w_buf.is_null() && !kv_buf.is_null() => h,
+            r => {
+                unsafe {
+                    if !w_buf.is_null() {
+                        l.ggml_backend_buffer_free(w_buf);
+                    }
+                    if !kv_buf.is_null() {
+                        l.ggml_backend_buffer_free(kv_buf);
+                    }
+                    l.ggml_free(w_ctx);
+                    l.ggml_free(kv_ctx);
+                    l.ggml_backend_free(backend);
+                }
+                r?;
+                return Err(OffloadError::OutOfMemory {
+                    device: dev_name,
+                    need_mib: need >> 20,
+                    free_mib: free >> 20,
+                    layers: layers.len(),
+                    output: out.is_some(),
+                    fit: 0,
+                });
+            }
+        };
         let uploads = uploads.into_inner();
         let total_uploads = uploads.len();
         for (i, (t, p, n)) in uploads.into_iter().enumerate() {
@@ -370,8 +432,27 @@ impl DeviceLayers {
         unsafe { l.ggml_backend_buffer_clear(kv_buf, 0) };
         let weight_bytes = unsafe { l.ggml_backend_buffer_get_size(w_buf) };
         let kv_bytes = unsafe { l.ggml_backend_buffer_get_size(kv_buf) };
-        // SAFETY: the backend is live; its default buffer type outlives the allocator.
-        let galloc = unsafe { l.ggml_gallocr_new(l.ggml_backend_get_default_buffer_type(backend)) };
+        let alloc = match &host {
+            // SAFETY: the backend is live; its default buffer type outlives the allocator.
+            None => Alloc::Device(unsafe {
+                l.ggml_gallocr_new(l.ggml_backend_get_default_buffer_type(backend))
+            }),
+            // The device first, the CPU last (the scheduler's order of preference), and
+            // llama.cpp's default of letting the device take an op on host weights for
+            // large batches (copying the weights up for it) where it says it is worth it.
+            // SAFETY: both backends are live and outlive the scheduler.
+            Some(h) => Alloc::Sched(unsafe {
+                let mut backends = [backend, h.backend];
+                l.ggml_backend_sched_new(
+                    backends.as_mut_ptr(),
+                    null_mut(),
+                    2,
+                    GRAPH_SIZE,
+                    false,
+                    true,
+                )
+            }),
+        };
         let meta_size = unsafe {
             l.ggml_tensor_overhead() * GRAPH_SIZE + l.ggml_graph_overhead_custom(GRAPH_SIZE, false)
         };
@@ -389,12 +470,13 @@ impl DeviceLayers {
             flash_attn,
             w_ctx,
             w_buf,
+            host,
             kv_ctx,
             kv_buf,
             weight_bytes,
             kv_bytes,
             state: Mutex::new(State {
-                galloc,
+                alloc,
                 meta: vec![0u8; meta_size],
                 compute_bytes: 0,
                 calls: 0,
@@ -425,6 +507,11 @@ impl DeviceLayers {
     /// KV slots the device cache holds.
     pub fn n_slots(&self) -> usize {
         self.n_slots
+    }
+
+    /// `--n-cpu-moe`: the layers whose experts stay in host memory, and their bytes.
+    pub fn experts_on_cpu(&self) -> Option<(std::ops::Range<usize>, usize)> {
+        self.host.as_ref().map(|h| (h.layers.clone(), h.bytes))
     }
 
     /// Largest compute buffer used so far.
@@ -465,6 +552,14 @@ impl DeviceLayers {
             .output_on_cpu
             .as_ref()
             .map_or(String::new(), |why| format!("; {why}"))
+            + &self.host.as_ref().map_or(String::new(), |h| {
+                format!(
+                    "; experts of layers {}..{} on the CPU (--n-cpu-moe, {} MiB)",
+                    h.layers.start,
+                    h.layers.end,
+                    h.bytes >> 20
+                )
+            })
             + if self.flash_attn {
                 "; flash attention"
             } else {
@@ -566,20 +661,33 @@ impl DeviceLayers {
         // device's weight and KV tensors, and input buffers that outlive the calls.
         unsafe {
             if st.graph.as_ref().map(|g| g.key) != Some(key) {
+                if let Alloc::Sched(s) = st.alloc {
+                    // The scheduler refers to the old graph's nodes until reset.
+                    l.ggml_backend_sched_reset(s);
+                }
                 if let Some(old) = st.graph.take() {
                     l.ggml_free(old.ctx);
                 }
-                let gr = self.build(&mut st.meta, key)?;
-                if !l.ggml_gallocr_alloc_graph(st.galloc, gr.gf) {
+                let scheduled = matches!(st.alloc, Alloc::Sched(_));
+                let gr = self.build(&mut st.meta, key, scheduled)?;
+                let (ok, bytes) = match st.alloc {
+                    Alloc::Device(a) => (
+                        l.ggml_gallocr_alloc_graph(a, gr.gf),
+                        l.ggml_gallocr_get_buffer_size(a, 0),
+                    ),
+                    Alloc::Sched(s) => (
+                        l.ggml_backend_sched_alloc_graph(s, gr.gf),
+                        l.ggml_backend_sched_get_buffer_size(s, self.backend),
+                    ),
+                };
+                if !ok {
                     l.ggml_free(gr.ctx);
                     return Err(OffloadError::Backend(format!(
                         "{}: out of device memory for the compute buffer ({n_tok} tokens, {n_kv} KV slots)",
                         self.device
                     )));
                 }
-                st.compute_bytes = st
-                    .compute_bytes
-                    .max(l.ggml_gallocr_get_buffer_size(st.galloc, 0));
+                st.compute_bytes = st.compute_bytes.max(bytes);
                 st.builds += 1;
                 st.graph = Some(gr);
             } else {
@@ -600,7 +708,10 @@ impl DeviceLayers {
             }
             set(l, gr.rows, rows.as_ptr(), n_out);
             let gf = gr.gf;
-            let status = l.ggml_backend_graph_compute(self.backend, gf);
+            let status = match st.alloc {
+                Alloc::Device(_) => l.ggml_backend_graph_compute(self.backend, gf),
+                Alloc::Sched(s) => l.ggml_backend_sched_graph_compute(s, gf),
+            };
             if status != sys::ggml_status_GGML_STATUS_SUCCESS {
                 return Err(OffloadError::Backend(format!(
                     "{}: graph compute failed (status {status})",
@@ -629,6 +740,7 @@ impl DeviceLayers {
         &self,
         meta: &mut [u8],
         key: (usize, usize, usize),
+        scheduled: bool,
     ) -> Result<Graph, OffloadError> {
         let (n_tok, n_kv, n_out) = key;
         let c = &self.cfg;
@@ -677,9 +789,14 @@ impl DeviceLayers {
             l.ggml_build_forward_expand(gf, t);
         }
         // A node the device cannot run would be computed anyway by a direct graph compute,
-        // into garbage (ggml's scheduler would move it to the CPU; we have no scheduler
-        // here): refuse the graph with the node named instead.
-        for i in 0..l.ggml_graph_n_nodes(gf) {
+        // into garbage (ggml's scheduler moves it to the CPU, but only `--n-cpu-moe` runs
+        // one): refuse the graph with the node named instead.
+        let n_check = if scheduled {
+            0
+        } else {
+            l.ggml_graph_n_nodes(gf)
+        };
+        for i in 0..n_check {
             let node = l.ggml_graph_node(gf, i);
             if !l.ggml_backend_dev_supports_op(self.dev, node) {
                 let t = &*node;
@@ -1038,10 +1155,18 @@ impl Drop for DeviceLayers {
         // SAFETY: each object was created in `new` and is freed once, allocator first.
         unsafe {
             if let Ok(st) = self.state.get_mut() {
+                match st.alloc {
+                    Alloc::Device(a) => l.ggml_gallocr_free(a),
+                    Alloc::Sched(s) => l.ggml_backend_sched_free(s),
+                }
                 if let Some(g) = st.graph.take() {
                     l.ggml_free(g.ctx);
                 }
-                l.ggml_gallocr_free(st.galloc);
+            }
+            if let Some(h) = self.host.take() {
+                l.ggml_backend_buffer_free(h.buf);
+                l.ggml_free(h.ctx);
+                l.ggml_backend_free(h.backend);
             }
             l.ggml_backend_buffer_free(self.w_buf);
             l.ggml_backend_buffer_free(self.kv_buf);
@@ -1225,6 +1350,52 @@ fn pick_device(g: &Ggml, name: Option<&str>) -> Result<sys::ggml_backend_dev_t, 
                     .into(),
             ),
         })
+    }
+}
+
+/// Allocates `ctx`'s tensors (the experts `--n-cpu-moe` keeps on the CPU) in host memory
+/// on a backend of ggml's CPU device running `threads` threads. Frees `ctx` on failure.
+unsafe fn host_experts(
+    l: &GgmlLib,
+    ctx: *mut ggml_context,
+    threads: usize,
+) -> Result<(sys::ggml_backend_buffer_t, sys::ggml_backend_t), OffloadError> {
+    let cpu = l.ggml_backend_dev_by_type(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU);
+    let backend = if cpu.is_null() {
+        null_mut()
+    } else {
+        l.ggml_backend_dev_init(cpu, std::ptr::null())
+    };
+    if backend.is_null() {
+        l.ggml_free(ctx);
+        return Err(OffloadError::Backend(
+            "--n-cpu-moe keeps experts on the CPU, but ggml's CPU backend is not loaded".into(),
+        ));
+    }
+    set_threads(l, cpu, backend, threads);
+    let buf = l.ggml_backend_alloc_ctx_tensors(ctx, backend);
+    if buf.is_null() {
+        l.ggml_backend_free(backend);
+        l.ggml_free(ctx);
+        return Err(OffloadError::Backend(
+            "out of host memory for the experts --n-cpu-moe keeps on the CPU".into(),
+        ));
+    }
+    Ok((buf, backend))
+}
+
+/// The bytes of a layer's expert stacks (not their biases).
+fn expert_bytes(w: &LayerW<Weight<'_>, &[f32]>) -> usize {
+    match &w.ffn {
+        FfnKind::Moe { experts, .. } => {
+            let mut n = weight_bytes(&experts.down);
+            match &experts.gate_up {
+                GateUp::Split { gate, up } => n += weight_bytes(gate) + weight_bytes(up),
+                GateUp::Fused(m) => n += weight_bytes(m),
+            }
+            n
+        }
+        FfnKind::Dense(_) => 0,
     }
 }
 

@@ -159,6 +159,9 @@ impl DeviceLayers {
     pub fn graph_stats(&self) -> (usize, usize) {
         match *self {}
     }
+    pub fn experts_on_cpu(&self) -> Option<(std::ops::Range<usize>, usize)> {
+        match *self {}
+    }
     pub fn device(&self) -> &str {
         match *self {}
     }
