@@ -7,6 +7,7 @@
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    runtime::options::init();
     match args.get(1).map(String::as_str) {
         Some("serve") => bench_cli::serve::main_with_args(args[1..].to_vec()),
         Some("soak") => bench_cli::serve::soak::main_with_args(args[1..].to_vec()),
