@@ -141,14 +141,16 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
         /// Registry name or GGUF path whose tokenizer (and so vocabulary) is copied
-        /// [default: smollm2-135m for llama3-8b, qwen2.5-coder-0.5b for qwen2.5-7b].
+        /// [default: the registry model nearest the family's: qwen2.5-coder-0.5b for the
+        /// Qwen, Phi and gpt-oss shapes, gemma3-270m for gemma2-2b, smollm2-135m for the
+        /// others].
         #[arg(long)]
         tokenizer_from: Option<String>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Pad the vocabulary with unused [PAD<i>] tokens to the real model's size
-        /// (128256 for llama3-8b, 152064 for qwen2.5-7b), so token_embd and output, and
-        /// the file, have the real sizes.
+        /// Pad the vocabulary with unused [PAD<i>] tokens to the real model's size (its
+        /// published config's, e.g. 151936 for qwen3-30b-a3b, 201088 for gpt-oss-20b), so
+        /// token_embd and output, and the file, have the real sizes.
         #[arg(long)]
         pad_vocab: bool,
         /// Keep only the first N layers (for tests; the per-layer cost stays real).

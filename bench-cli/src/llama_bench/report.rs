@@ -140,6 +140,7 @@ pub fn fields(r: &TestResult, info: &RunInfo) -> Vec<(&'static str, Value)> {
         ("engine", json!(r.engine.name())),
         ("engine_version", json!(info.engine_version(r.engine))),
         ("model_bytes", json!(r.model_bytes)),
+        ("active_bytes", json!(r.active_bytes)),
         ("kv_bytes", opt(r.kv_bytes)),
         ("kv_tokens", opt(r.kv_tokens)),
         ("pinned", json!(r.pinned)),
@@ -605,11 +606,20 @@ pub fn roofline_notes(results: &[TestResult]) -> Vec<String> {
         .filter(|r| r.spec.n_prompt == 0 && r.spec.n_gen > 0)
         .map(|r| {
             let ts = r.avg_ts();
+            // A MoE token reads only its experts: the roofline counts what it reads.
+            let what = if r.active_bytes < r.model_bytes {
+                format!(
+                    "weights one token reads (its experts only, of {} MiB)",
+                    mib(r.model_bytes)
+                )
+            } else {
+                "model weights".to_string()
+            };
             format!(
-                "tg roofline: model weights {} MiB x {ts:.2} t/s = {:.2} GB/s read per token \
+                "tg roofline: {what} {} MiB x {ts:.2} t/s = {:.2} GB/s read per token \
                  stream ({}, {}, t={}; compare with `rbench membw -t {}`)",
-                mib(r.model_bytes),
-                tg_read_gbps(r.model_bytes, ts),
+                mib(r.active_bytes),
+                tg_read_gbps(r.active_bytes, ts),
                 r.spec.name(),
                 r.engine.display(),
                 r.spec.threads,
@@ -668,6 +678,7 @@ pub const CSV_FIELDS: &[&str] = &[
     "engine",
     "engine_version",
     "model_bytes",
+    "active_bytes",
     "kv_bytes",
     "kv_tokens",
     "pinned",

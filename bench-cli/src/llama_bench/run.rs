@@ -41,6 +41,9 @@ pub struct TestResult {
     pub info: ModelDesc,
     /// Memory held by the model weights.
     pub model_bytes: u64,
+    /// Weight bytes one decoded token reads: all of a dense model, and of a MoE model only
+    /// the experts a token selects (the decode roofline's numerator).
+    pub active_bytes: u64,
     /// KV cache memory allocated for the test (f16 K and V).
     pub kv_bytes: Option<u64>,
     /// KV cache capacity in tokens.
@@ -788,6 +791,11 @@ pub fn run_test(
                 )
             }
         };
+        // The same for both engines: what the architecture makes a token read.
+        let active_bytes = model
+            .ours
+            .as_ref()
+            .map_or(model_bytes, |m| m.active_weight_bytes().min(model_bytes));
         let dev = match inst {
             Inst::Ours(_) => model.ours.as_ref().and_then(|m| m.device_layers()),
             #[cfg(feature = "llamacpp")]
@@ -802,6 +810,7 @@ pub fn run_test(
             engine,
             info,
             model_bytes,
+            active_bytes,
             kv_bytes,
             kv_tokens,
             flash_attn,
