@@ -791,11 +791,12 @@ pub fn run_test(
                 )
             }
         };
-        // The same for both engines: what the architecture makes a token read.
-        let active_bytes = model
-            .ours
-            .as_ref()
-            .map_or(model_bytes, |m| m.active_weight_bytes().min(model_bytes));
+        // The same for both engines: what the architecture makes a token read (a MoE
+        // token reads its experts only; a dense one, the whole model).
+        let active_bytes = match &model.ours {
+            Some(m) if m.is_moe() => m.active_weight_bytes().min(model_bytes),
+            _ => model_bytes,
+        };
         let dev = match inst {
             Inst::Ours(_) => model.ours.as_ref().and_then(|m| m.device_layers()),
             #[cfg(feature = "llamacpp")]

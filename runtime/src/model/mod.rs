@@ -524,6 +524,14 @@ impl Model {
         self.file().tensor_bytes()
     }
 
+    /// Whether any layer routes its tokens to experts.
+    pub fn is_moe(&self) -> bool {
+        self.spec
+            .layers
+            .iter()
+            .any(|l| matches!(l.ffn, FfnSpec::Moe(_)))
+    }
+
     /// Bytes of weights one decoded token reads: every matrix, but only `n_used` of each
     /// layer's experts (the rest of the file is read by other tokens).
     pub fn active_weight_bytes(&self) -> u64 {
