@@ -9,7 +9,7 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use runtime::chat::{ChatMessage, ChatTemplate};
 use runtime::gguf::GgufFile;
-use runtime::model::{Config, Model};
+use runtime::model::Model;
 use runtime::runner::Runner;
 use runtime::tokenizer::Tokenizer;
 
@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
         f.n_params(),
         f.tensor_bytes(),
     );
-    let _ = Config::from_gguf(&f);
+    let _ = runtime::model::arch::declare(&f, None);
     if let Ok(t) = Tokenizer::from_gguf(&f) {
         let ids = t.encode("Hello <|im_start|> wörld 🦀\n", true, true);
         let _ = t.decode(&ids, false);
