@@ -146,7 +146,7 @@ fn ppl(m: Model, tok: &runtime::tokenizer::Tokenizer) -> f64 {
 }
 
 fn agreement(name: &str) {
-    if !ggml_sys::available_or_skip() {
+    if !ggml_ready() {
         return;
     }
     let Some((cpu, tok)) = load(name, 0) else {
@@ -273,7 +273,7 @@ fn qwen2_offload_agrees() {
 #[test]
 fn out_of_device_memory_names_how_many_layers_fit() {
     compare_in_ggml_sys_flavor();
-    if !ggml_sys::available_or_skip() {
+    if !ggml_ready() {
         return;
     }
     let Some(path) = model(MODELS[0]) else { return };
@@ -327,7 +327,7 @@ fn out_of_device_memory_names_how_many_layers_fit() {
 /// token.
 #[test]
 fn decode_reuses_its_graph() {
-    if !ggml_sys::available_or_skip() {
+    if !ggml_ready() {
         return;
     }
     let Some((m, tok)) = load(MODELS[0], 99) else {
@@ -361,7 +361,7 @@ fn flash_attention_setting() {
     if std::env::var_os("OFFLOAD_FA_CHILD").is_some() {
         return flash_attention_child();
     }
-    if !ggml_sys::available_or_skip() || model(MODELS[0]).is_none() {
+    if !ggml_ready() || model(MODELS[0]).is_none() {
         return;
     }
     let run = |v: &str| {
@@ -424,4 +424,11 @@ fn flash_attention_child() {
     }
     println!("summary: {}", m.device_layers().unwrap().summary());
     println!("ppl: {}", ppl(m, &f.tokenizer));
+}
+
+/// Reads the environment first, as the binaries do (`RLLAMA_GGML_DIR` names the ggml that
+/// `tools/vulkan_test.sh` built), then whether ggml loads.
+fn ggml_ready() -> bool {
+    runtime::options::init();
+    ggml_sys::available_or_skip()
 }

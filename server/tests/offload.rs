@@ -39,7 +39,7 @@ fn texts(addr: std::net::SocketAddr) -> Vec<String> {
 
 #[test]
 fn serves_with_layers_offloaded() {
-    if !model_available() || !ggml_sys::available_or_skip() {
+    if !model_available() || !ggml_ready() {
         return;
     }
     let _g = serial();
@@ -77,7 +77,7 @@ fn serves_with_layers_offloaded() {
 
 #[test]
 fn kv_persist_with_offload_is_refused() {
-    if !model_available() || !ggml_sys::available_or_skip() {
+    if !model_available() || !ggml_ready() {
         return;
     }
     let _g = serial();
@@ -115,7 +115,7 @@ fn kv_persist_with_offload_is_refused() {
 /// of the failing steps end with an error, none hangs, and the server stays up.
 #[test]
 fn a_lost_device_fails_requests_and_the_server_stays_up() {
-    if !model_available() || !ggml_sys::available_or_skip() {
+    if !model_available() || !ggml_ready() {
         return;
     }
     let _g = serial();
@@ -140,4 +140,11 @@ fn a_lost_device_fails_requests_and_the_server_stays_up() {
     }
     assert_eq!(get(addr, "/health").status, 200);
     assert_eq!(get(addr, "/v1/models").status, 200);
+}
+
+/// Reads the environment first, as the binaries do (`RLLAMA_GGML_DIR` names the ggml that
+/// `tools/vulkan_test.sh` built), then whether ggml loads.
+fn ggml_ready() -> bool {
+    runtime::options::init();
+    ggml_sys::available_or_skip()
 }
