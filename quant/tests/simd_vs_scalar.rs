@@ -598,11 +598,57 @@ fn table_rows_are_exercised() {
     for &(ty, order, isa, _) in &listing {
         let walked =
             TYPES.contains(&ty) && (order == DotOrder::Single || ORDERED.contains(&(ty, order)));
+        // F32's rows: `f32_kernels_match_scalar`.
+        let walked = walked || ty == GgmlType::F32;
         assert!(
             walked || (float.contains(&ty) && isa == Isa::Scalar),
             "{ty} {order:?} on {isa} is in the table but no test walks it"
         );
     }
+}
+
+/// The F32 kernels (`ggml_vec_dot_f32`'s order and tinyBLAS's) against their scalar
+/// twins in both flavors, on lengths around every step boundary (the 8-lane flavor steps
+/// 32 floats, the 16-lane one 64; tinyBLAS takes whole registers only), and the table's
+/// F32 rows, every ISA this CPU has, against the twin in the build's flavor.
+#[test]
+fn f32_kernels_match_scalar() {
+    use quant::formats::float::{vec_dot_f32_in, vec_dot_f32_simd, vec_dot_f32_tiled_in};
+    use quant::Flavor;
+    let mut rng = StdRng::seed_from_u64(32);
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut lens: Vec<usize> = (0..=200).collect();
+    lens.extend([255, 256, 257, 576, 1000, 2048, 2880, 4099]);
+    let mut simd_ran = 0;
+    for n in lens {
+        let w = bytes(&random_f32s(&mut rng, n));
+        let a = bytes(&random_f32s(&mut rng, n));
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for tiled in [false, true] {
+                let twin = match tiled {
+                    false => vec_dot_f32_in(fl, &w, &a),
+                    true => vec_dot_f32_tiled_in(fl, &w, &a),
+                };
+                if let Some(got) = vec_dot_f32_simd(fl, tiled, &w, &a) {
+                    simd_ran += 1;
+                    assert_eq!(
+                        got.to_bits(),
+                        twin.to_bits(),
+                        "n={n} {fl:?} tiled={tiled}: {got:e} vs {twin:e}"
+                    );
+                }
+            }
+        }
+        for order in [DotOrder::Single, DotOrder::Tiled] {
+            let scalar = twin(GgmlType::F32, order)(&w, &a);
+            for k in sets(GgmlType::F32, order) {
+                let got = (k.dot)(&w, &a);
+                assert_eq!(got.to_bits(), scalar.to_bits(), "n={n} {order:?} {}", k.isa);
+            }
+        }
+    }
+    // An x86-64 CPU with AVX2 must have run the 8-lane kernels.
+    assert!(simd_ran > 0 || !cfg!(target_arch = "x86_64") || !Isa::Avx2.available());
 }
 
 fn random_f16s(rng: &mut StdRng, n: usize) -> Vec<f16> {

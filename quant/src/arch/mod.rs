@@ -13,6 +13,18 @@ pub(crate) mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
+/// The x86 F32 dot kernels (`formats::float::vec_dot_f32_simd`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn x86_float_dot(
+    fl: crate::order::Flavor,
+    tiled: bool,
+    avx512: bool,
+    w: &[u8],
+    a: &[u8],
+) -> Option<f32> {
+    x86::float::dot(fl, tiled, avx512, w, a)
+}
+
 /// This architecture's rows of the kernel table.
 pub(crate) fn rows() -> &'static [KernelRow] {
     #[cfg(target_arch = "x86_64")]

@@ -3,7 +3,8 @@
 //! Dot products take f32 activations (our `vec_dot_type` for all float weights). F32
 //! weights (MoE routers, which llama.cpp never quantizes) follow llama.cpp's x86 orders:
 //! `ggml_vec_dot_f32` for one token ([`vec_dot_f32`]) and llamafile's tinyBLAS for two or
-//! more ([`vec_dot_f32_tiled`]), in the flavor of the ggml build (`crate::order::flavor`).
+//! more ([`vec_dot_f32_tiled`]), in the flavor of the ggml build (`crate::order::flavor`);
+//! `arch/x86/float.rs` has their AVX2 and AVX-512 kernels (same bits).
 //! F16/BF16 follow ggml's scalar shape: each product formed in f32 and accumulated in f64,
 //! then rounded to f32 once. (ggml itself converts activations to the weight's type first
 //! for F16/BF16; keeping them f32 is strictly more accurate.)
@@ -81,7 +82,7 @@ pub fn vec_dot_f32(w: &[u8], a: &[u8]) -> f32 {
     vec_dot_f32_in(crate::order::flavor(), w, a)
 }
 
-/// [`vec_dot_f32`] in the given flavor.
+/// [`vec_dot_f32`] in the given flavor (the scalar twin).
 pub fn vec_dot_f32_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
     assert_eq!(w.len(), a.len(), "vec_dot F32: length mismatch");
     let n = w.len() / 4;
@@ -89,19 +90,28 @@ pub fn vec_dot_f32_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
     let step = 4 * lanes;
     let np = n - n % step;
     let mut acc = [[0f32; 16]; 4];
-    let (wf, af) = (
-        |i: usize| rd_f32(&w[4 * i..]),
-        |i: usize| rd_f32(&a[4 * i..]),
-    );
     for i in (0..np).step_by(step) {
         for (j, acc) in acc.iter_mut().enumerate() {
             for (l, v) in acc.iter_mut().enumerate().take(lanes) {
                 let e = i + j * lanes + l;
-                *v = wf(e).mul_add(af(e), *v);
+                *v = rd_f32(&w[4 * e..]).mul_add(rd_f32(&a[4 * e..]), *v);
             }
         }
     }
-    let mut sum = reduce4(fl, &mut acc);
+    vec_dot_f32_finish(fl, &mut acc, w, a)
+}
+
+/// The end of [`vec_dot_f32_in`] after its whole steps (shared with the SIMD kernels,
+/// which fill `acc` alike): the registers reduced as `GGML_F32_VEC_REDUCE`, then the
+/// elements past the last whole step.
+pub(crate) fn vec_dot_f32_finish(fl: Flavor, acc: &mut [[f32; 16]; 4], w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / 4;
+    let np = n - n % (4 * fl.lanes());
+    let (wf, af) = (
+        |i: usize| rd_f32(&w[4 * i..]),
+        |i: usize| rd_f32(&a[4 * i..]),
+    );
+    let mut sum = reduce4(fl, acc);
     // The tail loop `sumf += x[i]*y[i]` as GCC 12 vectorises it in ggml's build: the
     // products of whole groups of eight, then of four, rounded and added in order; the
     // last up-to-three fused (read from the object code of the linked llama.cpp).
@@ -125,7 +135,7 @@ pub fn vec_dot_f32_tiled(w: &[u8], a: &[u8]) -> f32 {
     vec_dot_f32_tiled_in(crate::order::flavor(), w, a)
 }
 
-/// [`vec_dot_f32_tiled`] in the given flavor.
+/// [`vec_dot_f32_tiled`] in the given flavor (the scalar twin).
 pub fn vec_dot_f32_tiled_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
     assert_eq!(w.len(), a.len(), "vec_dot F32: length mismatch");
     let n = w.len() / 4;
@@ -141,6 +151,21 @@ pub fn vec_dot_f32_tiled_in(fl: Flavor, w: &[u8], a: &[u8]) -> f32 {
         }
     }
     hsum(fl, &mut acc)
+}
+
+/// The SIMD kernels of [`vec_dot_f32_in`] (`tiled`: of [`vec_dot_f32_tiled_in`]) in
+/// flavor `fl`, bit-identical to them; `None` where this CPU has no vectors of the
+/// flavor's width. (For tests: the kernel table's F32 rows run them in the build's flavor.)
+pub fn vec_dot_f32_simd(fl: Flavor, tiled: bool, w: &[u8], a: &[u8]) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::arch::x86_float_dot(fl, tiled, crate::isa::Isa::Avx512.available(), w, a)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (fl, tiled, w, a);
+        None
+    }
 }
 
 /// Dot of an f16 weight row with f32 activations.

@@ -41,6 +41,7 @@ macro_rules! single_from_many {
 
 pub(crate) mod attn;
 pub(crate) mod f16;
+pub(crate) mod float;
 mod kpacked;
 mod kquants;
 mod legacy;
@@ -180,6 +181,11 @@ pub(crate) const ROWS: &[KernelRow] = {
     const MXFP4_512: Fast3 =
         (l::mxfp4_rep_many_vnni, l::mxfp4_rep_many_vnni_into, l::mxfp4_rep_packed512_into);
     &[
+        // F32 weights (MoE routers; whole f32 files): one row at a time, no tile.
+        row(T::F32, Single, Avx2, float::single_avx2, None, false),
+        row(T::F32, Tiled, Avx2, float::tiled_avx2, None, false),
+        row(T::F32, Single, Avx512, float::single_avx512, None, false),
+        row(T::F32, Tiled, Avx512, float::tiled_avx512, None, false),
         // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
         // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
         exact_packed(row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), true), l::q4_0_packed_avx2),
