@@ -39,6 +39,15 @@ fn quick() -> bool {
     std::env::var("RLLAMA_OFFLOAD_TEST_QUICK").is_ok_and(|v| v == "1")
 }
 
+/// `RLLAMA_TEST_PROMPTS=N`: the first N of the 20 prompts (CI runs 6; the evidence all 20),
+/// as in `llamacpp-ref`'s `model_vs_llamacpp`.
+fn prompt_limit() -> usize {
+    std::env::var("RLLAMA_TEST_PROMPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
 fn load(name: &str, ngl: usize) -> Option<(Model, Arc<runtime::tokenizer::Tokenizer>)> {
     Some(load_file(&model(name)?, ngl))
 }
@@ -156,6 +165,7 @@ fn agreement(name: &str) {
     assert!(cpu.device_layers().is_none());
     let mut prompts = prompts();
     assert_eq!(prompts.len(), 20);
+    prompts.truncate(prompt_limit());
     let ngls = if quick() {
         prompts.truncate(4);
         vec![n_layer + 1]
