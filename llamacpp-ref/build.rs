@@ -29,6 +29,7 @@ const KNOWN: &[&str] = &[
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    chat_render();
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let first_cpu = env::var("CARGO_ENCODED_RUSTFLAGS").ok().and_then(|f| {
         f.split('\x1f')
@@ -90,4 +91,35 @@ fn host_features() -> Vec<&'static str> {
 #[cfg(not(target_arch = "x86_64"))]
 fn host_features() -> Vec<&'static str> {
     Vec::new()
+}
+
+/// Compiles `cpp/chat_render.cpp` (llama.cpp's chat-template rendering behind a C function)
+/// against the llama.cpp source llama-cpp-sys-2 built: its cmake cache names the source
+/// directory, and its `common` library (the `common` feature) is linked after ours.
+fn chat_render() {
+    println!("cargo:rerun-if-changed=cpp/chat_render.cpp");
+    let cmake_dir = env::var("DEP_LLAMA_GGML_CMAKE_DIR")
+        .expect("llama-cpp-sys-2 reports where it installed ggml (DEP_LLAMA_GGML_CMAKE_DIR)");
+    // <out>/lib/cmake -> <out>/build/CMakeCache.txt
+    let out = std::path::Path::new(&cmake_dir)
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("<out>/lib/cmake");
+    let cache = std::fs::read_to_string(out.join("build/CMakeCache.txt"))
+        .expect("llama-cpp-sys-2's CMakeCache.txt");
+    let src = cache
+        .lines()
+        .find_map(|l| l.strip_prefix("CMAKE_HOME_DIRECTORY:INTERNAL="))
+        .expect("the llama.cpp source directory in CMakeCache.txt");
+    let src = std::path::Path::new(src);
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("cpp/chat_render.cpp")
+        .include(src.join("common"))
+        .include(src.join("include"))
+        .include(src.join("ggml/include"))
+        .include(src.join("vendor"))
+        .warnings(false)
+        .compile("rref_chat_render");
 }

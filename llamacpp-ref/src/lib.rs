@@ -28,6 +28,7 @@ use std::time::Instant;
 use llama_cpp_sys_2 as sys;
 use quant::GgmlType;
 
+pub mod chat;
 pub mod mxfp4;
 
 /// Errors from the reference engine.

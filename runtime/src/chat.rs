@@ -11,6 +11,10 @@ use crate::gguf::GgufFile;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An earlier assistant turn's reasoning (Qwen3's template replays it for the turns
+    /// after the last user message); absent, not empty, when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -18,6 +22,33 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            reasoning_content: None,
+        }
+    }
+}
+
+/// What a request asks of the template besides its messages, as llama-server passes it.
+#[derive(Clone, Debug)]
+pub struct RenderArgs {
+    /// Open the assistant's turn at the end.
+    pub add_generation_prompt: bool,
+    /// The template variable `enable_thinking` (llama.cpp always defines it, true unless
+    /// the request turns it off: Qwen3 and SmolLM3 then close an empty think block).
+    pub enable_thinking: bool,
+    /// The clock of `strftime_now` and of the `date_string` / `datetime` variables.
+    pub now: std::time::SystemTime,
+    /// The request's `chat_template_kwargs`: more template variables (they win over the
+    /// ones above, as in llama-server).
+    pub kwargs: Vec<(String, serde_json::Value)>,
+}
+
+impl Default for RenderArgs {
+    fn default() -> RenderArgs {
+        RenderArgs {
+            add_generation_prompt: true,
+            enable_thinking: true,
+            now: std::time::SystemTime::now(),
+            kwargs: Vec::new(),
         }
     }
 }
@@ -50,25 +81,33 @@ pub enum ChatTemplate {
 }
 
 impl ChatTemplate {
+    /// The model's template, or `over` (a Jinja source: llama-server's
+    /// `--chat-template-file`) with the model's BOS and EOS texts.
+    pub fn from_gguf_or(f: &GgufFile, over: Option<String>) -> ChatTemplate {
+        match over {
+            Some(source) => {
+                let (bos_token, eos_token) = bos_eos_texts(f);
+                ChatTemplate::Jinja {
+                    source,
+                    bos_token,
+                    eos_token,
+                }
+            }
+            None => ChatTemplate::from_gguf(f),
+        }
+    }
+
     /// The model's template, or a fallback chosen from the vocabulary's special tokens.
     pub fn from_gguf(f: &GgufFile) -> ChatTemplate {
-        let tokens = f.get_array("tokenizer.ggml.tokens").ok().flatten();
-        let token_text = |key: &str| -> String {
-            let id = f.get_i64(key).ok().flatten();
-            match (id, tokens) {
-                (Some(id), Some(crate::gguf::Array::String(v))) => {
-                    v.get(id as usize).cloned().unwrap_or_default()
-                }
-                _ => String::new(),
-            }
-        };
         if let Ok(Some(src)) = f.get_str("tokenizer.chat_template") {
+            let (bos_token, eos_token) = bos_eos_texts(f);
             return ChatTemplate::Jinja {
                 source: src.to_string(),
-                bos_token: token_text("tokenizer.ggml.bos_token_id"),
-                eos_token: token_text("tokenizer.ggml.eos_token_id"),
+                bos_token,
+                eos_token,
             };
         }
+        let tokens = f.get_array("tokenizer.ggml.tokens").ok().flatten();
         let has = |t: &str| matches!(tokens, Some(crate::gguf::Array::String(v)) if v.iter().any(|x| x == t));
         ChatTemplate::Builtin(if has("<start_of_turn>") {
             Fallback::Gemma
@@ -77,6 +116,16 @@ impl ChatTemplate {
         } else {
             Fallback::Plain
         })
+    }
+
+    /// How the model marks the reasoning in its answers (read from the template).
+    pub fn reasoning_format(&self) -> crate::reasoning::ReasoningFormat {
+        match self {
+            ChatTemplate::Jinja { source, .. } => {
+                crate::reasoning::ReasoningFormat::of_template(source)
+            }
+            ChatTemplate::Builtin(_) => crate::reasoning::ReasoningFormat::None,
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -92,21 +141,98 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with(
+            messages,
+            &RenderArgs {
+                add_generation_prompt,
+                ..RenderArgs::default()
+            },
+        )
+    }
+
+    /// Renders `messages` as llama.cpp's `--jinja` renders them: the template variables
+    /// llama-server defines, and its two adjustments of the conversation (a `developer`
+    /// turn is a `system` turn except in gpt-oss's harmony template; a template that
+    /// ignores or refuses a system turn gets it prepended to the next turn, joined by a
+    /// newline).
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        args: &RenderArgs,
+    ) -> Result<String, ChatError> {
         match self {
             ChatTemplate::Jinja {
                 source,
                 bos_token,
                 eos_token,
-            } => render_jinja(
-                source,
-                messages,
-                add_generation_prompt,
-                bos_token,
-                eos_token,
-            ),
-            ChatTemplate::Builtin(f) => Ok(render_builtin(*f, messages, add_generation_prompt)),
+            } => {
+                let mut msgs = messages.to_vec();
+                if !source.contains("<|channel|>") {
+                    for m in &mut msgs {
+                        if m.role == "developer" {
+                            m.role = "system".into();
+                        }
+                    }
+                }
+                if msgs.first().is_some_and(|m| m.role == "system")
+                    && !supports_system_role(source, bos_token, eos_token)
+                {
+                    let sys = msgs.remove(0);
+                    if let Some(next) = msgs.first_mut() {
+                        next.content = format!("{}\n{}", sys.content, next.content);
+                    }
+                }
+                let harmony = source.contains("<|channel|>");
+                let mut out = render_jinja(source, &msgs, args, bos_token, eos_token)?;
+                // gpt-oss: a conversation that ends with the assistant's turn (no
+                // generation prompt) is continued, so its last `<|return|>` (the end of a
+                // finished answer) is `<|end|>` (llama.cpp does the same).
+                if harmony && !args.add_generation_prompt {
+                    if let Some(at) = out.rfind("<|return|>") {
+                        out.replace_range(at..at + "<|return|>".len(), "<|end|>");
+                    }
+                }
+                Ok(out)
+            }
+            ChatTemplate::Builtin(f) => {
+                Ok(render_builtin(*f, messages, args.add_generation_prompt))
+            }
         }
     }
+}
+
+/// Whether the template prints a system turn's text: llama.cpp asks by rendering a system
+/// and a user turn and watching whether the system content is read; a template that
+/// refuses it (Gemma's `raise_exception`) or drops it does not support it.
+fn supports_system_role(source: &str, bos: &str, eos: &str) -> bool {
+    const NEEDLE: &str = "<rllama system probe>";
+    let probe = [
+        ChatMessage::new("system", NEEDLE),
+        ChatMessage::new("user", "Hi"),
+    ];
+    let args = RenderArgs {
+        now: std::time::UNIX_EPOCH,
+        ..RenderArgs::default()
+    };
+    render_jinja(source, &probe, &args, bos, eos).is_ok_and(|out| out.contains(NEEDLE))
+}
+
+/// The texts of the vocabulary's BOS and EOS tokens (empty where it has none).
+fn bos_eos_texts(f: &GgufFile) -> (String, String) {
+    let tokens = f.get_array("tokenizer.ggml.tokens").ok().flatten();
+    let token_text = |key: &str| -> String {
+        let id = f.get_i64(key).ok().flatten();
+        match (id, tokens) {
+            (Some(id), Some(crate::gguf::Array::String(v))) => {
+                v.get(id as usize).cloned().unwrap_or_default()
+            }
+            _ => String::new(),
+        }
+    };
+    (
+        token_text("tokenizer.ggml.bos_token_id"),
+        token_text("tokenizer.ggml.eos_token_id"),
+    )
 }
 
 /// Most template instructions one render may run. Real templates spend a few hundred per
@@ -124,21 +250,23 @@ pub const MAX_RENDERED_BYTES: usize = 16 << 20;
 fn render_jinja(
     source: &str,
     messages: &[ChatMessage],
-    add_generation_prompt: bool,
+    args: &RenderArgs,
     bos: &str,
     eos: &str,
 ) -> Result<String, ChatError> {
     let mut env = Environment::new();
+    // As Hugging Face compiles chat templates (and llama.cpp renders them): a block tag's
+    // newline is dropped, and so is the whitespace before it on its line.
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
-    env.add_function("strftime_now", |fmt: String| -> String {
-        // Templates use this for "today's date" lines; a fixed date keeps prompts
-        // reproducible across runs and engines.
-        let _ = fmt;
-        "26 Jul 2024".to_string()
+    let now = args.now;
+    env.add_function("strftime_now", move |fmt: String| -> String {
+        strftime(&fmt, now)
     });
     env.add_template("chat", source)
         .map_err(|e| ChatError::Template(format!("{e:#}")))?;
@@ -150,12 +278,39 @@ fn render_jinja(
         full: false,
     };
     let r = tmpl.render_captured_to(
-        context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos,
-            eos_token => eos,
-            tools => minijinja::Value::UNDEFINED,
+        {
+            // gpt-oss's template reads an earlier turn's reasoning as `thinking`.
+            let harmony = source.contains("<|channel|>");
+            let messages: Vec<RenderMessage> = messages
+                .iter()
+                .map(|m| RenderMessage {
+                    role: &m.role,
+                    content: &m.content,
+                    reasoning_content: m.reasoning_content.as_deref(),
+                    thinking: m.reasoning_content.as_deref().filter(|_| harmony),
+                })
+                .collect();
+            let base = context! {
+                messages => messages,
+                add_generation_prompt => args.add_generation_prompt,
+                bos_token => bos,
+                eos_token => eos,
+                tools => minijinja::Value::UNDEFINED,
+                enable_thinking => args.enable_thinking,
+                datetime => strftime("%b %d %Y", args.now),
+                date_string => strftime("%d %b %Y", args.now),
+            };
+            match args.kwargs.is_empty() {
+                true => base,
+                false => {
+                    let extra: std::collections::BTreeMap<&str, minijinja::Value> = args
+                        .kwargs
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)))
+                        .collect();
+                    context! { ..minijinja::Value::from(extra), ..base }
+                }
+            }
         },
         &mut out,
     );
@@ -167,6 +322,95 @@ fn render_jinja(
     r.map(drop)
         .map_err(|e| ChatError::Template(format!("{e:#}")))?;
     String::from_utf8(out.buf).map_err(|e| ChatError::Template(e.to_string()))
+}
+
+/// `fmt` at `t` (UTC) for the conversions templates use: `%Y %m %d %e %b %B %a %A %H %M
+/// %S %y %j %%`; any other is printed as written.
+pub fn strftime(fmt: &str, t: std::time::SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    const BEFORE: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = BEFORE[(m - 1) as usize] + d + i64::from(leap && m > 2);
+    let wd = DAYS[days.rem_euclid(7) as usize];
+    let month = MONTHS[(m - 1) as usize];
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out += &y.to_string(),
+            Some('y') => out += &format!("{:02}", y.rem_euclid(100)),
+            Some('m') => out += &format!("{m:02}"),
+            Some('d') => out += &format!("{d:02}"),
+            Some('e') => out += &format!("{d:2}"),
+            Some('j') => out += &format!("{yday:03}"),
+            Some('b') => out += &month[..3],
+            Some('B') => out += month,
+            Some('a') => out += &wd[..3],
+            Some('A') => out += wd,
+            Some('H') => out += &format!("{:02}", rem / 3600),
+            Some('M') => out += &format!("{:02}", rem / 60 % 60),
+            Some('S') => out += &format!("{:02}", rem % 60),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// A message as templates see it.
+#[derive(Serialize)]
+struct RenderMessage<'a> {
+    role: &'a str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
 }
 
 /// A sink that refuses to grow past [`MAX_RENDERED_BYTES`] (rendering stops with an error).

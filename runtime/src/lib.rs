@@ -13,6 +13,7 @@ pub mod offload;
 pub mod options;
 pub mod packed;
 pub mod pool;
+pub mod reasoning;
 pub mod registry;
 pub mod runner;
 pub mod sampling;

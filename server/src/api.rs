@@ -6,7 +6,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use runtime::chat::{ChatMessage, ChatTemplate};
+use runtime::chat::{ChatMessage, ChatTemplate, RenderArgs};
+use runtime::reasoning::ReasoningFormat;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
 
@@ -55,6 +56,11 @@ pub struct RawRequest {
     pub logit_bias: Option<Value>,
     /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
     pub response_format: Option<Value>,
+    /// llama-server's: `none` returns the raw text; `auto` (the default) and `deepseek`
+    /// return the reasoning apart, in `reasoning_content`.
+    pub reasoning_format: Option<Value>,
+    /// More template variables (`{"enable_thinking": false}`), as llama-server and vLLM.
+    pub chat_template_kwargs: Option<Value>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -73,6 +79,9 @@ pub struct Parsed {
     pub cache_salt: Option<String>,
     /// How many choices to generate for the prompt (OpenAI's `n`).
     pub n: usize,
+    /// Chat: how the answer marks its reasoning, and whether the prompt opened it (the
+    /// text is split per choice into `reasoning_content` and `content`).
+    pub reasoning: Option<(ReasoningFormat, bool)>,
 }
 
 const MAX_STOPS: usize = 16;
@@ -279,15 +288,16 @@ pub fn chat_messages(v: &Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 /// Renders chat messages with the model's template and tokenizes them. The template's
-/// BOS text is dropped when the tokenizer adds BOS itself, so it is not doubled.
+/// BOS text is dropped when the tokenizer adds BOS itself, so it is not doubled. Returns
+/// the tokens and the rendered text.
 pub fn chat_prompt(
     msgs: &[ChatMessage],
-    add_generation_prompt: bool,
+    args: &RenderArgs,
     template: &ChatTemplate,
     tok: &Tokenizer,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(Vec<u32>, String), ApiError> {
     let mut text = template
-        .render(msgs, add_generation_prompt)
+        .render_with(msgs, args)
         .map_err(|e| bad("messages", format!("cannot apply the chat template: {e}")))?;
     if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
         let bos_text = tok.token_text(bos);
@@ -295,7 +305,47 @@ pub fn chat_prompt(
             text = text[bos_text.len()..].to_string();
         }
     }
-    Ok(tok.encode(&text, true, true))
+    Ok((tok.encode(&text, true, true), text))
+}
+
+/// The template variables and reasoning split a chat request asks for.
+fn chat_args(r: &RawRequest) -> Result<(RenderArgs, bool), ApiError> {
+    let mut args = RenderArgs {
+        add_generation_prompt: r.add_generation_prompt.unwrap_or(true),
+        ..RenderArgs::default()
+    };
+    match &r.chat_template_kwargs {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            if m.len() > 64 {
+                return Err(bad("chat_template_kwargs", "at most 64 template variables"));
+            }
+            for (k, v) in m {
+                if k == "enable_thinking" {
+                    args.enable_thinking = v.as_bool().ok_or_else(|| {
+                        bad("chat_template_kwargs", "enable_thinking must be a boolean")
+                    })?;
+                }
+                args.kwargs.push((k.clone(), v.clone()));
+            }
+        }
+        Some(_) => return Err(bad("chat_template_kwargs", "must be an object")),
+    }
+    let split = match &r.reasoning_format {
+        None | Some(Value::Null) => true,
+        Some(Value::String(f)) => match f.as_str() {
+            "none" => false,
+            "auto" | "deepseek" | "deepseek-legacy" => true,
+            other => {
+                return Err(bad(
+                    "reasoning_format",
+                    format!("reasoning_format must be none, auto or deepseek, got {other:?}"),
+                ))
+            }
+        },
+        Some(_) => return Err(bad("reasoning_format", "must be a string")),
+    };
+    Ok((args, split))
 }
 
 /// Validates a request against the model's tokenizer, template and context.
@@ -359,16 +409,20 @@ pub fn parse_request(
             }
         }
     };
-    let prompt = match kind {
-        Kind::Completion => prompt_tokens(&r.prompt, tok)?,
+    let (prompt, reasoning) = match kind {
+        Kind::Completion => (prompt_tokens(&r.prompt, tok)?, None),
         Kind::Chat => {
             let msgs = chat_messages(&r.messages)?;
-            chat_prompt(
-                &msgs,
-                r.add_generation_prompt.unwrap_or(true),
-                template,
-                tok,
-            )?
+            let (args, split) = chat_args(r)?;
+            let (ids, text) = chat_prompt(&msgs, &args, template, tok)?;
+            let format = template.reasoning_format();
+            let reasoning = (split && format != ReasoningFormat::None).then(|| {
+                (
+                    format,
+                    runtime::reasoning::prompt_opens_reasoning(format, &text),
+                )
+            });
+            (ids, reasoning)
         }
     };
     if prompt.is_empty() {
@@ -469,6 +523,7 @@ pub fn parse_request(
             ignore_eos: r.ignore_eos.unwrap_or(false),
             logit_bias,
             format,
+            special_text: reasoning.is_some_and(|(f, _)| f.needs_special_text()),
         },
         stream: r.stream.unwrap_or(false),
         include_usage: r
@@ -477,6 +532,7 @@ pub fn parse_request(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         n,
+        reasoning,
         cache_salt: match &r.cache_salt {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => Some(s.clone()),
@@ -552,11 +608,15 @@ pub struct ResponseMeta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// Chat: the reasoning split of [`Parsed::reasoning`].
+    pub reasoning: Option<(ReasoningFormat, bool)>,
 }
 
 /// One finished choice of a non-streaming response.
 pub struct Choice<'a> {
     pub text: &'a str,
+    /// Chat: the reasoning split from the text (`reasoning_content`), if any.
+    pub reasoning: Option<&'a str>,
     pub finish: FinishReason,
     pub logprobs: Option<&'a [TokenLogprobs]>,
 }
@@ -576,12 +636,18 @@ impl ResponseMeta {
                         "index": i, "text": c.text, "logprobs": lp,
                         "finish_reason": openai_finish(c.finish),
                     }),
-                    Kind::Chat => json!({
-                        "index": i,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": lp,
-                        "finish_reason": openai_finish(c.finish),
-                    }),
+                    Kind::Chat => {
+                        let mut message = json!({"role": "assistant", "content": c.text});
+                        if let Some(r) = c.reasoning.filter(|r| !r.is_empty()) {
+                            message["reasoning_content"] = json!(r);
+                        }
+                        json!({
+                            "index": i,
+                            "message": message,
+                            "logprobs": lp,
+                            "finish_reason": openai_finish(c.finish),
+                        })
+                    }
                 }
             })
             .collect();
@@ -645,6 +711,21 @@ impl ResponseMeta {
             }
         };
         self.chunk(json!([choice]), None)
+    }
+
+    /// A chunk of choice `index` with new reasoning (`delta.reasoning_content`).
+    pub fn reasoning_chunk(&self, index: usize, text: &str, logprobs: Option<Value>) -> Value {
+        let lp = logprobs.unwrap_or(Value::Null);
+        self.chunk(
+            json!([{"index": index, "delta": {"reasoning_content": text}, "logprobs": lp, "finish_reason": null}]),
+            None,
+        )
+    }
+
+    /// A new splitter for one choice's text, when the request splits reasoning.
+    pub fn splitter(&self) -> Option<runtime::reasoning::ReasoningSplitter> {
+        self.reasoning
+            .map(|(f, opened)| runtime::reasoning::ReasoningSplitter::starting(f, opened))
     }
 
     /// The usage chunk of `stream_options.include_usage` (no choices).

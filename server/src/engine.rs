@@ -57,6 +57,8 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Keep the prefix cache on disk across restarts (needs prefix caching).
     pub kv_persist: Option<crate::persist::PersistConfig>,
+    /// A Jinja chat template used instead of the model's (`--chat-template-file`).
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +75,7 @@ impl Default for EngineConfig {
             chunked_prefill: true,
             prefix_caching: true,
             kv_persist: None,
+            chat_template: None,
         }
     }
 }
@@ -90,6 +93,9 @@ pub struct GenParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// The output must follow this format (`response_format`).
     pub format: Option<crate::constrain::Format>,
+    /// Decode special tokens as text (harmony's channel markers, which the reasoning
+    /// split reads and removes).
+    pub special_text: bool,
 }
 
 pub struct GenRequest {
@@ -442,7 +448,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
             runtime::numa::current_cpu(),
         )?;
     }
-    let template = ChatTemplate::from_gguf(&file);
+    let template = ChatTemplate::from_gguf_or(&file, cfg.chat_template.clone());
     let bytes_per_block = model.kv_layout(BLOCK_SIZE, BLOCK_SIZE).total_bytes();
     let (n_ctx, blocks) = plan_sizing(
         cfg,
@@ -875,13 +881,14 @@ impl<'a> BatchLoop<'a> {
         for &t in &r.prompt {
             sampler.accept(t);
         }
+        let skip_special = !r.params.special_text;
         self.active.insert(
             id,
             Active {
                 stop: StopMatcher::new(r.params.stop.clone()),
                 params: r.params,
                 sampler,
-                decoder: StreamDecoder::new(self.tok, true),
+                decoder: StreamDecoder::new(self.tok, skip_special),
                 events: r.events,
                 arrival: r.arrival,
                 admitted: false,

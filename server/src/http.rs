@@ -499,6 +499,7 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         model: model_id,
+        reasoning: parsed.reasoning,
     };
     let rx = merge(receivers);
     if parsed.stream {
@@ -576,10 +577,23 @@ async fn collect_response(
                 add_usage(&mut usage, &u, i == 0);
                 done += 1;
                 if done == n {
+                    // The reasoning split of each whole text (as the stream's, chunk by
+                    // chunk: the splitter gives the same either way).
+                    let split: Vec<Option<(String, String)>> = choices
+                        .iter()
+                        .map(|c| {
+                            meta.splitter().map(|mut sp| {
+                                let (a, b) = (sp.push(&c.text), sp.finish());
+                                (a.reasoning + &b.reasoning, a.content + &b.content)
+                            })
+                        })
+                        .collect();
                     let out: Vec<api::Choice> = choices
                         .iter()
-                        .map(|c| api::Choice {
-                            text: &c.text,
+                        .zip(&split)
+                        .map(|(c, sp)| api::Choice {
+                            text: sp.as_ref().map_or(&c.text, |(_, content)| content),
+                            reasoning: sp.as_ref().map(|(r, _)| r.as_str()),
                             finish: c.finish.unwrap_or(crate::engine::FinishReason::Stop),
                             logprobs: c.want_lp.then_some(&c.lps[..]),
                         })
@@ -610,12 +624,41 @@ struct SseState {
     text_offset: Vec<usize>,
     n_done: usize,
     usage: Usage,
+    /// Per choice: its reasoning split, when the request has one.
+    splitters: Vec<Option<runtime::reasoning::ReasoningSplitter>>,
     out: std::collections::VecDeque<Bytes>,
     finished: bool,
     shared: Arc<crate::engine::Shared>,
 }
 
 impl SseState {
+    /// Chunks for new text of choice `i`: split into reasoning and content where the
+    /// request asks for it (`last`: the choice's end, the splitter gives up what it holds).
+    fn send_text(&mut self, i: usize, text: &str, lp: Option<Value>, last: bool) {
+        let Some(sp) = self.splitters[i].as_mut() else {
+            if !text.is_empty() || lp.is_some() {
+                self.out
+                    .push_back(sse(&self.meta.text_chunk(i, text, lp, None)));
+            }
+            return;
+        };
+        let mut split = sp.push(text);
+        if last {
+            let tail = sp.finish();
+            split.reasoning += &tail.reasoning;
+            split.content += &tail.content;
+        }
+        let mut lp = lp;
+        if !split.reasoning.is_empty() {
+            let chunk = self.meta.reasoning_chunk(i, &split.reasoning, lp.take());
+            self.out.push_back(sse(&chunk));
+        }
+        if !split.content.is_empty() || lp.is_some() {
+            self.out
+                .push_back(sse(&self.meta.text_chunk(i, &split.content, lp, None)));
+        }
+    }
+
     fn on_event(&mut self, ev: Option<(usize, Event)>) {
         match ev {
             Some((i, Event::Token { text, logprobs, .. })) => {
@@ -630,8 +673,7 @@ impl SseState {
                     )
                 });
                 self.text_offset[i] += text.len();
-                self.out
-                    .push_back(sse(&self.meta.text_chunk(i, &text, lp, None)));
+                self.send_text(i, &text, lp, false);
             }
             Some((
                 i,
@@ -641,10 +683,7 @@ impl SseState {
                     usage,
                 },
             )) => {
-                if !text.is_empty() {
-                    self.out
-                        .push_back(sse(&self.meta.text_chunk(i, &text, None, None)));
-                }
+                self.send_text(i, &text, None, true);
                 self.out
                     .push_back(sse(&self.meta.text_chunk(i, "", None, Some(finish))));
                 add_usage(&mut self.usage, &usage, i == 0);
@@ -693,6 +732,7 @@ fn stream_response(
         text_offset: vec![0; n],
         n_done: 0,
         usage: Usage::default(),
+        splitters: (0..n).map(|_| meta.splitter()).collect(),
         out: Default::default(),
         finished: false,
         shared,
@@ -854,12 +894,11 @@ async fn tokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) ->
                 .encode(p, req.add_special.unwrap_or(true), true),
             (None, Some(_)) => {
                 let msgs = api::chat_messages(&req.messages)?;
-                api::chat_prompt(
-                    &msgs,
-                    req.add_generation_prompt.unwrap_or(true),
-                    &info.template,
-                    &info.tokenizer,
-                )?
+                let args = runtime::chat::RenderArgs {
+                    add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                    ..Default::default()
+                };
+                api::chat_prompt(&msgs, &args, &info.template, &info.tokenizer)?.0
             }
             _ => {
                 return Err(ApiError::new(

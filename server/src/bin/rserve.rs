@@ -109,6 +109,10 @@ struct Args {
     /// With --kv-persist: disk budget (e.g. 2G); the oldest files are deleted first.
     #[arg(long, value_parser = parse_size, default_value = "4G")]
     kv_persist_max: u64,
+    /// A Jinja chat template to use instead of the model's (llama-server's flag); the
+    /// model's BOS and EOS texts are still passed to it.
+    #[arg(long)]
+    chat_template_file: Option<std::path::PathBuf>,
     /// Layers to run on a ggml device (`-ngl`, as llama.cpp): the last N layers, with their
     /// KV cache on the device; above the layer count the output layer too.
     #[arg(long = "n-gpu-layers", default_value_t = 0)]
@@ -160,6 +164,12 @@ fn main() {
         eprintln!("rserve: {e}");
         std::process::exit(2);
     });
+    let chat_template = a.chat_template_file.as_ref().map(|p| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| {
+            eprintln!("rserve: --chat-template-file {}: {e}", p.display());
+            std::process::exit(2);
+        })
+    });
     let cfg = ServerConfig {
         host: a.host,
         port: a.port,
@@ -183,6 +193,7 @@ fn main() {
                 every_blocks: a.kv_persist_blocks.max(1),
                 max_bytes: a.kv_persist_max,
             }),
+            chat_template,
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

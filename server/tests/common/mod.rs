@@ -47,6 +47,7 @@ pub fn engine_config() -> EngineConfig {
         chunked_prefill: true,
         prefix_caching: true,
         kv_persist: None,
+        chat_template: None,
     }
 }
 
