@@ -464,8 +464,16 @@ fn lock(dir: &Dir) -> anyhow::Result<File> {
         .openat(LOCK, libc::O_RDWR | libc::O_CREAT)
         .map_err(|e| anyhow::anyhow!("cannot open {}/{LOCK}: {e}", dir.path.display()))?;
     f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    // A holder that is going away (a server just stopped, or a child process forked by
+    // some thread in the instant before its exec closed the inherited descriptor) gets
+    // two seconds to let go.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     // SAFETY: a valid descriptor.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            continue;
+        }
         anyhow::bail!(
             "{} is in use by another rserve (it holds {LOCK}); give each server its own \
              --kv-persist directory",
