@@ -167,7 +167,7 @@ impl ChatTemplate {
                 eos_token,
             } => {
                 let mut msgs = messages.to_vec();
-                if !source.contains("<|channel|>") {
+                if !is_harmony(source) {
                     for m in &mut msgs {
                         if m.role == "developer" {
                             m.role = "system".into();
@@ -182,7 +182,7 @@ impl ChatTemplate {
                         next.content = format!("{}\n{}", sys.content, next.content);
                     }
                 }
-                let harmony = source.contains("<|channel|>");
+                let harmony = is_harmony(source);
                 let mut out = render_jinja(source, &msgs, args, bos_token, eos_token)?;
                 // gpt-oss: a conversation that ends with the assistant's turn (no
                 // generation prompt) is continued, so its last `<|return|>` (the end of a
@@ -280,7 +280,7 @@ fn render_jinja(
     let r = tmpl.render_captured_to(
         {
             // gpt-oss's template reads an earlier turn's reasoning as `thinking`.
-            let harmony = source.contains("<|channel|>");
+            let harmony = is_harmony(source);
             let messages: Vec<RenderMessage> = messages
                 .iter()
                 .map(|m| RenderMessage {
@@ -354,17 +354,8 @@ pub fn strftime(fmt: &str, t: std::time::SystemTime) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let days = secs.div_euclid(86_400);
+    let (y, m, d, hh, mm, ss) = civil_utc(secs);
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     const BEFORE: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
     let yday = BEFORE[(m - 1) as usize] + d + i64::from(leap && m > 2);
@@ -388,9 +379,9 @@ pub fn strftime(fmt: &str, t: std::time::SystemTime) -> String {
             Some('B') => out += month,
             Some('a') => out += &wd[..3],
             Some('A') => out += wd,
-            Some('H') => out += &format!("{:02}", rem / 3600),
-            Some('M') => out += &format!("{:02}", rem / 60 % 60),
-            Some('S') => out += &format!("{:02}", rem % 60),
+            Some('H') => out += &format!("{hh:02}"),
+            Some('M') => out += &format!("{mm:02}"),
+            Some('S') => out += &format!("{ss:02}"),
             Some('%') => out.push('%'),
             Some(o) => {
                 out.push('%');
@@ -400,6 +391,29 @@ pub fn strftime(fmt: &str, t: std::time::SystemTime) -> String {
         }
     }
     out
+}
+
+/// Calendar date and time of day (UTC) for seconds since the epoch:
+/// `(year, month, day, hour, minute, second)` (proleptic Gregorian, Howard Hinnant's
+/// civil-from-days).
+pub fn civil_utc(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, sod / 3600, sod % 3600 / 60, sod % 60)
+}
+
+/// Whether a template speaks gpt-oss's harmony format (its adjustments below).
+fn is_harmony(source: &str) -> bool {
+    crate::reasoning::ReasoningFormat::of_template(source)
+        == crate::reasoning::ReasoningFormat::Harmony
 }
 
 /// A message as templates see it.

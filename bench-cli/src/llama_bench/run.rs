@@ -568,22 +568,8 @@ pub fn utc_now() -> String {
     format_utc(secs)
 }
 
-/// Calendar date and time of day (UTC) for seconds since the epoch:
-/// `(year, month, day, hour, minute, second)`. Shared by both timestamp formats.
-pub fn civil_utc(secs: i64) -> (i64, i64, i64, i64, i64, i64) {
-    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d, sod / 3600, sod % 3600 / 60, sod % 60)
-}
+/// Calendar date and time of day (UTC), shared by both timestamp formats.
+pub use runtime::chat::civil_utc;
 
 /// Formats seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn format_utc(secs: u64) -> String {
