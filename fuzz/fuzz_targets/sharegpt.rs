@@ -1,24 +1,4 @@
-//! The ShareGPT loader on arbitrary bytes (a truncated or hostile dataset file), then
-//! vLLM-style sampling of what it kept.
+//! libFuzzer entry of the `sharegpt` target: the body is `rllama_fuzz::sharegpt::run`.
 #![no_main]
 
-use datasets::sharegpt::{read_pairs, sample, SampleOptions};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(loaded) = read_pairs(data) else {
-        return;
-    };
-    assert!(
-        loaded.pairs.len() <= loaded.total,
-        "kept more pairs than entries"
-    );
-    let mut o = SampleOptions::new(8, data.len() as u64);
-    o.min_len = 1;
-    let count = |s: &str| s.split_whitespace().count();
-    let s = sample(loaded.pairs, &o, &count);
-    assert!(s.requests.len() <= 8);
-    for r in &s.requests {
-        assert!(r.prompt_len >= 1 && r.prompt_len <= o.max_prompt_len);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| rllama_fuzz::sharegpt::run(data));

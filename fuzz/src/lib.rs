@@ -1,5 +1,7 @@
-//! Shared pieces of the fuzz targets: the real models' tokenizers and chat templates,
-//! loaded once per fuzzing process.
+//! The fuzz targets' bodies (one module each; `fuzz_targets/*.rs` only hands libFuzzer's
+//! input to `<target>::run`) and their shared pieces: the real models' tokenizers and chat
+//! templates, loaded once per process. `server/tests/fuzz_replay.rs` compiles this file
+//! into the workspace's tests too and replays the seeds through every target.
 //!
 //! The models come from the registry cache (`$RLLAMA_MODELS`, else the user cache);
 //! `tools/fuzz.sh` fetches them before it starts any target.
@@ -9,6 +11,26 @@ use std::sync::OnceLock;
 use runtime::chat::ChatTemplate;
 use runtime::gguf::GgufFile;
 use runtime::tokenizer::Tokenizer;
+
+pub mod chat_template;
+pub mod gguf;
+pub mod json_schema;
+pub mod openai_request;
+pub mod sharegpt;
+pub mod tokenizer;
+
+/// A target's body: one input.
+pub type Target = fn(&[u8]);
+
+/// Every target, by the name `fuzz/Cargo.toml` gives its binary.
+pub const TARGETS: [(&str, Target); 6] = [
+    ("gguf", gguf::run),
+    ("tokenizer", tokenizer::run),
+    ("chat_template", chat_template::run),
+    ("sharegpt", sharegpt::run),
+    ("openai_request", openai_request::run),
+    ("json_schema", json_schema::run),
+];
 
 /// The three registry models: byte-level BPE (smollm2, qwen2.5) and SentencePiece (gemma3).
 pub const MODELS: [&str; 3] = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"];
