@@ -7,18 +7,22 @@
 #   -cpu cortex-a57  Armv8.0 without sdot: only the plain NEON rows may run (executing an
 #                    `sdot` there is SIGILL, so wrong detection fails loudly).
 #
-# Usage: tools/neon_test.sh [--clippy]   (--clippy also lints quant for aarch64)
+# Usage: tools/neon_test.sh [--clippy | --prepare]   (--clippy also lints quant for
+# aarch64; --prepare installs and builds only: .ci/run starts it at low priority beside the
+# tests, and the full run after them finds the tests built)
 # Installs the packages it needs when they are missing (root, or sudo). The build goes
 # to target/aarch64 so the host's target/ is not invalidated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 clippy=0
+prepare=0
 for arg in "$@"; do
     case "$arg" in
         --clippy) clippy=1 ;;
+        --prepare) prepare=1 ;;
         *)
-            echo "usage: $0 [--clippy]" >&2
+            echo "usage: $0 [--clippy | --prepare]" >&2
             exit 2
             ;;
     esac
@@ -58,6 +62,7 @@ if [ "$clippy" = 1 ]; then
 fi
 
 cargo test --locked -p quant --target "$target" --no-run
+[ "$prepare" = 1 ] && { echo "neon_test: prepared (tests built in $CARGO_TARGET_DIR)"; exit 0; }
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
