@@ -57,4 +57,36 @@ extern "C" int rref_chat_render(const char * tmpl, const char * bos, const char 
     }
 }
 
+// As rref_chat_render, for a conversation in OpenAI's shape (`tool_calls` on assistant
+// turns, `tool` turns with `tool_call_id`) and a `tools` array, parsed by llama.cpp's own
+// OpenAI-compatible readers as llama-server parses a chat request (tool_choice auto).
+extern "C" int rref_chat_render_oai(const char * tmpl, const char * bos, const char * eos,
+                                    const char * messages_json, const char * tools_json,
+                                    int add_generation_prompt, int enable_thinking,
+                                    long long now_unix, char ** out) {
+    try {
+        auto tmpls = common_chat_templates_init(nullptr, tmpl, bos, eos);
+        common_chat_templates_inputs in;
+        in.messages = common_chat_msgs_parse_oaicompat(common_json::parse(messages_json));
+        in.tools = common_chat_tools_parse_oaicompat(common_json::parse(tools_json));
+        in.parallel_tool_calls = true;
+        in.add_generation_prompt = add_generation_prompt != 0;
+        in.use_jinja = true;
+        in.enable_thinking = enable_thinking != 0;
+        in.now = std::chrono::system_clock::time_point(std::chrono::seconds(now_unix));
+        if (enable_thinking == 0) {
+            in.chat_template_kwargs["enable_thinking"] = "false";
+        }
+        auto params = common_chat_templates_apply(tmpls.get(), in);
+        *out = rref_dup(params.prompt);
+        return 0;
+    } catch (const std::exception & e) {
+        *out = rref_dup(e.what());
+        return 1;
+    } catch (...) {
+        *out = rref_dup("unknown C++ exception");
+        return 1;
+    }
+}
+
 extern "C" void rref_chat_free(char * p) { std::free(p); }

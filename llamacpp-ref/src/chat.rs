@@ -14,7 +14,67 @@ extern "C" {
         now_unix: c_longlong,
         out: *mut *mut c_char,
     ) -> c_int;
+    fn rref_chat_render_oai(
+        tmpl: *const c_char,
+        bos: *const c_char,
+        eos: *const c_char,
+        messages_json: *const c_char,
+        tools_json: *const c_char,
+        add_generation_prompt: c_int,
+        enable_thinking: c_int,
+        now_unix: c_longlong,
+        out: *mut *mut c_char,
+    ) -> c_int;
     fn rref_chat_free(p: *mut c_char);
+}
+
+/// The prompt llama.cpp renders from `template` for a conversation in OpenAI's JSON shape
+/// (`messages`, with `tool_calls` and `tool` turns) and OpenAI `tools`, as llama-server
+/// renders a chat request with tools (tool_choice auto), or its error.
+pub fn render_oai(
+    template: &str,
+    bos: &str,
+    eos: &str,
+    messages: &serde_json::Value,
+    tools: &serde_json::Value,
+    opts: RenderOptions,
+) -> Result<String, String> {
+    let c = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
+    let (t, b, e) = (c(template)?, c(bos)?, c(eos)?);
+    let (m, tl) = (c(&messages.to_string())?, c(&tools.to_string())?);
+    let mut out: *mut c_char = std::ptr::null_mut();
+    // SAFETY: as in `render`.
+    let rc = unsafe {
+        rref_chat_render_oai(
+            t.as_ptr(),
+            b.as_ptr(),
+            e.as_ptr(),
+            m.as_ptr(),
+            tl.as_ptr(),
+            c_int::from(opts.add_generation_prompt),
+            c_int::from(opts.enable_thinking),
+            opts.now_unix,
+            &mut out,
+        )
+    };
+    take_output(rc, out)
+}
+
+/// The shim's answer: its text (freed here), as the prompt or the error.
+fn take_output(rc: c_int, out: *mut c_char) -> Result<String, String> {
+    if out.is_null() {
+        return Err("llama.cpp's renderer returned nothing".into());
+    }
+    // SAFETY: non-null and NUL-terminated by the shim.
+    let text = unsafe { CStr::from_ptr(out) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: allocated by the shim, freed once.
+    unsafe { rref_chat_free(out) };
+    match rc {
+        0 => Ok(text),
+        _ => Err(text),
+    }
 }
 
 /// One message: role, content and, for an assistant turn, its reasoning.
@@ -74,17 +134,5 @@ pub fn render(
             &mut out,
         )
     };
-    if out.is_null() {
-        return Err("llama.cpp's renderer returned nothing".into());
-    }
-    // SAFETY: non-null and NUL-terminated by the shim.
-    let text = unsafe { CStr::from_ptr(out) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: allocated by the shim, freed once.
-    unsafe { rref_chat_free(out) };
-    match rc {
-        0 => Ok(text),
-        _ => Err(text),
-    }
+    take_output(rc, out)
 }

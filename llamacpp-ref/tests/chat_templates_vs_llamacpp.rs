@@ -209,3 +209,168 @@ fn real_model_templates_render_as_llamacpp_renders_them() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+/// Conversations with tools, in OpenAI's shape: the tools alone, one call and its result,
+/// two parallel calls answered and followed up.
+fn tool_conversations() -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    let call = |id: &str, name: &str, args: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+    vec![
+        (
+            "tools offered",
+            json!([
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What's the weather in Paris?"},
+            ]),
+        ),
+        (
+            "one call and its result",
+            json!([
+                {"role": "user", "content": "What's the weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    call("call_1", "get_weather", r#"{"city": "Paris", "unit": "celsius"}"#)]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21.5}"},
+            ]),
+        ),
+        (
+            "parallel calls",
+            json!([
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris and news on Rust?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    call("call_a", "get_weather", r#"{"city":"Paris"}"#),
+                    call("call_b", "search", r#"{"query": "Rust", "limit": 3}"#)]},
+                {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "call_b", "content": "Rust 2.0 ships"},
+                {"role": "assistant", "content": "Sunny; Rust 2.0 ships."},
+                {"role": "user", "content": "Thanks! Ünïcödé?"},
+            ]),
+        ),
+    ]
+}
+
+fn tools_json() -> serde_json::Value {
+    serde_json::json!([
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "description": "The city, e.g. Paris"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"]}}},
+        {"type": "function", "function": {
+            "name": "search",
+            "description": "Searches the news. Ünïcödé & <tags>.",
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer", "default": 5, "minimum": 0.5}},
+                "required": ["query"]}}},
+    ])
+}
+
+/// Our messages from OpenAI JSON (as rserve's request parser builds them).
+fn our_messages(v: &serde_json::Value) -> Vec<ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let mut c =
+                ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap());
+            for t in m["tool_calls"].as_array().into_iter().flatten() {
+                c.tool_calls.push(runtime::chat::ToolCallMsg {
+                    id: t["id"].as_str().unwrap().into(),
+                    name: t["function"]["name"].as_str().unwrap().into(),
+                    arguments: t["function"]["arguments"].as_str().unwrap().into(),
+                });
+            }
+            c.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
+            c
+        })
+        .collect()
+}
+
+fn compare_tools(name: &str, source: &str, bos: &str, eos: &str) -> (usize, Vec<String>) {
+    let now = std::time::SystemTime::now();
+    let now_unix = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let ours = ChatTemplate::Jinja {
+        source: source.to_string(),
+        bos_token: bos.into(),
+        eos_token: eos.into(),
+    };
+    let tools = tools_json();
+    let (mut checked, mut failures) = (0, Vec::new());
+    for (what, conv) in tool_conversations() {
+        let opts = RenderOptions {
+            add_generation_prompt: true,
+            enable_thinking: true,
+            now_unix,
+        };
+        let theirs = llamacpp_ref::chat::render_oai(source, bos, eos, &conv, &tools, opts);
+        let args = RenderArgs {
+            now,
+            tools: tools.as_array().unwrap().clone(),
+            ..RenderArgs::default()
+        };
+        let mine = ours.render_with(&our_messages(&conv), &args);
+        match (&mine, &theirs) {
+            (Ok(a), Ok(b)) if a == b => {
+                // Where the template reads tools, the prompt names them.
+                if ours.caps().is_some_and(|c| c.tools) {
+                    assert!(
+                        a.contains("get_weather"),
+                        "{name}, {what}: no tools in\n{a}"
+                    );
+                }
+            }
+            (Err(_), Err(_)) => eprintln!("{name}, {what}: both refuse"),
+            _ => failures.push(format!(
+                "{name}, {what}:\n--- ours\n{mine:?}\n--- llama.cpp\n{theirs:?}"
+            )),
+        }
+        checked += 1;
+    }
+    (checked, failures)
+}
+
+/// Tools and tool turns render as llama-server renders them (its `tools`, the calls'
+/// arguments as objects where the template reads them so, `tojson` as its engine writes it).
+#[test]
+fn tool_conversations_render_as_llamacpp_renders_them() {
+    let Some(dir) = dir() else {
+        return;
+    };
+    let (mut checked, mut failures) = (0, Vec::new());
+    for &(file, bos, eos) in TEMPLATES {
+        let path = dir.join(file);
+        let source =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let caps = runtime::chat::template_caps(&source, bos, eos);
+        eprintln!("{file}: {caps:?}");
+        let (n, f) = compare_tools(file, &source, bos, eos);
+        checked += n;
+        failures.extend(f);
+    }
+    for name in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
+        let Some(path) = runtime::registry::test_model(name) else {
+            return;
+        };
+        let f = runtime::GgufFile::open(&path).unwrap();
+        if let ChatTemplate::Jinja {
+            source,
+            bos_token,
+            eos_token,
+        } = ChatTemplate::from_gguf(&f)
+        {
+            let caps = runtime::chat::template_caps(&source, &bos_token, &eos_token);
+            eprintln!("{name}: {caps:?}");
+            let (n, fl) = compare_tools(name, &source, &bos_token, &eos_token);
+            checked += n;
+            failures.extend(fl);
+        }
+    }
+    eprintln!(
+        "chat templates with tools: {} of {checked} renders identical to llama.cpp's",
+        checked - failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

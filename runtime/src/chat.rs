@@ -15,6 +15,23 @@ pub struct ChatMessage {
     /// after the last user message); absent, not empty, when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An assistant turn's tool calls (arguments as JSON text, as OpenAI sends them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallMsg>,
+    /// A `tool` turn: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One tool call of an earlier assistant turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ToolCallMsg {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
 }
 
 impl ChatMessage {
@@ -23,6 +40,9 @@ impl ChatMessage {
             role: role.into(),
             content: content.into(),
             reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -40,6 +60,9 @@ pub struct RenderArgs {
     /// The request's `chat_template_kwargs`: more template variables (they win over the
     /// ones above, as in llama-server).
     pub kwargs: Vec<(String, serde_json::Value)>,
+    /// The request's tools, each `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}` (the template variable `tools`; undefined when empty).
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl Default for RenderArgs {
@@ -49,6 +72,7 @@ impl Default for RenderArgs {
             enable_thinking: true,
             now: std::time::SystemTime::now(),
             kwargs: Vec::new(),
+            tools: Vec::new(),
         }
     }
 }
@@ -150,6 +174,29 @@ impl ChatTemplate {
         )
     }
 
+    /// What the template does with system turns and tools (a built-in fallback: nothing).
+    pub fn caps(&self) -> Option<TemplateCaps> {
+        match self {
+            ChatTemplate::Jinja {
+                source,
+                bos_token,
+                eos_token,
+            } => Some(template_caps(source, bos_token, eos_token)),
+            ChatTemplate::Builtin(_) => None,
+        }
+    }
+
+    /// The call syntax of the template's model where the template describes tools to it;
+    /// `Generic` (calls only when forced) otherwise.
+    pub fn tool_syntax(&self) -> crate::tools::ToolSyntax {
+        match self {
+            ChatTemplate::Jinja { source, .. } if self.caps().is_some_and(|c| c.tools) => {
+                crate::tools::ToolSyntax::of_template(source)
+            }
+            _ => crate::tools::ToolSyntax::Generic,
+        }
+    }
+
     /// Renders `messages` as llama.cpp's `--jinja` renders them: the template variables
     /// llama-server defines, and its two adjustments of the conversation (a `developer`
     /// turn is a `system` turn except in gpt-oss's harmony template; a template that
@@ -174,8 +221,14 @@ impl ChatTemplate {
                         }
                     }
                 }
+                // The probes run only for a conversation they concern (a template's probe
+                // renders cost as much as the render itself), and once per template.
+                let needs_caps = msgs.first().is_some_and(|m| m.role == "system")
+                    || !args.tools.is_empty()
+                    || msgs.iter().any(|m| !m.tool_calls.is_empty());
+                let caps = needs_caps.then(|| template_caps(source, bos_token, eos_token));
                 if msgs.first().is_some_and(|m| m.role == "system")
-                    && !supports_system_role(source, bos_token, eos_token)
+                    && !caps.is_some_and(|c| c.system_role)
                 {
                     let sys = msgs.remove(0);
                     if let Some(next) = msgs.first_mut() {
@@ -183,7 +236,14 @@ impl ChatTemplate {
                     }
                 }
                 let harmony = is_harmony(source);
-                let mut out = render_jinja(source, &msgs, args, bos_token, eos_token)?;
+                let mut out = render_jinja(
+                    source,
+                    &msgs,
+                    args,
+                    bos_token,
+                    eos_token,
+                    caps.is_some_and(|c| c.object_arguments),
+                )?;
                 // gpt-oss: a conversation that ends with the assistant's turn (no
                 // generation prompt) is continued, so its last `<|return|>` (the end of a
                 // finished answer) is `<|end|>` (llama.cpp does the same).
@@ -201,20 +261,112 @@ impl ChatTemplate {
     }
 }
 
-/// Whether the template prints a system turn's text: llama.cpp asks by rendering a system
-/// and a user turn and watching whether the system content is read; a template that
-/// refuses it (Gemma's `raise_exception`) or drops it does not support it.
-fn supports_system_role(source: &str, bos: &str, eos: &str) -> bool {
-    const NEEDLE: &str = "<rllama system probe>";
-    let probe = [
-        ChatMessage::new("system", NEEDLE),
-        ChatMessage::new("user", "Hi"),
-    ];
+/// What a template does with the parts of a conversation that not every template reads,
+/// found (as llama.cpp finds it) by rendering probe conversations and watching whether a
+/// probe's text comes out. Decided once per template source and cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemplateCaps {
+    /// It prints a system turn's text (Gemma's refuses one; a refused or dropped system
+    /// turn is prepended to the next turn instead).
+    pub system_role: bool,
+    /// It describes the request's `tools` to the model.
+    pub tools: bool,
+    /// It prints earlier turns' tool calls.
+    pub tool_calls: bool,
+    /// It reads a call's arguments as an object (`arguments | tojson`), so they are given
+    /// as one rather than as JSON text.
+    pub object_arguments: bool,
+}
+
+/// The capabilities of template `source` (cached per source: a render per probe).
+pub fn template_caps(source: &str, bos: &str, eos: &str) -> TemplateCaps {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    /// (source, BOS text, EOS text) -> what the probes found.
+    type Caps = HashMap<(String, String, String), TemplateCaps>;
+    static CACHE: Mutex<Option<Caps>> = Mutex::new(None);
+    let key = (source.to_string(), bos.to_string(), eos.to_string());
+    if let Some(c) = CACHE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key))
+    {
+        return *c;
+    }
+    let caps = probe_caps(source, bos, eos);
+    let mut g = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(HashMap::new);
+    // A server has one template or a few; a bound keeps a stream of distinct sources
+    // (tests, a fuzzer) from growing it without end.
+    if m.len() >= 64 {
+        m.clear();
+    }
+    m.insert(key, caps);
+    caps
+}
+
+fn probe_caps(source: &str, bos: &str, eos: &str) -> TemplateCaps {
+    const SYSTEM: &str = "<rllama system probe>";
+    const TOOL: &str = "rllama_probe_tool";
+    const ARG: &str = "rllama-probe-argument";
     let args = RenderArgs {
         now: std::time::UNIX_EPOCH,
         ..RenderArgs::default()
     };
-    render_jinja(source, &probe, &args, bos, eos).is_ok_and(|out| out.contains(NEEDLE))
+    let render = |msgs: &[ChatMessage], args: &RenderArgs, object_arguments: bool| {
+        render_jinja(source, msgs, args, bos, eos, object_arguments).ok()
+    };
+    let system_role = render(
+        &[
+            ChatMessage::new("system", SYSTEM),
+            ChatMessage::new("user", "Hi"),
+        ],
+        &args,
+        false,
+    )
+    .is_some_and(|out| out.contains(SYSTEM));
+    let tool_args = RenderArgs {
+        tools: vec![serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": TOOL,
+                "description": "Tool description",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                    "required": ["arg"],
+                },
+            },
+        })],
+        ..args.clone()
+    };
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls.push(ToolCallMsg {
+        id: "call00001".into(),
+        name: "tool1".into(),
+        arguments: serde_json::json!({ "arg": ARG }).to_string(),
+    });
+    let mut answer = ChatMessage::new("tool", "Tool response");
+    answer.tool_call_id = Some("call00001".into());
+    let conversation = [
+        ChatMessage::new("user", "User message"),
+        call,
+        answer,
+        ChatMessage::new("assistant", "The tool response was 'tool response'"),
+        ChatMessage::new("user", "User message"),
+    ];
+    let with_objects = render(&conversation, &tool_args, true);
+    let tools = with_objects.as_ref().is_some_and(|o| o.contains(TOOL));
+    let object_arguments = with_objects.as_ref().is_some_and(|o| o.contains(ARG));
+    let tool_calls = object_arguments
+        || render(&conversation, &tool_args, false).is_some_and(|o| o.contains(ARG));
+    TemplateCaps {
+        system_role,
+        tools,
+        tool_calls,
+        object_arguments,
+    }
 }
 
 /// The texts of the vocabulary's BOS and EOS tokens (empty where it has none).
@@ -253,6 +405,7 @@ fn render_jinja(
     args: &RenderArgs,
     bos: &str,
     eos: &str,
+    object_arguments: bool,
 ) -> Result<String, ChatError> {
     let mut env = Environment::new();
     // As Hugging Face compiles chat templates (and llama.cpp renders them): a block tag's
@@ -268,6 +421,7 @@ fn render_jinja(
     env.add_function("strftime_now", move |fmt: String| -> String {
         strftime(&fmt, now)
     });
+    env.add_filter("tojson", tojson);
     env.add_template("chat", source)
         .map_err(|e| ChatError::Template(format!("{e:#}")))?;
     let tmpl = env
@@ -288,14 +442,25 @@ fn render_jinja(
                     content: &m.content,
                     reasoning_content: m.reasoning_content.as_deref(),
                     thinking: m.reasoning_content.as_deref().filter(|_| harmony),
+                    tool_calls: m
+                        .tool_calls
+                        .iter()
+                        .map(|c| render_tool_call(c, object_arguments))
+                        .collect(),
+                    name: m.name.as_deref(),
+                    tool_call_id: m.tool_call_id.as_deref(),
                 })
                 .collect();
+            let tools = match args.tools.is_empty() {
+                true => minijinja::Value::UNDEFINED,
+                false => minijinja::Value::from_serialize(&args.tools),
+            };
             let base = context! {
                 messages => messages,
                 add_generation_prompt => args.add_generation_prompt,
                 bos_token => bos,
                 eos_token => eos,
-                tools => minijinja::Value::UNDEFINED,
+                tools => tools,
                 enable_thinking => args.enable_thinking,
                 datetime => strftime("%b %d %Y", args.now),
                 date_string => strftime("%d %b %Y", args.now),
@@ -322,6 +487,185 @@ fn render_jinja(
     r.map(drop)
         .map_err(|e| ChatError::Template(format!("{e:#}")))?;
     String::from_utf8(out.buf).map_err(|e| ChatError::Template(e.to_string()))
+}
+
+/// Jinja's `tojson` as llama.cpp's template engine writes it (what HF templates expect of
+/// Python's `json.dumps`): `", "` and `": "` separators unless `separators` says otherwise,
+/// `indent`, `ensure_ascii`, keys in their given order, strings escaped only where JSON
+/// needs it, floats as C++ streams print them.
+fn tojson(
+    v: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<minijinja::Value, Error> {
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let indent: Option<minijinja::Value> = kwargs.get("indent")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    if sort_keys == Some(true) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: sort_keys is not supported",
+        ));
+    }
+    let indent = indent
+        .and_then(|i| i64::try_from(i).ok())
+        .map(|i| i.max(0) as usize);
+    let seps = separators.unwrap_or_default();
+    let item_sep = seps
+        .first()
+        .cloned()
+        .unwrap_or_else(|| if indent.is_some() { "," } else { ", " }.into());
+    let key_sep = seps.get(1).cloned().unwrap_or_else(|| ": ".into());
+    let mut out = String::new();
+    write_json(&mut out, &v, 0, indent, &item_sep, &key_sep);
+    if ensure_ascii == Some(true) {
+        let mut esc = String::with_capacity(out.len());
+        for c in out.chars() {
+            if c.is_ascii() {
+                esc.push(c);
+            } else {
+                let mut buf = [0u16; 2];
+                for u in c.encode_utf16(&mut buf) {
+                    esc.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+        out = esc;
+    }
+    Ok(minijinja::Value::from_safe_string(out))
+}
+
+fn write_json(
+    out: &mut String,
+    v: &minijinja::Value,
+    level: usize,
+    indent: Option<usize>,
+    item_sep: &str,
+    key_sep: &str,
+) {
+    use minijinja::value::ValueKind;
+    let pad = |out: &mut String, lvl: usize| {
+        if let Some(n) = indent {
+            out.push_str(&" ".repeat(lvl * n));
+        }
+    };
+    let newline = |out: &mut String| {
+        if indent.is_some() {
+            out.push('\n');
+        }
+    };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Ok(i) = i64::try_from(v.clone()) {
+                if v.as_i64().is_some() {
+                    out.push_str(&i.to_string());
+                    return;
+                }
+            }
+            out.push_str(&cpp_float(f64::try_from(v.clone()).unwrap_or(0.0)));
+        }
+        ValueKind::String => {
+            out.push('"');
+            for c in v.as_str().unwrap_or_default().chars() {
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\u{8}' => out.push_str("\\b"),
+                    '\u{c}' => out.push_str("\\f"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<minijinja::Value> =
+                v.try_iter().map(|i| i.collect()).unwrap_or_default();
+            out.push('[');
+            if !items.is_empty() {
+                newline(out);
+                for (i, item) in items.iter().enumerate() {
+                    pad(out, level + 1);
+                    write_json(out, item, level + 1, indent, item_sep, key_sep);
+                    if i + 1 < items.len() {
+                        out.push_str(item_sep);
+                    }
+                    newline(out);
+                }
+                pad(out, level);
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let keys: Vec<minijinja::Value> = v.try_iter().map(|i| i.collect()).unwrap_or_default();
+            out.push('{');
+            if !keys.is_empty() {
+                newline(out);
+                for (i, k) in keys.iter().enumerate() {
+                    pad(out, level + 1);
+                    let name = minijinja::Value::from(k.to_string());
+                    write_json(out, &name, level + 1, indent, item_sep, key_sep);
+                    out.push_str(key_sep);
+                    let val = v.get_item(k).unwrap_or_default();
+                    write_json(out, &val, level + 1, indent, item_sep, key_sep);
+                    if i + 1 < keys.len() {
+                        out.push_str(item_sep);
+                    }
+                    newline(out);
+                }
+                pad(out, level);
+            }
+            out.push('}');
+        }
+        _ => out.push_str("null"),
+    }
+}
+
+/// `x` as a C++ stream prints a double by default (`%g`, 6 significant digits).
+fn cpp_float(x: f64) -> String {
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let sci = format!("{x:.5e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let trim = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if !(-5..6).contains(&exp) {
+        format!(
+            "{}e{}{:02}",
+            trim(mant),
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    } else {
+        let decimals = (5 - exp).max(0) as usize;
+        trim(&format!("{x:.decimals$}"))
+    }
 }
 
 /// `fmt` at `t` (UTC) for the conversions templates use: `%Y %m %d %e %b %B %a %A %H %M
@@ -425,6 +769,27 @@ struct RenderMessage<'a> {
     reasoning_content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     thinking: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+/// A tool call as templates see it (llama-server's shape): arguments as an object for the
+/// templates that read them as one (most print `arguments | tojson`), else as the text.
+fn render_tool_call(c: &ToolCallMsg, object_arguments: bool) -> serde_json::Value {
+    let arguments = match object_arguments {
+        true => serde_json::from_str(&c.arguments)
+            .unwrap_or_else(|_| serde_json::Value::String(c.arguments.clone())),
+        false => serde_json::Value::String(c.arguments.clone()),
+    };
+    serde_json::json!({
+        "id": c.id,
+        "type": "function",
+        "function": {"name": c.name, "arguments": arguments},
+    })
 }
 
 /// A sink that refuses to grow past [`MAX_RENDERED_BYTES`] (rendering stops with an error).

@@ -19,6 +19,7 @@ pub mod runner;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
+pub mod tools;
 pub mod tune;
 pub mod weights;
 

@@ -6,10 +6,11 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use runtime::chat::{ChatMessage, ChatTemplate, RenderArgs};
+use runtime::chat::{ChatMessage, ChatTemplate, RenderArgs, ToolCallMsg};
 use runtime::reasoning::ReasoningFormat;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
+use runtime::tools::{ToolCall, ToolCallSplitter, ToolSyntax};
 
 use crate::engine::{FinishReason, GenParams, TokenLogprobs, TopLogprob, Usage};
 use crate::error::{ApiError, ApiErrorKind};
@@ -61,6 +62,13 @@ pub struct RawRequest {
     pub reasoning_format: Option<Value>,
     /// More template variables (`{"enable_thinking": false}`), as llama-server and vLLM.
     pub chat_template_kwargs: Option<Value>,
+    /// Chat: `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
+    pub tools: Option<Value>,
+    /// Chat: `none`, `auto` (the default with tools), `required`, or
+    /// `{"type": "function", "function": {"name": …}}`.
+    pub tool_choice: Option<Value>,
+    /// Chat: whether one answer may make several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -82,6 +90,168 @@ pub struct Parsed {
     /// Chat: how the answer marks its reasoning, and whether the prompt opened it (the
     /// text is split per choice into `reasoning_content` and `content`).
     pub reasoning: Option<(ReasoningFormat, bool)>,
+    /// Chat with tools: how the answer's calls are read.
+    pub tools: Option<ToolPlan>,
+}
+
+/// How a chat answer's tool calls are taken out of its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolPlan {
+    pub syntax: ToolSyntax,
+    /// The answer is forced to be one call (`tool_choice` `required` or a named function):
+    /// the prompt ends with the syntax's opening and the answer is the call's JSON.
+    pub forced: bool,
+    /// More than one call may be returned (`parallel_tool_calls`).
+    pub parallel: bool,
+}
+
+impl ToolPlan {
+    pub fn splitter(&self) -> ToolCallSplitter {
+        match self.forced {
+            true => ToolCallSplitter::forced(self.syntax),
+            false => ToolCallSplitter::new(self.syntax),
+        }
+    }
+}
+
+/// The most tools one request may describe.
+const MAX_TOOLS: usize = 128;
+
+/// A request's tools in the shape templates read (llama-server's: `name`, `description`,
+/// `parameters`, in that order; a missing description is empty, missing parameters an
+/// empty object).
+fn parse_tools(v: &Option<Value>) -> Result<Vec<Value>, ApiError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("tools", "tools must be an array")),
+    };
+    if list.len() > MAX_TOOLS {
+        return Err(bad(
+            "tools",
+            format!("at most {MAX_TOOLS} tools, got {}", list.len()),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let param = format!("tools[{i}]");
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(&param, "only tools of type \"function\" are supported"));
+            }
+            let f = t
+                .get("function")
+                .filter(|f| f.is_object())
+                .ok_or_else(|| bad(&param, "a tool needs a function object"))?;
+            let name = f
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| {
+                    (1..=64).contains(&n.len())
+                        && n.bytes().all(|b| {
+                            b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'
+                        })
+                })
+                .ok_or_else(|| {
+                    bad(
+                        &param,
+                        "function.name must be 1 to 64 letters, digits, '_', '-' or '.'",
+                    )
+                })?;
+            if !names.insert(name.to_string()) {
+                return Err(bad(&param, format!("two tools are named {name:?}")));
+            }
+            let description = match f.get("description") {
+                None | Some(Value::Null) => "",
+                Some(Value::String(d)) => d.as_str(),
+                Some(_) => return Err(bad(&param, "function.description must be a string")),
+            };
+            let parameters = match f.get("parameters") {
+                None | Some(Value::Null) => json!({}),
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => return Err(bad(&param, "function.parameters must be an object")),
+            };
+            Ok(json!({
+                "type": "function",
+                "function": {"name": name, "description": description, "parameters": parameters},
+            }))
+        })
+        .collect()
+}
+
+/// What `tool_choice` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+fn tool_choice(v: &Option<Value>, tools: &[Value]) -> Result<ToolChoice, ApiError> {
+    let c = match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(bad(
+                    "tool_choice",
+                    format!(
+                        "tool_choice must be none, auto, required or a function, got {other:?}"
+                    ),
+                ))
+            }
+        },
+        Some(o @ Value::Object(_)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    bad(
+                        "tool_choice",
+                        "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+            if !tools.iter().any(|t| t["function"]["name"] == name) {
+                return Err(bad(
+                    "tool_choice",
+                    format!("tool_choice names {name:?}, which is not among the tools"),
+                ));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+        Some(_) => {
+            return Err(bad(
+                "tool_choice",
+                "tool_choice must be a string or an object",
+            ))
+        }
+    };
+    if tools.is_empty() && matches!(c, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(bad("tool_choice", "tool_choice needs tools"));
+    }
+    Ok(c)
+}
+
+/// The system text that describes tools to a model whose template does not (its calls are
+/// forced and constrained, so the text only has to say what to write).
+fn generic_tools_text(tools: &[Value]) -> String {
+    let mut s =
+        String::from("You can call the functions described below, as JSON, one per line:\n");
+    for t in tools {
+        s.push_str(&t["function"].to_string());
+        s.push('\n');
+    }
+    s.push_str(
+        "To call one, answer with only a JSON object {\"name\": <the function's name>, \
+         \"arguments\": <an object of its arguments>}.",
+    );
+    s
 }
 
 const MAX_STOPS: usize = 16;
@@ -282,7 +452,44 @@ pub fn chat_messages(v: &Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(_) => return Err(bad(&param, "content must be a string or an array of parts")),
             };
             let role = if role == "developer" { "system" } else { role };
-            Ok(ChatMessage::new(role, &content))
+            let mut msg = ChatMessage::new(role, &content);
+            match m.get("tool_calls") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(calls)) if role == "assistant" => {
+                    for (k, c) in calls.iter().enumerate() {
+                        let f = c.get("function");
+                        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+                        let arguments = match f.and_then(|f| f.get("arguments")) {
+                            None | Some(Value::Null) => Some("{}".to_string()),
+                            Some(Value::String(a)) => Some(a.clone()),
+                            Some(a @ Value::Object(_)) => Some(a.to_string()),
+                            Some(_) => None,
+                        };
+                        let (Some(name), Some(arguments)) = (name, arguments) else {
+                            return Err(bad(
+                                &format!("{param}.tool_calls[{k}]"),
+                                "a tool call needs function.name and function.arguments (a JSON string)",
+                            ));
+                        };
+                        msg.tool_calls.push(ToolCallMsg {
+                            id: c.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+                            name: name.to_string(),
+                            arguments,
+                        });
+                    }
+                }
+                Some(_) => {
+                    return Err(bad(
+                        &param,
+                        "tool_calls must be an array, on an assistant message",
+                    ))
+                }
+            }
+            if role == "tool" {
+                msg.tool_call_id = m.get("tool_call_id").and_then(Value::as_str).map(str::to_string);
+            }
+            msg.name = m.get("name").and_then(Value::as_str).map(str::to_string);
+            Ok(msg)
         })
         .collect()
 }
@@ -296,9 +503,22 @@ pub fn chat_prompt(
     template: &ChatTemplate,
     tok: &Tokenizer,
 ) -> Result<(Vec<u32>, String), ApiError> {
+    chat_prompt_with(msgs, args, template, tok, "")
+}
+
+/// [`chat_prompt`] with `prefill` appended to the rendered text (the opening of a forced
+/// tool call).
+fn chat_prompt_with(
+    msgs: &[ChatMessage],
+    args: &RenderArgs,
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    prefill: &str,
+) -> Result<(Vec<u32>, String), ApiError> {
     let mut text = template
         .render_with(msgs, args)
         .map_err(|e| bad("messages", format!("cannot apply the chat template: {e}")))?;
+    text.push_str(prefill);
     if let Some(bos) = tok.bos().filter(|_| tok.add_bos()) {
         let bos_text = tok.token_text(bos);
         if !bos_text.is_empty() && text.starts_with(bos_text) {
@@ -409,20 +629,121 @@ pub fn parse_request(
             }
         }
     };
-    let (prompt, reasoning) = match kind {
-        Kind::Completion => (prompt_tokens(&r.prompt, tok)?, None),
+    let mut forced_format = None;
+    let (prompt, reasoning, tools) = match kind {
+        Kind::Completion => {
+            if r.tools.is_some() || r.tool_choice.is_some() {
+                return Err(bad("tools", "tools are a chat completions field"));
+            }
+            (prompt_tokens(&r.prompt, tok)?, None, None)
+        }
         Kind::Chat => {
-            let msgs = chat_messages(&r.messages)?;
-            let (args, split) = chat_args(r)?;
-            let (ids, text) = chat_prompt(&msgs, &args, template, tok)?;
+            let mut msgs = chat_messages(&r.messages)?;
+            let (mut args, split) = chat_args(r)?;
+            let tools = parse_tools(&r.tools)?;
+            let choice = tool_choice(&r.tool_choice, &tools)?;
+            // The template's probes run only for a request with tools to offer.
+            let offering = !tools.is_empty() && choice != ToolChoice::None;
+            let reads_tools = offering && template.caps().is_some_and(|c| c.tools);
+            let syntax = match offering {
+                true => template.tool_syntax(),
+                false => ToolSyntax::Generic,
+            };
+            let parallel = r.parallel_tool_calls.unwrap_or(true);
+            let mut prefill = "";
+            let plan = match &choice {
+                _ if tools.is_empty() => None,
+                ToolChoice::None => None,
+                // A template without tool support is not told of the tools, and its
+                // model's text is never read as calls.
+                ToolChoice::Auto if !reads_tools || syntax == ToolSyntax::Generic => None,
+                ToolChoice::Auto => {
+                    args.tools = tools.clone();
+                    Some(ToolPlan {
+                        syntax,
+                        forced: false,
+                        parallel,
+                    })
+                }
+                ToolChoice::Required | ToolChoice::Named(_) => {
+                    if r.response_format.as_ref().is_some_and(|v| !v.is_null()) {
+                        return Err(bad(
+                            "response_format",
+                            "response_format cannot be combined with a required or named tool_choice",
+                        ));
+                    }
+                    let offered: Vec<&Value> = match &choice {
+                        ToolChoice::Named(n) => tools
+                            .iter()
+                            .filter(|t| t["function"]["name"] == n.as_str())
+                            .collect(),
+                        _ => tools.iter().collect(),
+                    };
+                    let names: Vec<&str> = offered
+                        .iter()
+                        .filter_map(|t| t["function"]["name"].as_str())
+                        .collect();
+                    // One function: its parameters' schema. Several: an object of their
+                    // parameters together, each at most once and none other (one schema
+                    // cannot tie the arguments to the name chosen; this bounds them).
+                    let arguments = match offered.as_slice() {
+                        [one] => {
+                            let p = &one["function"]["parameters"];
+                            if p.as_object().is_some_and(|o| o.is_empty()) {
+                                json!({"type": "object"})
+                            } else {
+                                p.clone()
+                            }
+                        }
+                        several => {
+                            let mut props = serde_json::Map::new();
+                            for t in several {
+                                let own = t["function"]["parameters"]["properties"].as_object();
+                                for (k, v) in own.into_iter().flatten() {
+                                    props.entry(k.clone()).or_insert_with(|| v.clone());
+                                }
+                            }
+                            json!({"type": "object", "properties": props, "additionalProperties": false})
+                        }
+                    };
+                    if reads_tools {
+                        args.tools = tools.clone();
+                    } else {
+                        let text = generic_tools_text(&tools);
+                        match msgs.first_mut().filter(|m| m.role == "system") {
+                            Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
+                            None => msgs.insert(0, ChatMessage::new("system", &text)),
+                        }
+                    }
+                    let schema = syntax.forced_schema(&names, &arguments);
+                    let rf = json!({"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}});
+                    forced_format =
+                        crate::constrain::Format::from_response_format(&rf).map_err(|e| {
+                            bad(
+                                "tools",
+                                format!(
+                                    "the function's parameters cannot constrain a forced call: {e}"
+                                ),
+                            )
+                        })?;
+                    prefill = syntax.forced_prefill();
+                    Some(ToolPlan {
+                        syntax,
+                        forced: true,
+                        parallel,
+                    })
+                }
+            };
+            let (ids, text) = chat_prompt_with(&msgs, &args, template, tok, prefill)?;
             let format = template.reasoning_format();
-            let reasoning = (split && format != ReasoningFormat::None).then(|| {
+            let forced = plan.is_some_and(|p| p.forced);
+            let reasoning = (split && !forced && format != ReasoningFormat::None).then(|| {
                 (
                     format,
                     runtime::reasoning::prompt_opens_reasoning(format, &text),
                 )
             });
-            (ids, reasoning)
+            (ids, reasoning, plan)
         }
     };
     if prompt.is_empty() {
@@ -508,6 +829,7 @@ pub fn parse_request(
         }
     };
     let format = match &r.response_format {
+        _ if forced_format.is_some() => forced_format,
         None | Some(Value::Null) => None,
         Some(v) => crate::constrain::Format::from_response_format(v)
             .map_err(|e| bad("response_format", e))?,
@@ -533,6 +855,7 @@ pub fn parse_request(
             .unwrap_or(false),
         n,
         reasoning,
+        tools,
         cache_salt: match &r.cache_salt {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if !s.is_empty() && s.len() <= 1024 => Some(s.clone()),
@@ -610,6 +933,21 @@ pub struct ResponseMeta {
     pub model: String,
     /// Chat: the reasoning split of [`Parsed::reasoning`].
     pub reasoning: Option<(ReasoningFormat, bool)>,
+    /// Chat: how tool calls are read ([`Parsed::tools`]).
+    pub tools: Option<ToolPlan>,
+}
+
+/// A tool call as OpenAI returns it (`index`: its place in a stream's delta).
+pub fn tool_call_json(c: &ToolCall, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": c.id,
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
 }
 
 /// One finished choice of a non-streaming response.
@@ -619,6 +957,8 @@ pub struct Choice<'a> {
     pub reasoning: Option<&'a str>,
     pub finish: FinishReason,
     pub logprobs: Option<&'a [TokenLogprobs]>,
+    /// Chat: the tool calls taken out of the text.
+    pub tool_calls: &'a [ToolCall],
 }
 
 impl ResponseMeta {
@@ -641,11 +981,23 @@ impl ResponseMeta {
                         if let Some(r) = c.reasoning.filter(|r| !r.is_empty()) {
                             message["reasoning_content"] = json!(r);
                         }
+                        let mut finish = openai_finish(c.finish);
+                        if !c.tool_calls.is_empty() {
+                            if c.text.is_empty() {
+                                message["content"] = Value::Null;
+                            }
+                            message["tool_calls"] = c
+                                .tool_calls
+                                .iter()
+                                .map(|t| tool_call_json(t, None))
+                                .collect();
+                            finish = "tool_calls";
+                        }
                         json!({
                             "index": i,
                             "message": message,
                             "logprobs": lp,
-                            "finish_reason": openai_finish(c.finish),
+                            "finish_reason": finish,
                         })
                     }
                 }
@@ -711,6 +1063,22 @@ impl ResponseMeta {
             }
         };
         self.chunk(json!([choice]), None)
+    }
+
+    /// A chunk of choice `index` with its `k`-th tool call, whole.
+    pub fn tool_call_chunk(&self, index: usize, k: usize, call: &ToolCall) -> Value {
+        self.chunk(
+            json!([{"index": index, "delta": {"tool_calls": [tool_call_json(call, Some(k))]}, "logprobs": null, "finish_reason": null}]),
+            None,
+        )
+    }
+
+    /// The last chunk of choice `index` when it made tool calls.
+    pub fn tool_calls_finish_chunk(&self, index: usize) -> Value {
+        self.chunk(
+            json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": "tool_calls"}]),
+            None,
+        )
     }
 
     /// A chunk of choice `index` with new reasoning (`delta.reasoning_content`).

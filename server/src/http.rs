@@ -500,6 +500,7 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
             .map_or(0, |d| d.as_secs()),
         model: model_id,
         reasoning: parsed.reasoning,
+        tools: parsed.tools,
     };
     let rx = merge(receivers);
     if parsed.stream {
@@ -588,14 +589,37 @@ async fn collect_response(
                             })
                         })
                         .collect();
+                    // Then the tool calls out of each content.
+                    let calls: Vec<Option<(String, Vec<runtime::tools::ToolCall>)>> = choices
+                        .iter()
+                        .zip(&split)
+                        .map(|(c, sp)| {
+                            let content = sp.as_ref().map_or(&c.text, |(_, content)| content);
+                            meta.tools.map(|plan| {
+                                let mut tsp = plan.splitter();
+                                let (a, b) = (tsp.push(content), tsp.finish());
+                                let mut calls = a.calls;
+                                calls.extend(b.calls);
+                                if !plan.parallel {
+                                    calls.truncate(1);
+                                }
+                                (a.content + &b.content, calls)
+                            })
+                        })
+                        .collect();
                     let out: Vec<api::Choice> = choices
                         .iter()
                         .zip(&split)
-                        .map(|(c, sp)| api::Choice {
-                            text: sp.as_ref().map_or(&c.text, |(_, content)| content),
+                        .zip(&calls)
+                        .map(|((c, sp), tc)| api::Choice {
+                            text: match tc {
+                                Some((content, _)) => content,
+                                None => sp.as_ref().map_or(&c.text, |(_, content)| content),
+                            },
                             reasoning: sp.as_ref().map(|(r, _)| r.as_str()),
                             finish: c.finish.unwrap_or(crate::engine::FinishReason::Stop),
                             logprobs: c.want_lp.then_some(&c.lps[..]),
+                            tool_calls: tc.as_ref().map_or(&[][..], |(_, calls)| &calls[..]),
                         })
                         .collect();
                     return Json(meta.full(&out, &usage)).into_response();
@@ -626,6 +650,9 @@ struct SseState {
     usage: Usage,
     /// Per choice: its reasoning split, when the request has one.
     splitters: Vec<Option<runtime::reasoning::ReasoningSplitter>>,
+    /// Per choice: its tool-call split, when the request has tools, and the calls sent.
+    tool_splitters: Vec<Option<runtime::tools::ToolCallSplitter>>,
+    calls_sent: Vec<usize>,
     out: std::collections::VecDeque<Bytes>,
     finished: bool,
     shared: Arc<crate::engine::Shared>,
@@ -635,18 +662,31 @@ impl SseState {
     /// Chunks for new text of choice `i`: split into reasoning and content where the
     /// request asks for it (`last`: the choice's end, the splitter gives up what it holds).
     fn send_text(&mut self, i: usize, text: &str, lp: Option<Value>, last: bool) {
-        let Some(sp) = self.splitters[i].as_mut() else {
-            if !text.is_empty() || lp.is_some() {
-                self.out
-                    .push_back(sse(&self.meta.text_chunk(i, text, lp, None)));
+        let mut split = match self.splitters[i].as_mut() {
+            Some(sp) => {
+                let mut split = sp.push(text);
+                if last {
+                    let tail = sp.finish();
+                    split.reasoning += &tail.reasoning;
+                    split.content += &tail.content;
+                }
+                split
             }
-            return;
+            None => runtime::reasoning::Split {
+                reasoning: String::new(),
+                content: text.to_string(),
+            },
         };
-        let mut split = sp.push(text);
-        if last {
-            let tail = sp.finish();
-            split.reasoning += &tail.reasoning;
-            split.content += &tail.content;
+        let mut calls = Vec::new();
+        if let Some(tsp) = self.tool_splitters[i].as_mut() {
+            let mut t = tsp.push(&split.content);
+            if last {
+                let tail = tsp.finish();
+                t.content += &tail.content;
+                t.calls.extend(tail.calls);
+            }
+            split.content = t.content;
+            calls = t.calls;
         }
         let mut lp = lp;
         if !split.reasoning.is_empty() {
@@ -656,6 +696,16 @@ impl SseState {
         if !split.content.is_empty() || lp.is_some() {
             self.out
                 .push_back(sse(&self.meta.text_chunk(i, &split.content, lp, None)));
+        }
+        let parallel = self.meta.tools.is_some_and(|p| p.parallel);
+        for c in calls {
+            if self.calls_sent[i] > 0 && !parallel {
+                break;
+            }
+            let k = self.calls_sent[i];
+            self.out
+                .push_back(sse(&self.meta.tool_call_chunk(i, k, &c)));
+            self.calls_sent[i] += 1;
         }
     }
 
@@ -684,8 +734,11 @@ impl SseState {
                 },
             )) => {
                 self.send_text(i, &text, None, true);
-                self.out
-                    .push_back(sse(&self.meta.text_chunk(i, "", None, Some(finish))));
+                let last = match self.calls_sent[i] {
+                    0 => self.meta.text_chunk(i, "", None, Some(finish)),
+                    _ => self.meta.tool_calls_finish_chunk(i),
+                };
+                self.out.push_back(sse(&last));
                 add_usage(&mut self.usage, &usage, i == 0);
                 self.n_done += 1;
                 if self.n_done == self.text_offset.len() {
@@ -733,6 +786,8 @@ fn stream_response(
         n_done: 0,
         usage: Usage::default(),
         splitters: (0..n).map(|_| meta.splitter()).collect(),
+        tool_splitters: (0..n).map(|_| meta.tools.map(|p| p.splitter())).collect(),
+        calls_sent: vec![0; n],
         out: Default::default(),
         finished: false,
         shared,
