@@ -158,36 +158,30 @@ fn compare(name: &str, source: &str, bos: &str, eos: &str) -> (usize, Vec<String
     (checked, failures)
 }
 
-#[test]
-fn templates_render_as_llamacpp_renders_them() {
-    let Some(dir) = dir() else {
-        return;
-    };
+/// One comparison over one template: (name, source, bos, eos) -> (renders, mismatches).
+type Compare = fn(&str, &str, &str, &str) -> (usize, Vec<String>);
+
+/// `cmp` over every template file of llama.cpp's package (`None`: not given, skipped).
+fn over_template_files(cmp: Compare) -> Option<(usize, Vec<String>)> {
+    let dir = dir()?;
     let (mut checked, mut failures) = (0, Vec::new());
     for &(file, bos, eos) in TEMPLATES {
         let path = dir.join(file);
         let source =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let (n, f) = compare(file, &source, bos, eos);
+        let (n, f) = cmp(file, &source, bos, eos);
         checked += n;
         failures.extend(f);
     }
-    eprintln!(
-        "chat templates: {} of {checked} renders identical to llama.cpp's",
-        checked - failures.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    Some((checked, failures))
 }
 
-/// The templates inside the real models' files (smollm2 and qwen2.5-coder; gemma3-270m's
-/// has none), with their own BOS and EOS texts.
-#[test]
-fn real_model_templates_render_as_llamacpp_renders_them() {
+/// `cmp` over the templates inside the real models' files (smollm2 and qwen2.5-coder;
+/// gemma3-270m's has none), with their own BOS and EOS texts (`None`: models skipped).
+fn over_model_templates(cmp: Compare) -> Option<(usize, Vec<String>)> {
     let (mut checked, mut failures) = (0, Vec::new());
     for name in ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"] {
-        let Some(path) = runtime::registry::test_model(name) else {
-            return;
-        };
+        let path = runtime::registry::test_model(name)?;
         let f = runtime::GgufFile::open(&path).unwrap();
         let ChatTemplate::Jinja {
             source,
@@ -199,15 +193,33 @@ fn real_model_templates_render_as_llamacpp_renders_them() {
             eprintln!("{name}: no template in the file");
             continue;
         };
-        let (n, fl) = compare(name, &source, &bos_token, &eos_token);
+        let (n, fl) = cmp(name, &source, &bos_token, &eos_token);
         checked += n;
         failures.extend(fl);
     }
+    Some((checked, failures))
+}
+
+fn report(what: &str, (checked, failures): (usize, Vec<String>)) {
     eprintln!(
-        "real models' chat templates: {} of {checked} renders identical to llama.cpp's",
+        "{what}: {} of {checked} renders identical to llama.cpp's",
         checked - failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn templates_render_as_llamacpp_renders_them() {
+    if let Some(r) = over_template_files(compare) {
+        report("chat templates", r);
+    }
+}
+
+#[test]
+fn real_model_templates_render_as_llamacpp_renders_them() {
+    if let Some(r) = over_model_templates(compare) {
+        report("real models' chat templates", r);
+    }
 }
 
 /// Conversations with tools, in OpenAI's shape: the tools alone, one call and its result,
@@ -290,6 +302,10 @@ fn our_messages(v: &serde_json::Value) -> Vec<ChatMessage> {
 }
 
 fn compare_tools(name: &str, source: &str, bos: &str, eos: &str) -> (usize, Vec<String>) {
+    eprintln!(
+        "{name}: {:?}",
+        runtime::chat::template_caps(source, bos, eos)
+    );
     let now = std::time::SystemTime::now();
     let now_unix = now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     let ours = ChatTemplate::Jinja {
@@ -336,41 +352,12 @@ fn compare_tools(name: &str, source: &str, bos: &str, eos: &str) -> (usize, Vec<
 /// arguments as objects where the template reads them so, `tojson` as its engine writes it).
 #[test]
 fn tool_conversations_render_as_llamacpp_renders_them() {
-    let Some(dir) = dir() else {
+    let Some((mut checked, mut failures)) = over_template_files(compare_tools) else {
         return;
     };
-    let (mut checked, mut failures) = (0, Vec::new());
-    for &(file, bos, eos) in TEMPLATES {
-        let path = dir.join(file);
-        let source =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let caps = runtime::chat::template_caps(&source, bos, eos);
-        eprintln!("{file}: {caps:?}");
-        let (n, f) = compare_tools(file, &source, bos, eos);
+    if let Some((n, f)) = over_model_templates(compare_tools) {
         checked += n;
         failures.extend(f);
     }
-    for name in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
-        let Some(path) = runtime::registry::test_model(name) else {
-            return;
-        };
-        let f = runtime::GgufFile::open(&path).unwrap();
-        if let ChatTemplate::Jinja {
-            source,
-            bos_token,
-            eos_token,
-        } = ChatTemplate::from_gguf(&f)
-        {
-            let caps = runtime::chat::template_caps(&source, &bos_token, &eos_token);
-            eprintln!("{name}: {caps:?}");
-            let (n, fl) = compare_tools(name, &source, &bos_token, &eos_token);
-            checked += n;
-            failures.extend(fl);
-        }
-    }
-    eprintln!(
-        "chat templates with tools: {} of {checked} renders identical to llama.cpp's",
-        checked - failures.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    report("chat templates with tools", (checked, failures));
 }

@@ -281,11 +281,14 @@ pub struct TemplateCaps {
 /// The capabilities of template `source` (cached per source: a render per probe).
 pub fn template_caps(source: &str, bos: &str, eos: &str) -> TemplateCaps {
     use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
     use std::sync::Mutex;
-    /// (source, BOS text, EOS text) -> what the probes found.
-    type Caps = HashMap<(String, String, String), TemplateCaps>;
-    static CACHE: Mutex<Option<Caps>> = Mutex::new(None);
-    let key = (source.to_string(), bos.to_string(), eos.to_string());
+    /// A hash of (source, BOS text, EOS text) -> what the probes found. Keyed by the hash so
+    /// that a lookup (every chat request with tools or a system turn) copies no template.
+    static CACHE: Mutex<Option<HashMap<u64, TemplateCaps>>> = Mutex::new(None);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (source, bos, eos).hash(&mut h);
+    let key = h.finish();
     if let Some(c) = CACHE
         .lock()
         .unwrap_or_else(|e| e.into_inner())
