@@ -41,6 +41,8 @@ const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
 const PYTHON_TAG: &str = "<|python_tag|>";
+/// Code fences a bare Hermes call may come in (llama.cpp's Hermes reader takes them too).
+const FENCES: [&str; 2] = ["```json\n", "```\n"];
 
 impl ToolSyntax {
     /// The syntax a chat template's model writes its calls in (Generic where the template
@@ -208,6 +210,25 @@ impl ToolCallSplitter {
                             self.held = t.to_string();
                             self.state = State::Call;
                         }
+                        // ... or in a code fence.
+                        ToolSyntax::Hermes if FENCES.iter().any(|f| f.starts_with(t)) => {
+                            return out
+                        }
+                        ToolSyntax::Hermes => {
+                            let fenced = FENCES.iter().find_map(|f| {
+                                let rest = t.strip_prefix(f)?.trim_start();
+                                Some((*f, rest))
+                            });
+                            match fenced {
+                                Some((_, "")) => return out,
+                                Some((f, rest)) if rest.starts_with('{') => {
+                                    self.held = rest.to_string();
+                                    self.opening = f;
+                                    self.state = State::Call;
+                                }
+                                _ => self.state = State::Text,
+                            }
+                        }
                         ToolSyntax::Llama3 if PYTHON_TAG.starts_with(t) => return out,
                         ToolSyntax::Llama3 if t.starts_with(PYTHON_TAG) => {
                             self.held = t[PYTHON_TAG.len()..].to_string();
@@ -276,7 +297,12 @@ impl ToolCallSplitter {
     /// content, with the markers that opened and closed it.
     fn take_call(&mut self, body: &str, closing: &str, out: &mut ToolSplit) {
         let key = self.syntax.arguments_key();
-        let parsed = json_calls(body, key).or_else(|| {
+        // A fenced call ends with its closing fence.
+        let inner = match FENCES.contains(&self.opening) {
+            true => body.trim_end().strip_suffix("```").unwrap_or(body),
+            false => body,
+        };
+        let parsed = json_calls(inner, key).or_else(|| {
             (self.syntax == ToolSyntax::Llama3)
                 .then(|| {
                     body.split(';')
@@ -408,6 +434,28 @@ mod tests {
         );
         // A lone `<` and a near miss are text.
         check(ToolSyntax::Hermes, "1 < 2 <tool", "1 < 2 <tool", &[]);
+        // A bare call in a code fence (qwen2.5-coder-0.5b writes these), and fenced code
+        // and fenced JSON that are no call.
+        check(
+            ToolSyntax::Hermes,
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
+            "",
+            &[("get_weather", r#"{"city":"Paris"}"#)],
+        );
+        check(
+            ToolSyntax::Hermes,
+            "```\n{\"name\": \"f\", \"arguments\": {}}```\n",
+            "",
+            &[("f", "{}")],
+        );
+        for t in [
+            "```python\nprint(1)\n```",
+            "```json\n{\"a\": 1}\n```",
+            "```json\n[1]```",
+            "``` x",
+        ] {
+            check(ToolSyntax::Hermes, t, t, &[]);
+        }
     }
 
     #[test]

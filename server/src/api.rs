@@ -568,6 +568,133 @@ fn chat_args(r: &RawRequest) -> Result<(RenderArgs, bool), ApiError> {
     Ok((args, split))
 }
 
+/// A chat request's prompt and how its answer is read.
+pub struct ChatRequest {
+    pub prompt: Vec<u32>,
+    pub reasoning: Option<(ReasoningFormat, bool)>,
+    pub tools: Option<ToolPlan>,
+    /// The constraint of a forced tool call.
+    pub forced_format: Option<crate::constrain::Format>,
+}
+
+/// Renders a chat request's messages and tools with the model's template and tokenizes
+/// them (also what `count_tokens` counts).
+pub fn chat_request(
+    r: &RawRequest,
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+) -> Result<ChatRequest, ApiError> {
+    let mut forced_format = None;
+    let mut msgs = chat_messages(&r.messages)?;
+    let (mut args, split) = chat_args(r)?;
+    let tools = parse_tools(&r.tools)?;
+    let choice = tool_choice(&r.tool_choice, &tools)?;
+    // The template's probes run only for a request with tools to offer.
+    let offering = !tools.is_empty() && choice != ToolChoice::None;
+    let reads_tools = offering && template.caps().is_some_and(|c| c.tools);
+    let syntax = match offering {
+        true => template.tool_syntax(),
+        false => ToolSyntax::Generic,
+    };
+    let parallel = r.parallel_tool_calls.unwrap_or(true);
+    let mut prefill = "";
+    let plan = match &choice {
+        _ if tools.is_empty() => None,
+        ToolChoice::None => None,
+        // A template without tool support is not told of the tools, and its
+        // model's text is never read as calls.
+        ToolChoice::Auto if !reads_tools || syntax == ToolSyntax::Generic => None,
+        ToolChoice::Auto => {
+            args.tools = tools.clone();
+            Some(ToolPlan {
+                syntax,
+                forced: false,
+                parallel,
+            })
+        }
+        ToolChoice::Required | ToolChoice::Named(_) => {
+            if r.response_format.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(bad(
+                    "response_format",
+                    "response_format cannot be combined with a required or named tool_choice",
+                ));
+            }
+            let offered: Vec<&Value> = match &choice {
+                ToolChoice::Named(n) => tools
+                    .iter()
+                    .filter(|t| t["function"]["name"] == n.as_str())
+                    .collect(),
+                _ => tools.iter().collect(),
+            };
+            let names: Vec<&str> = offered
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str())
+                .collect();
+            // One function: its parameters' schema. Several: an object of their
+            // parameters together, each at most once and none other (one schema
+            // cannot tie the arguments to the name chosen; this bounds them).
+            let arguments = match offered.as_slice() {
+                [one] => {
+                    let p = &one["function"]["parameters"];
+                    if p.as_object().is_some_and(|o| o.is_empty()) {
+                        json!({"type": "object"})
+                    } else {
+                        p.clone()
+                    }
+                }
+                several => {
+                    let mut props = serde_json::Map::new();
+                    for t in several {
+                        let own = t["function"]["parameters"]["properties"].as_object();
+                        for (k, v) in own.into_iter().flatten() {
+                            props.entry(k.clone()).or_insert_with(|| v.clone());
+                        }
+                    }
+                    json!({"type": "object", "properties": props, "additionalProperties": false})
+                }
+            };
+            if reads_tools {
+                args.tools = tools.clone();
+            } else {
+                let text = generic_tools_text(&tools);
+                match msgs.first_mut().filter(|m| m.role == "system") {
+                    Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
+                    None => msgs.insert(0, ChatMessage::new("system", &text)),
+                }
+            }
+            let schema = syntax.forced_schema(&names, &arguments);
+            let rf = json!({"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}});
+            forced_format = crate::constrain::Format::from_response_format(&rf).map_err(|e| {
+                bad(
+                    "tools",
+                    format!("the function's parameters cannot constrain a forced call: {e}"),
+                )
+            })?;
+            prefill = syntax.forced_prefill();
+            Some(ToolPlan {
+                syntax,
+                forced: true,
+                parallel,
+            })
+        }
+    };
+    let (ids, text) = chat_prompt_with(&msgs, &args, template, tok, prefill)?;
+    let format = template.reasoning_format();
+    let forced = plan.is_some_and(|p| p.forced);
+    let reasoning = (split && !forced && format != ReasoningFormat::None).then(|| {
+        (
+            format,
+            runtime::reasoning::prompt_opens_reasoning(format, &text),
+        )
+    });
+    Ok(ChatRequest {
+        prompt: ids,
+        reasoning,
+        tools: plan,
+        forced_format,
+    })
+}
+
 /// Validates a request against the model's tokenizer, template and context.
 pub fn parse_request(
     kind: Kind,
@@ -629,121 +756,19 @@ pub fn parse_request(
             }
         }
     };
-    let mut forced_format = None;
+    let forced_format;
     let (prompt, reasoning, tools) = match kind {
         Kind::Completion => {
             if r.tools.is_some() || r.tool_choice.is_some() {
                 return Err(bad("tools", "tools are a chat completions field"));
             }
+            forced_format = None;
             (prompt_tokens(&r.prompt, tok)?, None, None)
         }
         Kind::Chat => {
-            let mut msgs = chat_messages(&r.messages)?;
-            let (mut args, split) = chat_args(r)?;
-            let tools = parse_tools(&r.tools)?;
-            let choice = tool_choice(&r.tool_choice, &tools)?;
-            // The template's probes run only for a request with tools to offer.
-            let offering = !tools.is_empty() && choice != ToolChoice::None;
-            let reads_tools = offering && template.caps().is_some_and(|c| c.tools);
-            let syntax = match offering {
-                true => template.tool_syntax(),
-                false => ToolSyntax::Generic,
-            };
-            let parallel = r.parallel_tool_calls.unwrap_or(true);
-            let mut prefill = "";
-            let plan = match &choice {
-                _ if tools.is_empty() => None,
-                ToolChoice::None => None,
-                // A template without tool support is not told of the tools, and its
-                // model's text is never read as calls.
-                ToolChoice::Auto if !reads_tools || syntax == ToolSyntax::Generic => None,
-                ToolChoice::Auto => {
-                    args.tools = tools.clone();
-                    Some(ToolPlan {
-                        syntax,
-                        forced: false,
-                        parallel,
-                    })
-                }
-                ToolChoice::Required | ToolChoice::Named(_) => {
-                    if r.response_format.as_ref().is_some_and(|v| !v.is_null()) {
-                        return Err(bad(
-                            "response_format",
-                            "response_format cannot be combined with a required or named tool_choice",
-                        ));
-                    }
-                    let offered: Vec<&Value> = match &choice {
-                        ToolChoice::Named(n) => tools
-                            .iter()
-                            .filter(|t| t["function"]["name"] == n.as_str())
-                            .collect(),
-                        _ => tools.iter().collect(),
-                    };
-                    let names: Vec<&str> = offered
-                        .iter()
-                        .filter_map(|t| t["function"]["name"].as_str())
-                        .collect();
-                    // One function: its parameters' schema. Several: an object of their
-                    // parameters together, each at most once and none other (one schema
-                    // cannot tie the arguments to the name chosen; this bounds them).
-                    let arguments = match offered.as_slice() {
-                        [one] => {
-                            let p = &one["function"]["parameters"];
-                            if p.as_object().is_some_and(|o| o.is_empty()) {
-                                json!({"type": "object"})
-                            } else {
-                                p.clone()
-                            }
-                        }
-                        several => {
-                            let mut props = serde_json::Map::new();
-                            for t in several {
-                                let own = t["function"]["parameters"]["properties"].as_object();
-                                for (k, v) in own.into_iter().flatten() {
-                                    props.entry(k.clone()).or_insert_with(|| v.clone());
-                                }
-                            }
-                            json!({"type": "object", "properties": props, "additionalProperties": false})
-                        }
-                    };
-                    if reads_tools {
-                        args.tools = tools.clone();
-                    } else {
-                        let text = generic_tools_text(&tools);
-                        match msgs.first_mut().filter(|m| m.role == "system") {
-                            Some(sys) => sys.content = format!("{}\n\n{text}", sys.content),
-                            None => msgs.insert(0, ChatMessage::new("system", &text)),
-                        }
-                    }
-                    let schema = syntax.forced_schema(&names, &arguments);
-                    let rf = json!({"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}});
-                    forced_format =
-                        crate::constrain::Format::from_response_format(&rf).map_err(|e| {
-                            bad(
-                                "tools",
-                                format!(
-                                    "the function's parameters cannot constrain a forced call: {e}"
-                                ),
-                            )
-                        })?;
-                    prefill = syntax.forced_prefill();
-                    Some(ToolPlan {
-                        syntax,
-                        forced: true,
-                        parallel,
-                    })
-                }
-            };
-            let (ids, text) = chat_prompt_with(&msgs, &args, template, tok, prefill)?;
-            let format = template.reasoning_format();
-            let forced = plan.is_some_and(|p| p.forced);
-            let reasoning = (split && !forced && format != ReasoningFormat::None).then(|| {
-                (
-                    format,
-                    runtime::reasoning::prompt_opens_reasoning(format, &text),
-                )
-            });
-            (ids, reasoning, plan)
+            let c = chat_request(r, tok, template)?;
+            forced_format = c.forced_format;
+            (c.prompt, c.reasoning, c.tools)
         }
     };
     if prompt.is_empty() {
@@ -1090,10 +1115,9 @@ impl ResponseMeta {
         )
     }
 
-    /// A new splitter for one choice's text, when the request splits reasoning.
-    pub fn splitter(&self) -> Option<runtime::reasoning::ReasoningSplitter> {
-        self.reasoning
-            .map(|(f, opened)| runtime::reasoning::ReasoningSplitter::starting(f, opened))
+    /// A new splitter for one choice's text.
+    pub fn answer_splitter(&self) -> crate::answer::AnswerSplitter {
+        crate::answer::AnswerSplitter::new(self.reasoning, self.tools)
     }
 
     /// The usage chunk of `stream_options.include_usage` (no choices).

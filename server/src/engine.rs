@@ -144,6 +144,8 @@ pub enum Event {
     Done {
         text: String,
         finish: FinishReason,
+        /// The stop string that ended it, if one did.
+        stop: Option<String>,
         usage: Usage,
     },
     Error(ApiError),
@@ -1155,6 +1157,7 @@ impl<'a> BatchLoop<'a> {
         let _ = a.events.send(Event::Done {
             text,
             finish: reason,
+            stop: a.stop.matched().map(str::to_string),
             usage,
         });
     }

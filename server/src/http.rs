@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 use sha2::Digest as _;
 use tokio::sync::{mpsc, watch};
 
+use crate::answer::{Answer, AnswerSplitter, Encoder, End, Pieces};
 use crate::api::{self, Kind, RawRequest, ResponseMeta};
 use crate::engine::{
     Engine, EngineConfig, Event, GenRequest, ServedModel, State as EngineState, Usage,
@@ -67,7 +68,13 @@ pub struct ServerConfig {
     /// Host names a keyless server accepts besides loopback names and IP literals
     /// (against DNS rebinding).
     pub allowed_hosts: Vec<String>,
+    /// The most Responses API conversations kept for `previous_response_id` (oldest
+    /// evicted first; also bounded to 64 MiB of JSON).
+    pub responses_store: usize,
 }
+
+/// The default number of stored Responses conversations.
+pub const DEFAULT_RESPONSES_STORE: usize = 256;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -85,6 +92,7 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(30),
             max_connections: None,
             allowed_hosts: Vec::new(),
+            responses_store: DEFAULT_RESPONSES_STORE,
         }
     }
 }
@@ -97,6 +105,8 @@ pub struct AppState {
     pub limits: Limits,
     /// Keys the salted tenants' labels are hashed with (random per process).
     label_key: [u8; 32],
+    /// Stored Responses conversations for `previous_response_id`.
+    responses: Arc<crate::responses::Store>,
 }
 
 /// What the middleware and handlers enforce per request.
@@ -109,6 +119,8 @@ pub struct Limits {
     /// Check `Host` (a keyless server), accepting these names besides loopback names and
     /// IP literals.
     pub host_check: Option<Arc<Vec<String>>>,
+    /// The most Responses API conversations kept for `previous_response_id`.
+    pub responses_store: usize,
 }
 
 impl Limits {
@@ -118,6 +130,7 @@ impl Limits {
             body_timeout: Duration::from_secs(30),
             metrics_key: None,
             host_check: None,
+            responses_store: DEFAULT_RESPONSES_STORE,
         }
     }
 }
@@ -178,12 +191,19 @@ pub fn router_with_keys(engine: Arc<Engine>, limits: Limits, keys: Option<Arc<Ap
     let st = AppState {
         engine,
         keys,
-        limits,
         label_key: random_key(),
+        responses: Arc::new(crate::responses::Store::new(
+            limits.responses_store,
+            crate::responses::DEFAULT_STORE_BYTES,
+        )),
+        limits,
     };
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses_create))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/tokenize", post(tokenize))
@@ -222,14 +242,15 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
 /// POST, and an announced body no larger than the limit (a 413 at once, nothing read).
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     // A generation request refused here still counts once, as a handler's would.
-    let generation = matches!(req.uri().path(), "/v1/completions" | "/v1/chat/completions");
+    let path = req.uri().path().to_string();
+    let generation = Dialect::of_path(&path).is_some();
     let refused = |e: ApiError| {
         if generation {
             let mut m = st.engine.shared.metrics();
             m.requests_received += 1;
             m.count(Outcome::Invalid);
         }
-        e.into_response()
+        error_for_path(&path, e)
     };
     let h = req.headers();
     if let Some(allowed) = &st.limits.host_check {
@@ -357,11 +378,59 @@ fn outcome_of(e: &ApiError) -> Outcome {
 }
 
 async fn completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    generate(st, headers, Kind::Completion, body).await
+    generate(st, headers, Dialect::OpenAi(Kind::Completion), body).await
 }
 
 async fn chat_completions(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    generate(st, headers, Kind::Chat, body).await
+    generate(st, headers, Dialect::OpenAi(Kind::Chat), body).await
+}
+
+async fn messages(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    generate(st, headers, Dialect::Anthropic, body).await
+}
+
+async fn responses_create(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    generate(st, headers, Dialect::Responses, body).await
+}
+
+/// Which API a generation request speaks: how its body is read, how its answer and its
+/// errors are written. All of them run as OpenAI chat (or completions) requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi(Kind),
+    /// Anthropic's Messages API.
+    Anthropic,
+    /// OpenAI's Responses API.
+    Responses,
+}
+
+impl Dialect {
+    /// The generation route's dialect, None for other routes.
+    fn of_path(path: &str) -> Option<Dialect> {
+        match path {
+            "/v1/completions" => Some(Dialect::OpenAi(Kind::Completion)),
+            "/v1/chat/completions" => Some(Dialect::OpenAi(Kind::Chat)),
+            "/v1/messages" => Some(Dialect::Anthropic),
+            "/v1/responses" => Some(Dialect::Responses),
+            _ => None,
+        }
+    }
+
+    fn error(self, e: ApiError) -> Response {
+        match self {
+            Dialect::Anthropic => crate::anthropic::error_response(e),
+            _ => e.into_response(),
+        }
+    }
+}
+
+/// An error in the shape the route's API uses (Anthropic's under /v1/messages).
+fn error_for_path(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/v1/messages") {
+        crate::anthropic::error_response(e)
+    } else {
+        e.into_response()
+    }
 }
 
 /// Whether a request's `model` names the served model: its id, the name or path it was
@@ -374,6 +443,19 @@ fn names_served_model(asked: &str, info: &ServedModel, started_as: &str) -> bool
         || Some(asked) == file
         || Some(asked) == stem
         || info.path.to_str() == Some(asked)
+}
+
+fn check_model(raw: &RawRequest, info: &ServedModel, started_as: &str) -> Result<(), ApiError> {
+    match raw.model.as_deref() {
+        Some(m) if !names_served_model(m, info, started_as) => Err(ApiError::new(
+            ApiErrorKind::ModelNotFound,
+            format!(
+                "the model '{m}' does not exist here: this server serves '{}'",
+                info.id
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A generation request whose outcome is not counted yet: dropped unsettled, it counts
@@ -399,7 +481,27 @@ impl Drop for Unsettled {
     }
 }
 
-async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> Response {
+/// What a dialect carries from its request to its response besides the parsed request.
+enum Extra {
+    None,
+    Responses(crate::responses::Context),
+}
+
+/// A request the engine holds: its choices' events on one channel.
+struct Admitted {
+    parsed: api::Parsed,
+    model: String,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    extra: Extra,
+}
+
+/// Counts, authorizes, reads, translates, validates and submits a generation request.
+async fn admit(
+    st: &AppState,
+    headers: &HeaderMap,
+    dialect: Dialect,
+    body: Body,
+) -> Result<Admitted, ApiError> {
     let arrival = Instant::now();
     let shared = st.engine.shared.clone();
     shared.metrics().requests_received += 1;
@@ -407,24 +509,18 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
     // client that goes away mid-body or mid-tokenizing drops this future, and the guard
     // counts it cancelled.
     let mut unsettled = Unsettled(Some(shared.clone()));
-    let key_label = match st.authorize(&headers) {
-        Ok(l) => l,
-        Err(e) => {
-            unsettled.settle(Outcome::Unauthorized);
-            return e.into_response();
-        }
-    };
+    let key_label = st
+        .authorize(headers)
+        .inspect_err(|_| unsettled.settle(Outcome::Unauthorized))?;
     // The body is read only now, once the key is known to be good.
-    let body = match read_body(&st, body).await {
-        Ok(b) => b,
-        Err(e) => {
-            unsettled.settle(outcome_of(&e));
-            return e.into_response();
-        }
-    };
+    let body = read_body(st, body)
+        .await
+        .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
     // Parsing, chat templating and tokenizing a (possibly megabyte) prompt is CPU work:
     // keep it off the async workers.
     let engine = st.engine.clone();
+    let store = st.responses.clone();
+    let owner = key_label.clone();
     let prepared = tokio::task::spawn_blocking(move || {
         let info = engine.shared.info.get().ok_or_else(|| {
             ApiError::new(
@@ -432,20 +528,21 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
                 "the model is still loading",
             )
         })?;
-        let raw: RawRequest = api::parse_json(&body)?;
-        if let Some(m) = raw.model.as_deref() {
-            if !names_served_model(m, info, &engine.model_name) {
-                return Err(ApiError::new(
-                    ApiErrorKind::ModelNotFound,
-                    format!(
-                        "the model '{m}' does not exist here: this server serves '{}'",
-                        info.id
-                    ),
-                ));
+        let (raw, extra, kind) = match dialect {
+            Dialect::OpenAi(kind) => (api::parse_json::<RawRequest>(&body)?, Extra::None, kind),
+            Dialect::Anthropic => (
+                crate::anthropic::parse(&body, true)?,
+                Extra::None,
+                Kind::Chat,
+            ),
+            Dialect::Responses => {
+                let (raw, ctx) = crate::responses::parse(&body, &store, owner.as_deref())?;
+                (raw, Extra::Responses(ctx), Kind::Chat)
             }
-        }
+        };
+        check_model(&raw, info, &engine.model_name)?;
         let parsed = api::parse_request(kind, &raw, &info.tokenizer, &info.template, info.n_ctx)?;
-        Ok::<_, ApiError>((parsed, info.id.clone()))
+        Ok::<_, ApiError>((parsed, info.id.clone(), extra))
     })
     .await
     .unwrap_or_else(|e| {
@@ -454,13 +551,7 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
             format!("request preparation failed: {e}"),
         ))
     });
-    let (parsed, model_id) = match prepared {
-        Ok(x) => x,
-        Err(e) => {
-            unsettled.settle(outcome_of(&e));
-            return e.into_response();
-        }
-    };
+    let (parsed, model, extra) = prepared.inspect_err(|e| unsettled.settle(outcome_of(e)))?;
     // Every choice is its own sequence; identical prompts in flight share their computed
     // prompt blocks (the scheduler lets the later ones wait for the first's), so `n`
     // costs one prefill, not n.
@@ -484,29 +575,77 @@ async fn generate(st: AppState, headers: HeaderMap, kind: Kind, body: Body) -> R
             tenant: tenant.clone(),
             tally: tally.clone(),
         };
-        if let Err(e) = st.engine.submit(req) {
-            // Choices already submitted see their receivers dropped and are freed.
-            unsettled.settle(outcome_of(&e));
-            return e.into_response();
-        }
+        // Choices already submitted see their receivers dropped and are freed.
+        st.engine
+            .submit(req)
+            .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         receivers.push(rx);
     }
     unsettled.hand_over();
-    let meta = ResponseMeta {
-        kind,
-        id: api::new_id(kind),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        model: model_id,
-        reasoning: parsed.reasoning,
-        tools: parsed.tools,
+    Ok(Admitted {
+        parsed,
+        model,
+        rx: merge(receivers),
+        extra,
+    })
+}
+
+async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body) -> Response {
+    let shared = st.engine.shared.clone();
+    let a = match admit(&st, &headers, dialect, body).await {
+        Ok(a) => a,
+        Err(e) => return dialect.error(e),
     };
-    let rx = merge(receivers);
-    if parsed.stream {
-        stream_response(meta, rx, n, parsed.include_usage, shared)
-    } else {
-        collect_response(meta, rx, n, shared).await
+    let p = a.parsed;
+    let splitter = || AnswerSplitter::new(p.reasoning, p.tools);
+    match (dialect, a.extra) {
+        (Dialect::OpenAi(kind), _) => {
+            let meta = ResponseMeta {
+                kind,
+                id: api::new_id(kind),
+                created: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                model: a.model,
+                reasoning: p.reasoning,
+                tools: p.tools,
+            };
+            if p.stream {
+                stream_response(meta, a.rx, p.n, p.include_usage, shared)
+            } else {
+                collect_response(meta, a.rx, p.n, shared).await
+            }
+        }
+        (Dialect::Anthropic, _) => {
+            let id = crate::anthropic::new_id();
+            if p.stream {
+                let enc = crate::anthropic::Stream::new(id, a.model, p.prompt.len());
+                stream_one(enc, splitter(), a.rx, shared)
+            } else {
+                match collect_one(a.rx, splitter(), &shared).await {
+                    Ok((ans, end)) => {
+                        Json(crate::anthropic::full(&id, &a.model, &ans, &end)).into_response()
+                    }
+                    Err(e) => crate::anthropic::error_response(e),
+                }
+            }
+        }
+        (Dialect::Responses, Extra::Responses(mut ctx)) => {
+            ctx.model = a.model;
+            if p.stream {
+                stream_one(crate::responses::Stream::new(ctx), splitter(), a.rx, shared)
+            } else {
+                match collect_one(a.rx, splitter(), &shared).await {
+                    Ok((ans, end)) => Json(ctx.full(&ans, &end)).into_response(),
+                    Err(e) => e.into_response(),
+                }
+            }
+        }
+        (Dialect::Responses, Extra::None) => ApiError::new(
+            ApiErrorKind::Internal,
+            "a Responses request lost its context",
+        )
+        .into_response(),
     }
 }
 
@@ -537,6 +676,14 @@ fn add_usage(total: &mut Usage, u: &Usage, first: bool) {
         total.cached_tokens = u.cached_tokens;
     }
     total.completion_tokens += u.completion_tokens;
+}
+
+fn engine_stopped(shared: &crate::engine::Shared) -> ApiError {
+    shared.count(Outcome::Error);
+    ApiError::new(
+        ApiErrorKind::Internal,
+        "the engine stopped before finishing this request",
+    )
 }
 
 #[derive(Default)]
@@ -572,54 +719,28 @@ async fn collect_response(
                 text: t,
                 finish,
                 usage: u,
+                ..
             } => {
                 c.text.push_str(&t);
                 c.finish = Some(finish);
                 add_usage(&mut usage, &u, i == 0);
                 done += 1;
                 if done == n {
-                    // The reasoning split of each whole text (as the stream's, chunk by
-                    // chunk: the splitter gives the same either way).
-                    let split: Vec<Option<(String, String)>> = choices
+                    // Each whole text split into reasoning, content and tool calls (as the
+                    // stream's, chunk by chunk: the splitter gives the same either way).
+                    let split: Vec<Pieces> = choices
                         .iter()
-                        .map(|c| {
-                            meta.splitter().map(|mut sp| {
-                                let (a, b) = (sp.push(&c.text), sp.finish());
-                                (a.reasoning + &b.reasoning, a.content + &b.content)
-                            })
-                        })
-                        .collect();
-                    // Then the tool calls out of each content.
-                    let calls: Vec<Option<(String, Vec<runtime::tools::ToolCall>)>> = choices
-                        .iter()
-                        .zip(&split)
-                        .map(|(c, sp)| {
-                            let content = sp.as_ref().map_or(&c.text, |(_, content)| content);
-                            meta.tools.map(|plan| {
-                                let mut tsp = plan.splitter();
-                                let (a, b) = (tsp.push(content), tsp.finish());
-                                let mut calls = a.calls;
-                                calls.extend(b.calls);
-                                if !plan.parallel {
-                                    calls.truncate(1);
-                                }
-                                (a.content + &b.content, calls)
-                            })
-                        })
+                        .map(|c| meta.answer_splitter().push(&c.text, true))
                         .collect();
                     let out: Vec<api::Choice> = choices
                         .iter()
                         .zip(&split)
-                        .zip(&calls)
-                        .map(|((c, sp), tc)| api::Choice {
-                            text: match tc {
-                                Some((content, _)) => content,
-                                None => sp.as_ref().map_or(&c.text, |(_, content)| content),
-                            },
-                            reasoning: sp.as_ref().map(|(r, _)| r.as_str()),
+                        .map(|(c, p)| api::Choice {
+                            text: &p.content,
+                            reasoning: Some(&p.reasoning),
                             finish: c.finish.unwrap_or(crate::engine::FinishReason::Stop),
                             logprobs: c.want_lp.then_some(&c.lps[..]),
-                            tool_calls: tc.as_ref().map_or(&[][..], |(_, calls)| &calls[..]),
+                            tool_calls: &p.calls,
                         })
                         .collect();
                     return Json(meta.full(&out, &usage)).into_response();
@@ -628,12 +749,120 @@ async fn collect_response(
             Event::Error(e) => return e.into_response(),
         }
     }
-    shared.count(Outcome::Error);
-    ApiError::new(
-        ApiErrorKind::Internal,
-        "the engine stopped before finishing this request",
-    )
-    .into_response()
+    engine_stopped(&shared).into_response()
+}
+
+/// A one-choice answer, gathered.
+async fn collect_one(
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    mut sp: AnswerSplitter,
+    shared: &crate::engine::Shared,
+) -> Result<(Answer, End), ApiError> {
+    let mut a = Answer::default();
+    while let Some((_, ev)) = rx.recv().await {
+        match ev {
+            Event::Token { text, .. } => a.add(sp.push(&text, false)),
+            Event::Done {
+                text,
+                finish,
+                stop,
+                usage,
+            } => {
+                a.add(sp.push(&text, true));
+                let called = sp.calls() > 0;
+                return Ok((
+                    a,
+                    End {
+                        finish,
+                        stop,
+                        usage,
+                        called,
+                    },
+                ));
+            }
+            Event::Error(e) => return Err(e),
+        }
+    }
+    Err(engine_stopped(shared))
+}
+
+const SSE_HEADERS: [(header::HeaderName, HeaderValue); 2] = [
+    (
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    ),
+    (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+];
+
+/// A one-choice answer streamed through a dialect's encoder.
+fn stream_one<E: Encoder>(
+    mut enc: E,
+    sp: AnswerSplitter,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    shared: Arc<crate::engine::Shared>,
+) -> Response {
+    struct S<E> {
+        enc: E,
+        sp: AnswerSplitter,
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
+        out: std::collections::VecDeque<Bytes>,
+        finished: bool,
+        shared: Arc<crate::engine::Shared>,
+    }
+    let out = enc.start().into();
+    let st = S {
+        enc,
+        sp,
+        rx,
+        out,
+        finished: false,
+        shared,
+    };
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(b) = st.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), st));
+            }
+            if st.finished {
+                return None;
+            }
+            let more = match st.rx.recv().await {
+                Some((_, Event::Token { text, .. })) if text.is_empty() => continue,
+                Some((_, Event::Token { text, .. })) => st.enc.pieces(st.sp.push(&text, false)),
+                Some((
+                    _,
+                    Event::Done {
+                        text,
+                        finish,
+                        stop,
+                        usage,
+                    },
+                )) => {
+                    let mut b = st.enc.pieces(st.sp.push(&text, true));
+                    let called = st.sp.calls() > 0;
+                    b.extend(st.enc.end(&End {
+                        finish,
+                        stop,
+                        usage,
+                        called,
+                    }));
+                    st.finished = true;
+                    b
+                }
+                Some((_, Event::Error(e))) => {
+                    st.finished = true;
+                    st.enc.error(&e)
+                }
+                None => {
+                    st.finished = true;
+                    let e = engine_stopped(&st.shared);
+                    st.enc.error(&e)
+                }
+            };
+            st.out.extend(more);
+        }
+    });
+    (SSE_HEADERS, Body::from_stream(stream)).into_response()
 }
 
 fn sse(v: &Value) -> Bytes {
@@ -648,64 +877,31 @@ struct SseState {
     text_offset: Vec<usize>,
     n_done: usize,
     usage: Usage,
-    /// Per choice: its reasoning split, when the request has one.
-    splitters: Vec<Option<runtime::reasoning::ReasoningSplitter>>,
-    /// Per choice: its tool-call split, when the request has tools, and the calls sent.
-    tool_splitters: Vec<Option<runtime::tools::ToolCallSplitter>>,
-    calls_sent: Vec<usize>,
+    /// Per choice: its split into reasoning, content and tool calls.
+    answers: Vec<AnswerSplitter>,
     out: std::collections::VecDeque<Bytes>,
     finished: bool,
     shared: Arc<crate::engine::Shared>,
 }
 
 impl SseState {
-    /// Chunks for new text of choice `i`: split into reasoning and content where the
-    /// request asks for it (`last`: the choice's end, the splitter gives up what it holds).
+    /// Chunks for new text of choice `i` (`last`: the choice's end, the splitter gives up
+    /// what it holds).
     fn send_text(&mut self, i: usize, text: &str, lp: Option<Value>, last: bool) {
-        let mut split = match self.splitters[i].as_mut() {
-            Some(sp) => {
-                let mut split = sp.push(text);
-                if last {
-                    let tail = sp.finish();
-                    split.reasoning += &tail.reasoning;
-                    split.content += &tail.content;
-                }
-                split
-            }
-            None => runtime::reasoning::Split {
-                reasoning: String::new(),
-                content: text.to_string(),
-            },
-        };
-        let mut calls = Vec::new();
-        if let Some(tsp) = self.tool_splitters[i].as_mut() {
-            let mut t = tsp.push(&split.content);
-            if last {
-                let tail = tsp.finish();
-                t.content += &tail.content;
-                t.calls.extend(tail.calls);
-            }
-            split.content = t.content;
-            calls = t.calls;
-        }
+        let p = self.answers[i].push(text, last);
         let mut lp = lp;
-        if !split.reasoning.is_empty() {
-            let chunk = self.meta.reasoning_chunk(i, &split.reasoning, lp.take());
+        if !p.reasoning.is_empty() {
+            let chunk = self.meta.reasoning_chunk(i, &p.reasoning, lp.take());
             self.out.push_back(sse(&chunk));
         }
-        if !split.content.is_empty() || lp.is_some() {
+        if !p.content.is_empty() || lp.is_some() {
             self.out
-                .push_back(sse(&self.meta.text_chunk(i, &split.content, lp, None)));
+                .push_back(sse(&self.meta.text_chunk(i, &p.content, lp, None)));
         }
-        let parallel = self.meta.tools.is_some_and(|p| p.parallel);
-        for c in calls {
-            if self.calls_sent[i] > 0 && !parallel {
-                break;
-            }
-            let k = self.calls_sent[i];
+        let first = self.answers[i].calls() - p.calls.len();
+        for (k, c) in p.calls.iter().enumerate() {
             self.out
-                .push_back(sse(&self.meta.tool_call_chunk(i, k, &c)));
-            self.calls_sent[i] += 1;
+                .push_back(sse(&self.meta.tool_call_chunk(i, first + k, c)));
         }
     }
 
@@ -731,10 +927,11 @@ impl SseState {
                     text,
                     finish,
                     usage,
+                    ..
                 },
             )) => {
                 self.send_text(i, &text, None, true);
-                let last = match self.calls_sent[i] {
+                let last = match self.answers[i].calls() {
                     0 => self.meta.text_chunk(i, "", None, Some(finish)),
                     _ => self.meta.tool_calls_finish_chunk(i),
                 };
@@ -754,11 +951,7 @@ impl SseState {
                 self.end();
             }
             None => {
-                self.shared.count(Outcome::Error);
-                let e = ApiError::new(
-                    ApiErrorKind::Internal,
-                    "the engine stopped before finishing this request",
-                );
+                let e = engine_stopped(&self.shared);
                 self.out
                     .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
                 self.end();
@@ -785,9 +978,7 @@ fn stream_response(
         text_offset: vec![0; n],
         n_done: 0,
         usage: Usage::default(),
-        splitters: (0..n).map(|_| meta.splitter()).collect(),
-        tool_splitters: (0..n).map(|_| meta.tools.map(|p| p.splitter())).collect(),
-        calls_sent: vec![0; n],
+        answers: (0..n).map(|_| meta.answer_splitter()).collect(),
         out: Default::default(),
         finished: false,
         shared,
@@ -810,17 +1001,41 @@ fn stream_response(
             st.on_event(ev);
         }
     });
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        ],
-        Body::from_stream(stream),
-    )
-        .into_response()
+    (SSE_HEADERS, Body::from_stream(stream)).into_response()
+}
+
+/// Anthropic's token count: the prompt the request would run with (its messages, system
+/// text and tools through the model's template).
+async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let r = async {
+        st.authorize(&headers)?;
+        let body = read_body(&st, body).await?;
+        let engine = st.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            let info = engine.shared.info.get().ok_or_else(|| {
+                ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the model is still loading",
+                )
+            })?;
+            let raw = crate::anthropic::parse(&body, false)?;
+            check_model(&raw, info, &engine.model_name)?;
+            let c = api::chat_request(&raw, &info.tokenizer, &info.template)?;
+            Ok::<_, ApiError>(c.prompt.len())
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                ApiErrorKind::Internal,
+                format!("counting failed: {e}"),
+            ))
+        })
+    }
+    .await;
+    match r {
+        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Err(e) => crate::anthropic::error_response(e),
+    }
 }
 
 async fn models(State(st): State<AppState>, headers: HeaderMap) -> Response {
@@ -1192,6 +1407,7 @@ async fn serve(
             a.push(local.ip().to_string());
             Arc::new(a)
         }),
+        responses_store: cfg.responses_store,
     };
     let app = router_with_keys(engine.clone(), limits, cfg.api_keys.clone());
     let cap = connection_cap(cfg.max_connections);

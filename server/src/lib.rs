@@ -6,6 +6,8 @@
 //! admission control, shutdown), [`tenant`] (API keys and cache-isolation domains) and
 //! [`error`] (the one error shape every endpoint returns).
 
+pub mod answer;
+pub mod anthropic;
 pub mod api;
 pub mod constrain;
 pub mod engine;
@@ -13,6 +15,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod persist;
+pub mod responses;
 pub mod scheduler;
 pub mod tenant;
 pub mod text;

@@ -4,6 +4,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string found, once one is.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -11,6 +13,7 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             held: String::new(),
+            matched: None,
         }
     }
 
@@ -24,11 +27,13 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(k, s)| self.held.find(s.as_str()).map(|at| (at, k)))
             .min();
-        if let Some(at) = first {
+        if let Some((at, k)) = first {
             let out = self.held[..at].to_string();
             self.held.clear();
+            self.matched = Some(k);
             return (out, true);
         }
         // Hold back the longest tail that could still grow into a stop string.
@@ -42,6 +47,11 @@ impl StopMatcher {
         let out = self.held[..cut].to_string();
         self.held.drain(..cut);
         (out, false)
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|k| self.stops[k].as_str())
     }
 
     /// The held-back text, at the end of generation (no stop string completed).

@@ -95,6 +95,12 @@ struct Args {
     /// (repeatable); other `Host` headers get a 403, against DNS rebinding.
     #[arg(long = "allowed-host")]
     allowed_hosts: Vec<String>,
+    /// Responses API: how many responses are kept in memory for `previous_response_id`
+    /// (each keeps its whole conversation; the oldest are evicted first, and all of them
+    /// together are held to 64 MiB). A request for an evicted response gets a 404. 0 keeps
+    /// none.
+    #[arg(long, default_value_t = server::http::DEFAULT_RESPONSES_STORE)]
+    responses_store: usize,
     /// Keep the prefix cache in this directory across restarts: cached blocks are loaded
     /// at start and written on shutdown and while running (keyed by the model file's
     /// SHA-256 and the KV layout; damaged files are skipped).
@@ -204,6 +210,7 @@ fn main() {
         body_timeout: Duration::from_secs_f64(a.body_timeout.clamp(0.1, 3600.0)),
         max_connections: Some(a.max_connections.max(1)),
         allowed_hosts: a.allowed_hosts,
+        responses_store: a.responses_store,
         ..ServerConfig::default()
     };
     let srv = match server::start(cfg) {
