@@ -636,6 +636,25 @@ fn with_buffer(initial: usize, mut f: impl FnMut(*mut c_char, i32) -> i32) -> Re
 impl RefModel {
     /// Loads `path` with llama.cpp (CPU, memory-mapped) and creates a context.
     pub fn load(path: &Path, opts: &RefOptions) -> Result<RefModel, RefError> {
+        Self::load_inner(path, opts, None)
+    }
+
+    /// [`RefModel::load`] with a context that computes embeddings pooled with
+    /// `pooling` (llama.cpp's `LLAMA_POOLING_TYPE_*`: 1 mean, 2 CLS, 3 last), for
+    /// [`RefModel::embed`].
+    pub fn load_embedding(
+        path: &Path,
+        opts: &RefOptions,
+        pooling: i32,
+    ) -> Result<RefModel, RefError> {
+        Self::load_inner(path, opts, Some(pooling))
+    }
+
+    fn load_inner(
+        path: &Path,
+        opts: &RefOptions,
+        pooling: Option<i32>,
+    ) -> Result<RefModel, RefError> {
         if opts.n_batch == 0 {
             return Err(RefError::InvalidArgument("n_batch must be > 0".into()));
         }
@@ -697,7 +716,10 @@ impl RefModel {
             cparams.type_k = sys::GGML_TYPE_F32;
             cparams.type_v = sys::GGML_TYPE_F32;
         }
-        cparams.embeddings = false;
+        cparams.embeddings = pooling.is_some();
+        if let Some(p) = pooling {
+            cparams.pooling_type = p as sys::llama_pooling_type;
+        }
         cparams.no_perf = true;
         let mut trace = opts.trace.then(|| Box::new(Vec::<RefTensor>::new()));
         if let Some(t) = trace.as_mut() {
@@ -1089,6 +1111,35 @@ impl RefModel {
             }
         }
         Ok(out)
+    }
+
+    /// Clears the KV cache, evaluates `tokens` in one batch (they must fit `n_batch`, as
+    /// llama-embedding requires) and returns their pooled embedding, as llama.cpp leaves
+    /// it (not normalized). Needs a model from [`RefModel::load_embedding`].
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RefError> {
+        if tokens.is_empty() || tokens.len() > self.n_batch {
+            return Err(RefError::InvalidArgument(format!(
+                "an input of {} tokens (1..={} fit one batch)",
+                tokens.len(),
+                self.n_batch
+            )));
+        }
+        self.check_tokens(tokens)?;
+        self.clear_kv();
+        self.check_room(tokens.len())?;
+        self.decode_chunk(tokens, true)?;
+        // SAFETY: model and ctx are valid; the pointer (if non-null) addresses n_embd
+        // floats owned by the context until the next decode, copied out at once.
+        unsafe {
+            let n = sys::llama_model_n_embd(self.model.as_ptr()) as usize;
+            let p = sys::llama_get_embeddings_seq(self.ctx.as_ptr(), 0);
+            if p.is_null() {
+                return Err(RefError::Decode(
+                    "no pooled embedding (was the model loaded with load_embedding?)".into(),
+                ));
+            }
+            Ok(std::slice::from_raw_parts(p, n).to_vec())
+        }
     }
 
     /// Clears the KV cache, evaluates `tokens` (with only the last position's logits)

@@ -871,6 +871,7 @@ pub fn parse_request(
             logit_bias,
             format,
             special_text: reasoning.is_some_and(|(f, _)| f.needs_special_text()),
+            embed: None,
         },
         stream: r.stream.unwrap_or(false),
         include_usage: r

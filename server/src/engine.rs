@@ -59,6 +59,9 @@ pub struct EngineConfig {
     pub kv_persist: Option<crate::persist::PersistConfig>,
     /// A Jinja chat template used instead of the model's (`--chat-template-file`).
     pub chat_template: Option<String>,
+    /// How /v1/embeddings pools an input's hidden states, instead of the file's
+    /// `pooling_type` (`--pooling`).
+    pub pooling: Option<runtime::model::Pooling>,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             kv_persist: None,
             chat_template: None,
+            pooling: None,
         }
     }
 }
@@ -96,6 +100,9 @@ pub struct GenParams {
     /// Decode special tokens as text (harmony's channel markers, which the reasoning
     /// split reads and removes).
     pub special_text: bool,
+    /// An embedding request: the prompt is computed and its hidden states pooled this way
+    /// (L2-normalized) into one [`Event::Embedding`]; nothing is generated.
+    pub embed: Option<runtime::model::Pooling>,
 }
 
 pub struct GenRequest {
@@ -148,6 +155,11 @@ pub enum Event {
         stop: Option<String>,
         usage: Usage,
     },
+    /// An embedding request's result: the pooled, L2-normalized vector.
+    Embedding {
+        vector: Vec<f32>,
+        usage: Usage,
+    },
     Error(ApiError),
 }
 
@@ -168,6 +180,11 @@ pub struct ServedModel {
     pub template: ChatTemplate,
     pub n_ctx: usize,
     pub n_vocab: usize,
+    /// The hidden size: an embedding's length.
+    pub n_embd: usize,
+    /// How /v1/embeddings pools (the file's `pooling_type` or `--pooling`; `None`: the
+    /// endpoint refuses).
+    pub pooling: runtime::model::Pooling,
     pub created: u64,
     pub sizing: Sizing,
 }
@@ -515,6 +532,8 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         template,
         n_ctx,
         n_vocab: model.config.n_vocab,
+        n_embd: model.config.n_embd,
+        pooling: cfg.pooling.unwrap_or(model.config.pooling),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -555,6 +574,23 @@ fn open_persist(
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Which rows of chunk `it` the forward pass keeps: the last row of a chunk that ends its
+/// prompt (its logits, or a last-token embedding), every row of an embedding pooled over
+/// positions.
+fn row_kind(active: &HashMap<SeqId, Active<'_>>, it: &crate::scheduler::PlanItem) -> Logits {
+    use runtime::model::Pooling;
+    match active
+        .get(&it.seq)
+        .and_then(|a| a.embed.as_ref())
+        .map(|e| e.pooling)
+    {
+        Some(Pooling::Mean) => Logits::All,
+        Some(Pooling::Cls) if it.start == 0 => Logits::All,
+        _ if it.logits => Logits::Last,
+        _ => Logits::None,
+    }
+}
 
 fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<Msg>) {
     let t0 = Instant::now();
@@ -700,6 +736,57 @@ struct Active<'t> {
     constraint: Option<JsonMachine>,
     /// The request's choices, for its one outcome.
     tally: Arc<crate::metrics::Tally>,
+    /// An embedding request's hidden states so far.
+    embed: Option<Embedding>,
+}
+
+/// An embedding being gathered from the hidden states of its prompt's positions.
+struct Embedding {
+    pooling: runtime::model::Pooling,
+    /// Mean: every position's row (`n_prompt x d`, rewritten if the prompt is computed
+    /// again after a preemption); Cls and Last: the one row needed.
+    rows: Vec<f32>,
+}
+
+impl Embedding {
+    /// Hidden row `h` of position `pos` of a prompt of `n` tokens.
+    fn take(&mut self, pos: usize, n: usize, h: &[f32]) {
+        use runtime::model::Pooling;
+        let d = h.len();
+        match self.pooling {
+            Pooling::Mean => {
+                self.rows.resize(n * d, 0.0);
+                self.rows[pos * d..(pos + 1) * d].copy_from_slice(h);
+            }
+            Pooling::Cls if pos == 0 => self.rows = h.to_vec(),
+            Pooling::Last if pos + 1 == n => self.rows = h.to_vec(),
+            _ => {}
+        }
+    }
+
+    /// The pooled vector, L2-normalized (as llama-server's /v1/embeddings returns it).
+    fn finish(&self, n: usize) -> Vec<f32> {
+        let mut v: Vec<f32> = match self.pooling {
+            runtime::model::Pooling::Mean => {
+                let d = self.rows.len() / n.max(1);
+                let mut sum = vec![0f64; d];
+                for r in self.rows.chunks_exact(d.max(1)) {
+                    sum.iter_mut().zip(r).for_each(|(s, &x)| *s += x as f64);
+                }
+                sum.iter().map(|s| (s / n as f64) as f32).collect()
+            }
+            _ => self.rows.clone(),
+        };
+        let norm = v
+            .iter()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
+        }
+        v
+    }
 }
 
 impl Active<'_> {
@@ -875,6 +962,7 @@ impl<'a> BatchLoop<'a> {
     }
 
     fn accept(&mut self, r: GenRequest) {
+        let embed = r.params.embed;
         let constraint = r.params.format.as_ref().map(|f| f.start());
         let needs_index = constraint.is_some();
         let id = self.next_id;
@@ -898,6 +986,10 @@ impl<'a> BatchLoop<'a> {
                 n_sampled: 0,
                 constraint,
                 tally: r.tally,
+                embed: embed.map(|pooling| Embedding {
+                    pooling,
+                    rows: Vec::new(),
+                }),
             },
         );
         if needs_index && self.token_index.is_none() {
@@ -917,8 +1009,12 @@ impl<'a> BatchLoop<'a> {
             self.shared.metrics().constraint_trie_nodes = idx.cost_bound() as u64;
             self.token_index = Some(idx);
         }
-        self.sched
-            .add(SeqEntry::new(id, r.prompt).in_tenant(r.tenant.root, &r.tenant.label));
+        let mut e = SeqEntry::new(id, r.prompt).in_tenant(r.tenant.root, &r.tenant.label);
+        // Mean and CLS pooling read positions a cached prefix would skip.
+        if embed.is_some_and(|p| p != runtime::model::Pooling::Last) {
+            e = e.without_prefix_reuse();
+        }
+        self.sched.add(e);
     }
 
     /// Frees at once every sequence whose client went away.
@@ -985,11 +1081,7 @@ impl<'a> BatchLoop<'a> {
                 SeqBatch {
                     seq: it.seq,
                     tokens: &e.tokens[it.start..it.start + it.len],
-                    logits: if it.logits {
-                        Logits::Last
-                    } else {
-                        Logits::None
-                    },
+                    logits: row_kind(&self.active, it),
                     // llama.cpp's split of the whole prompt for prompt tokens (however
                     // they were chunked or cached), one micro-batch per generated token:
                     // see SeqBatch::ubatch.
@@ -1027,8 +1119,60 @@ impl<'a> BatchLoop<'a> {
             p.published(published);
         }
         let nv = self.model.config.n_vocab;
-        for (r, it) in plan.items.iter().filter(|i| i.logits).enumerate() {
-            self.on_logits(it.seq, r * nv..(r + 1) * nv);
+        let mut r = 0;
+        for it in &plan.items {
+            let rows = match row_kind(&self.active, it) {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => it.len,
+            };
+            if self.active.get(&it.seq).is_some_and(|a| a.embed.is_some()) {
+                self.on_hidden(it, r, rows);
+            } else if rows > 0 {
+                self.on_logits(it.seq, r * nv..(r + 1) * nv);
+            }
+            r += rows;
+        }
+    }
+
+    /// An embedding request's hidden rows `r..r + rows` of the step, for the chunk `it`;
+    /// at the prompt's end, its vector.
+    fn on_hidden(&mut self, it: &crate::scheduler::PlanItem, r: usize, rows: usize) {
+        let Some(n) = self.sched.get(it.seq).map(|e| e.n_prompt) else {
+            return;
+        };
+        let Some(acc) = self.active.get_mut(&it.seq).and_then(|a| a.embed.as_mut()) else {
+            return;
+        };
+        for k in 0..rows {
+            // A Last row is the chunk's last position; All rows are every position.
+            let pos = it.start + it.len - rows + k;
+            match self.ws.hidden(r + k) {
+                Some(h) => acc.take(pos, n, h),
+                None => {
+                    let e = ApiError::new(
+                        ApiErrorKind::InvalidRequest,
+                        "embeddings need the output layer on the CPU (this server offloads it: start it with a lower -ngl)",
+                    );
+                    self.end_with_error(it.seq, e, Outcome::Invalid);
+                    return;
+                }
+            }
+        }
+        if it.logits {
+            let vector = acc.finish(n);
+            if let Some((e, a)) = self.remove(it.seq, Outcome::Stop) {
+                let usage = Usage {
+                    prompt_tokens: e.n_prompt,
+                    completion_tokens: 0,
+                    cached_tokens: e.cached_tokens,
+                };
+                self.shared
+                    .metrics()
+                    .e2e
+                    .observe(a.arrival.elapsed().as_secs_f64());
+                let _ = a.events.send(Event::Embedding { vector, usage });
+            }
         }
     }
 

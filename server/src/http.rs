@@ -204,6 +204,7 @@ pub fn router_with_keys(engine: Arc<Engine>, limits: Limits, keys: Option<Arc<Ap
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(responses_create))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/tokenize", post(tokenize))
@@ -243,7 +244,7 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
 async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     // A generation request refused here still counts once, as a handler's would.
     let path = req.uri().path().to_string();
-    let generation = Dialect::of_path(&path).is_some();
+    let generation = Dialect::of_path(&path).is_some() || path == "/v1/embeddings";
     let refused = |e: ApiError| {
         if generation {
             let mut m = st.engine.shared.metrics();
@@ -678,6 +679,15 @@ fn add_usage(total: &mut Usage, u: &Usage, first: bool) {
     total.completion_tokens += u.completion_tokens;
 }
 
+/// An event of the other kind of request (an embedding on a generation request or the
+/// reverse): a bug.
+fn unexpected_event() -> ApiError {
+    ApiError::new(
+        ApiErrorKind::Internal,
+        "the engine answered with an event of another kind of request",
+    )
+}
+
 fn engine_stopped(shared: &crate::engine::Shared) -> ApiError {
     shared.count(Outcome::Error);
     ApiError::new(
@@ -747,6 +757,7 @@ async fn collect_response(
                 }
             }
             Event::Error(e) => return e.into_response(),
+            Event::Embedding { .. } => return unexpected_event().into_response(),
         }
     }
     engine_stopped(&shared).into_response()
@@ -781,6 +792,7 @@ async fn collect_one(
                 ));
             }
             Event::Error(e) => return Err(e),
+            Event::Embedding { .. } => return Err(unexpected_event()),
         }
     }
     Err(engine_stopped(shared))
@@ -852,6 +864,10 @@ fn stream_one<E: Encoder>(
                 Some((_, Event::Error(e))) => {
                     st.finished = true;
                     st.enc.error(&e)
+                }
+                Some((_, Event::Embedding { .. })) => {
+                    st.finished = true;
+                    st.enc.error(&unexpected_event())
                 }
                 None => {
                     st.finished = true;
@@ -950,6 +966,12 @@ impl SseState {
                     .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
                 self.end();
             }
+            Some((_, Event::Embedding { .. })) => {
+                let e = unexpected_event();
+                self.out
+                    .push_back(Bytes::from(format!("data: {}\n\n", e.body_json())));
+                self.end();
+            }
             None => {
                 let e = engine_stopped(&self.shared);
                 self.out
@@ -1002,6 +1024,114 @@ fn stream_response(
         }
     });
     (SSE_HEADERS, Body::from_stream(stream)).into_response()
+}
+
+/// `POST /v1/embeddings`: every input a prompt-only sequence in the engine's batches; one
+/// outcome for the request.
+async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let arrival = Instant::now();
+    let shared = st.engine.shared.clone();
+    shared.metrics().requests_received += 1;
+    let mut unsettled = Unsettled(Some(shared.clone()));
+    let r = async {
+        let key_label = st
+            .authorize(&headers)
+            .inspect_err(|_| unsettled.settle(Outcome::Unauthorized))?;
+        let body = read_body(&st, body)
+            .await
+            .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+        let engine = st.engine.clone();
+        let prepared = tokio::task::spawn_blocking(move || {
+            let info = engine.shared.info.get().ok_or_else(|| {
+                ApiError::new(
+                    ApiErrorKind::Unavailable { retry_after_s: 5 },
+                    "the model is still loading",
+                )
+            })?;
+            let req = crate::embeddings::parse(
+                &body,
+                &info.tokenizer,
+                info.n_ctx,
+                info.n_embd,
+                info.pooling,
+            )?;
+            if let Some(m) = req.model.as_deref() {
+                let raw = RawRequest {
+                    model: Some(m.to_string()),
+                    ..RawRequest::default()
+                };
+                check_model(&raw, info, &engine.model_name)?;
+            }
+            Ok::<_, ApiError>((req, info.id.clone(), info.pooling))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                ApiErrorKind::Internal,
+                format!("request preparation failed: {e}"),
+            ))
+        });
+        let (req, model, pooling) = prepared.inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+        let tenant = Tenant::of(key_label.as_deref(), None, &st.label_key);
+        let n = req.inputs.len();
+        let tally = Arc::new(Tally::new(n));
+        let mut receivers = Vec::with_capacity(n);
+        let prompt_tokens: usize = req.inputs.iter().map(Vec::len).sum();
+        for prompt in req.inputs {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let params = crate::engine::GenParams {
+                max_tokens: 1,
+                sampling: Default::default(),
+                stop: Vec::new(),
+                logprobs: None,
+                ignore_eos: false,
+                logit_bias: Vec::new(),
+                format: None,
+                special_text: false,
+                embed: Some(pooling),
+            };
+            let g = GenRequest {
+                prompt,
+                params,
+                events: tx,
+                arrival,
+                tenant: tenant.clone(),
+                tally: tally.clone(),
+            };
+            st.engine
+                .submit(g)
+                .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+            receivers.push(rx);
+        }
+        unsettled.hand_over();
+        let mut rx = merge(receivers);
+        let mut vectors = vec![Vec::new(); n];
+        let mut done = 0;
+        while done < n {
+            match rx.recv().await {
+                Some((i, Event::Embedding { vector, .. })) => {
+                    vectors[i] = vector;
+                    done += 1;
+                }
+                Some((_, Event::Error(e))) => return Err(e),
+                Some((_, Event::Token { .. } | Event::Done { .. })) => {
+                    return Err(unexpected_event())
+                }
+                None => return Err(engine_stopped(&shared)),
+            }
+        }
+        Ok(crate::embeddings::response(
+            &model,
+            &vectors,
+            req.base64,
+            prompt_tokens,
+        ))
+    }
+    .await;
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Anthropic's token count: the prompt the request would run with (its messages, system

@@ -10,6 +10,7 @@ pub mod answer;
 pub mod anthropic;
 pub mod api;
 pub mod constrain;
+pub mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod http;

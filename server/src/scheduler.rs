@@ -58,6 +58,9 @@ pub struct SeqEntry {
     /// how metrics name it.
     pub root: Option<BlockHash>,
     pub tenant: Arc<str>,
+    /// Never attach cached blocks: every position is computed (an embedding pooled over
+    /// every token's hidden state needs them all). Its own blocks are still published.
+    pub no_prefix_reuse: bool,
 }
 
 impl SeqEntry {
@@ -74,7 +77,14 @@ impl SeqEntry {
             n_preemptions: 0,
             root: None,
             tenant: Arc::from("default"),
+            no_prefix_reuse: false,
         }
+    }
+
+    /// The same sequence computing every position itself ([`SeqEntry::no_prefix_reuse`]).
+    pub fn without_prefix_reuse(mut self) -> SeqEntry {
+        self.no_prefix_reuse = true;
+        self
     }
 
     /// The same sequence in tenant `tenant` (its blocks are keyed from `root`).
@@ -333,7 +343,10 @@ impl Scheduler {
             let s = &mut self.waiting[w];
             extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens, bs);
             // The last token is always computed: it gives the logits.
-            let usable = (s.tokens.len() - 1) / bs;
+            let usable = match s.no_prefix_reuse {
+                true => 0,
+                false => (s.tokens.len() - 1) / bs,
+            };
             let (hit, hit_unref) = if self.cfg.prefix_caching {
                 (
                     kv.prefix_match(&s.hashes[..usable], &s.tokens),

@@ -91,6 +91,67 @@ pub struct Config {
     /// YaRN's `beta_fast`, `beta_slow` (what ggml's rope derives the correction dims from).
     pub yarn_beta: [f32; 2],
     pub rms_eps: f32,
+    /// How an embedding of a whole input is made from its tokens' hidden states
+    /// (`{arch}.pooling_type`; `None` where the file names none).
+    pub pooling: Pooling,
+}
+
+/// How the hidden states (after the final norm) of an input's tokens become one
+/// embedding, as llama.cpp's `pooling_type` numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// No pooling: the file is not an embedding model.
+    None,
+    /// The mean over every token.
+    Mean,
+    /// The first token's (CLS).
+    Cls,
+    /// The last token's (Qwen3-Embedding and other decoder embedders).
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's number for it (`LLAMA_POOLING_TYPE_*`).
+    pub fn llama_id(self) -> i32 {
+        match self {
+            Pooling::None => 0,
+            Pooling::Mean => 1,
+            Pooling::Cls => 2,
+            Pooling::Last => 3,
+        }
+    }
+
+    /// From llama.cpp's number (rank pooling, 4, scores rerankers and is not an
+    /// embedding).
+    pub fn from_llama_id(id: usize) -> Option<Pooling> {
+        match id {
+            0 => Some(Pooling::None),
+            1 => Some(Pooling::Mean),
+            2 => Some(Pooling::Cls),
+            3 => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    /// From a name (`mean`, `cls`, `last`, `none`), as `--pooling` takes it.
+    pub fn parse(s: &str) -> Option<Pooling> {
+        match s {
+            "none" => Some(Pooling::None),
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
 }
 
 /// Reads `{arch}.*` keys.
@@ -264,6 +325,16 @@ pub fn declare(f: &GgufFile, n_ctx: Option<usize>) -> Result<(Config, ModelSpec)
         )));
     }
     let rms_eps = k.f32("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5);
+    let pooling = match k.usize("pooling_type")? {
+        None => Pooling::None,
+        Some(id) => Pooling::from_llama_id(id).ok_or_else(|| {
+            ModelError::Invalid(format!(
+                "{}.pooling_type {id} is not an embedding pooling (rank pooling scores \
+                 rerankers, which are not supported)",
+                arch.name()
+            ))
+        })?,
+    };
     let rk = rope_keys(&k)?;
     let cfg = Config {
         arch,
@@ -279,6 +350,7 @@ pub fn declare(f: &GgufFile, n_ctx: Option<usize>) -> Result<(Config, ModelSpec)
         n_ctx_orig,
         yarn_beta: rk.beta,
         rms_eps,
+        pooling,
     };
 
     // The defaults every architecture starts from: llama's layer.

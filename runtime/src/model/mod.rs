@@ -32,7 +32,7 @@ use crate::pool::ThreadPool;
 use crate::weights::{Linear, Storage, WeightPlan, WeightStore};
 use weights::{Binder, LayerW, Mat};
 
-pub use arch::{Arch, Config};
+pub use arch::{Arch, Config, Pooling};
 pub use spec::{Act, AttnSpec, FfnSpec, Gating, LayerSpec, ModelSpec, MoeSpec};
 
 #[derive(Debug, thiserror::Error)]
@@ -176,10 +176,26 @@ pub struct Workspace {
     out_ub: Vec<UbPos>,
     /// Logits of the rows asked for, `n_out x n_vocab`, in batch order.
     pub logits: Vec<f32>,
+    /// How many rows of `xn` hold the last forward's final-norm hidden states (the rows
+    /// with logits; 0 where a device computed the output).
+    n_hidden: usize,
     /// Debugging hook: called with (name, layer, values) for the intermediate tensors of
     /// each forward pass (names follow llama.cpp's graph: `attn_norm`, `Qcur`, `kqv_out`,
     /// `ffn_out`, `l_out`, ...; layer is `usize::MAX` outside the layers).
     pub trace: Option<TraceFn>,
+}
+
+impl Workspace {
+    /// The hidden state after the final norm of output row `r` of the last forward (the
+    /// rows with logits, in batch order): what an embedding is pooled from. None where a
+    /// device computed the output layer.
+    pub fn hidden(&self, r: usize) -> Option<&[f32]> {
+        if r >= self.n_hidden {
+            return None;
+        }
+        let d = self.xn.len() / self.n_hidden;
+        Some(&self.xn[r * d..(r + 1) * d])
+    }
 }
 
 macro_rules! trace {
@@ -605,6 +621,7 @@ impl Model {
         }
 
         let n_tok: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        ws.n_hidden = 0;
         ws.tok_pos.clear();
         ws.tok_seq.clear();
         ws.out_rows.clear();
@@ -694,6 +711,7 @@ impl Model {
         let n_out = ws.out_rows.len();
         ws.xn.resize(n_out * d, 0.0);
         rms_norm_rows(&mut ws.xn, &ws.x[..n_out * d], &self.output_norm, c.rms_eps);
+        ws.n_hidden = n_out;
         trace!(ws, "result_norm", usize::MAX, xn);
         ws.logits.resize(n_out * c.n_vocab, 0.0);
         matmul(

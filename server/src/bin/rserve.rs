@@ -119,6 +119,12 @@ struct Args {
     /// model's BOS and EOS texts are still passed to it.
     #[arg(long)]
     chat_template_file: Option<std::path::PathBuf>,
+    /// How /v1/embeddings pools an input's hidden states (after the final norm) into one
+    /// vector: mean, cls, last or none; the default is the file's `pooling_type`
+    /// (embedding models name one; a file without it refuses /v1/embeddings unless this is
+    /// given). Vectors are L2-normalized.
+    #[arg(long, value_parser = parse_pooling)]
+    pooling: Option<runtime::model::Pooling>,
     /// Layers to run on a ggml device (`-ngl`, as llama.cpp): the last N layers, with their
     /// KV cache on the device; above the layer count the output layer too.
     #[arg(long = "n-gpu-layers", default_value_t = 0)]
@@ -200,6 +206,7 @@ fn main() {
                 max_bytes: a.kv_persist_max,
             }),
             chat_template,
+            pooling: a.pooling,
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),
@@ -233,6 +240,10 @@ fn main() {
     if failed.is_some() {
         std::process::exit(1);
     }
+}
+
+fn parse_pooling(s: &str) -> Result<runtime::model::Pooling, String> {
+    runtime::model::Pooling::parse(s).ok_or_else(|| format!("{s:?}: give mean, cls, last or none"))
 }
 
 #[cfg(test)]

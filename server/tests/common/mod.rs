@@ -48,6 +48,7 @@ pub fn engine_config() -> EngineConfig {
         prefix_caching: true,
         kv_persist: None,
         chat_template: None,
+        pooling: None,
     }
 }
 
