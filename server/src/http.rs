@@ -37,6 +37,7 @@ use crate::engine::{
 };
 use crate::error::{ApiError, ApiErrorKind};
 use crate::metrics::{Outcome, Tally};
+use crate::models::{Lease, Models};
 use crate::tenant::{bearer, ApiKeys, Tenant, ADMIN};
 
 #[derive(Clone, Debug)]
@@ -71,6 +72,13 @@ pub struct ServerConfig {
     /// The most Responses API conversations kept for `previous_response_id` (oldest
     /// evicted first; also bounded to 64 MiB of JSON).
     pub responses_store: usize,
+    /// More models besides `engine.model`, with the same engine settings: when any are
+    /// given, every model loads on first use ([`Models`]).
+    pub models: Vec<String>,
+    /// With several models: the most bytes (weights + KV cache) loaded at once.
+    pub models_memory: Option<u64>,
+    /// With several models: how long a request waits for its model to load.
+    pub model_load_timeout: Duration,
 }
 
 /// The default number of stored Responses conversations.
@@ -93,13 +101,17 @@ impl Default for ServerConfig {
             max_connections: None,
             allowed_hosts: Vec::new(),
             responses_store: DEFAULT_RESPONSES_STORE,
+            models: Vec::new(),
+            models_memory: None,
+            model_load_timeout: Duration::from_secs(300),
         }
     }
 }
 
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Arc<Engine>,
+    /// The served models and their engines.
+    pub models: Arc<Models>,
     /// When set, every route but /health and /metrics needs one of these keys.
     pub keys: Option<Arc<ApiKeys>>,
     pub limits: Limits,
@@ -182,14 +194,14 @@ impl AppState {
     }
 }
 
-pub fn router(engine: Arc<Engine>, max_body_bytes: usize) -> Router {
-    router_with_keys(engine, Limits::new(max_body_bytes), None)
+pub fn router(models: Arc<Models>, max_body_bytes: usize) -> Router {
+    router_with_keys(models, Limits::new(max_body_bytes), None)
 }
 
 /// [`router`] with API keys required on every route but /health and /metrics.
-pub fn router_with_keys(engine: Arc<Engine>, limits: Limits, keys: Option<Arc<ApiKeys>>) -> Router {
+pub fn router_with_keys(models: Arc<Models>, limits: Limits, keys: Option<Arc<ApiKeys>>) -> Router {
     let st = AppState {
-        engine,
+        models,
         keys,
         label_key: random_key(),
         responses: Arc::new(crate::responses::Store::new(
@@ -205,7 +217,7 @@ pub fn router_with_keys(engine: Arc<Engine>, limits: Limits, keys: Option<Arc<Ap
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(responses_create))
         .route("/v1/embeddings", post(embeddings))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(list_models))
         .route("/health", get(health))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -247,9 +259,14 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
     let generation = Dialect::of_path(&path).is_some() || path == "/v1/embeddings";
     let refused = |e: ApiError| {
         if generation {
-            let mut m = st.engine.shared.metrics();
-            m.requests_received += 1;
-            m.count(Outcome::Invalid);
+            match st.models.single_engine() {
+                Some(engine) => {
+                    let mut m = engine.shared.metrics();
+                    m.requests_received += 1;
+                    m.count(Outcome::Invalid);
+                }
+                None => st.models.count_unrouted(),
+            }
         }
         error_for_path(&path, e)
     };
@@ -360,13 +377,28 @@ async fn method_not_allowed() -> Response {
     r
 }
 
-fn loaded(st: &AppState) -> Result<&ServedModel, ApiError> {
-    st.engine.shared.info.get().ok_or_else(|| {
+/// A leased model's loaded description.
+fn info_of(engine: &Engine) -> Result<&ServedModel, ApiError> {
+    engine.shared.info.get().ok_or_else(|| {
         ApiError::new(
             ApiErrorKind::Unavailable { retry_after_s: 5 },
             "the model is still loading",
         )
     })
+}
+
+/// The `model` field of a JSON body, if it has a string one (anything else is left to
+/// the request's own parsing to refuse).
+fn model_field(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct M {
+        #[serde(default)]
+        model: Option<Value>,
+    }
+    match serde_json::from_slice::<M>(body).ok()?.model? {
+        Value::String(m) => Some(m),
+        _ => None,
+    }
 }
 
 fn outcome_of(e: &ApiError) -> Outcome {
@@ -434,45 +466,36 @@ fn error_for_path(path: &str, e: ApiError) -> Response {
     }
 }
 
-/// Whether a request's `model` names the served model: its id, the name or path it was
-/// started with, or the file's name or stem.
-fn names_served_model(asked: &str, info: &ServedModel, started_as: &str) -> bool {
-    let file = info.path.file_name().and_then(|f| f.to_str());
-    let stem = info.path.file_stem().and_then(|f| f.to_str());
-    asked == info.id
-        || asked == started_as
-        || Some(asked) == file
-        || Some(asked) == stem
-        || info.path.to_str() == Some(asked)
-}
-
-fn check_model(raw: &RawRequest, info: &ServedModel, started_as: &str) -> Result<(), ApiError> {
-    match raw.model.as_deref() {
-        Some(m) if !names_served_model(m, info, started_as) => Err(ApiError::new(
-            ApiErrorKind::ModelNotFound,
-            format!(
-                "the model '{m}' does not exist here: this server serves '{}'",
-                info.id
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// A generation request whose outcome is not counted yet: dropped unsettled, it counts
-/// `cancelled`.
-struct Unsettled(Option<Arc<crate::engine::Shared>>);
+/// `cancelled`, in its model's metrics or, before a model was chosen, as unrouted.
+struct Unsettled {
+    shared: Option<Arc<crate::engine::Shared>>,
+    models: Arc<Models>,
+    done: bool,
+}
 
 impl Unsettled {
+    fn new(models: &Arc<Models>, shared: Option<Arc<crate::engine::Shared>>) -> Unsettled {
+        Unsettled {
+            shared,
+            models: models.clone(),
+            done: false,
+        }
+    }
+
     fn settle(&mut self, o: Outcome) {
-        if let Some(s) = self.0.take() {
-            s.count(o);
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        match &self.shared {
+            Some(s) => s.count(o),
+            None => self.models.count_unrouted(),
         }
     }
 
     /// The engine counts it from now on.
     fn hand_over(&mut self) {
-        self.0 = None;
+        self.done = true;
     }
 }
 
@@ -494,6 +517,34 @@ struct Admitted {
     model: String,
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     extra: Extra,
+    /// The model stays loaded while the response is produced.
+    lease: Lease,
+    shared: Arc<crate::engine::Shared>,
+}
+
+/// A request arrives: counted at once where the server has one model (in its metrics),
+/// else once its model is known ([`route`]).
+fn arrive(st: &AppState) -> Unsettled {
+    let single = st.models.single_engine();
+    if let Some(e) = &single {
+        e.shared.metrics().requests_received += 1;
+    }
+    Unsettled::new(&st.models, single.map(|e| e.shared.clone()))
+}
+
+/// The lease on the model a request's body names (the first model where it names none),
+/// loading it if needed.
+async fn route(st: &AppState, unsettled: &mut Unsettled, body: &[u8]) -> Result<Lease, ApiError> {
+    let lease = st
+        .models
+        .acquire(model_field(body).as_deref())
+        .await
+        .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+    if unsettled.shared.is_none() {
+        lease.engine.shared.metrics().requests_received += 1;
+        unsettled.shared = Some(lease.engine.shared.clone());
+    }
+    Ok(lease)
 }
 
 /// Counts, authorizes, reads, translates, validates and submits a generation request.
@@ -504,12 +555,10 @@ async fn admit(
     body: Body,
 ) -> Result<Admitted, ApiError> {
     let arrival = Instant::now();
-    let shared = st.engine.shared.clone();
-    shared.metrics().requests_received += 1;
     // Until the engine holds its choices, the request's one outcome is the handler's: a
     // client that goes away mid-body or mid-tokenizing drops this future, and the guard
     // counts it cancelled.
-    let mut unsettled = Unsettled(Some(shared.clone()));
+    let mut unsettled = arrive(st);
     let key_label = st
         .authorize(headers)
         .inspect_err(|_| unsettled.settle(Outcome::Unauthorized))?;
@@ -517,9 +566,11 @@ async fn admit(
     let body = read_body(st, body)
         .await
         .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+    let lease = route(st, &mut unsettled, &body).await?;
+    let shared = lease.engine.shared.clone();
     // Parsing, chat templating and tokenizing a (possibly megabyte) prompt is CPU work:
     // keep it off the async workers.
-    let engine = st.engine.clone();
+    let engine = lease.engine.clone();
     let store = st.responses.clone();
     let owner = key_label.clone();
     let prepared = tokio::task::spawn_blocking(move || {
@@ -541,7 +592,6 @@ async fn admit(
                 (raw, Extra::Responses(ctx), Kind::Chat)
             }
         };
-        check_model(&raw, info, &engine.model_name)?;
         let parsed = api::parse_request(kind, &raw, &info.tokenizer, &info.template, info.n_ctx)?;
         Ok::<_, ApiError>((parsed, info.id.clone(), extra))
     })
@@ -577,7 +627,8 @@ async fn admit(
             tally: tally.clone(),
         };
         // Choices already submitted see their receivers dropped and are freed.
-        st.engine
+        lease
+            .engine
             .submit(req)
             .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         receivers.push(rx);
@@ -588,15 +639,17 @@ async fn admit(
         model,
         rx: merge(receivers),
         extra,
+        lease,
+        shared,
     })
 }
 
 async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body) -> Response {
-    let shared = st.engine.shared.clone();
     let a = match admit(&st, &headers, dialect, body).await {
         Ok(a) => a,
         Err(e) => return dialect.error(e),
     };
+    let (shared, lease) = (a.shared, a.lease);
     let p = a.parsed;
     let splitter = || AnswerSplitter::new(p.reasoning, p.tools);
     match (dialect, a.extra) {
@@ -612,7 +665,7 @@ async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body
                 tools: p.tools,
             };
             if p.stream {
-                stream_response(meta, a.rx, p.n, p.include_usage, shared)
+                stream_response(meta, a.rx, p.n, p.include_usage, shared, lease)
             } else {
                 collect_response(meta, a.rx, p.n, shared).await
             }
@@ -621,7 +674,7 @@ async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body
             let id = crate::anthropic::new_id();
             if p.stream {
                 let enc = crate::anthropic::Stream::new(id, a.model, p.prompt.len());
-                stream_one(enc, splitter(), a.rx, shared)
+                stream_one(enc, splitter(), a.rx, shared, lease)
             } else {
                 match collect_one(a.rx, splitter(), &shared).await {
                     Ok((ans, end)) => {
@@ -634,7 +687,13 @@ async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body
         (Dialect::Responses, Extra::Responses(mut ctx)) => {
             ctx.model = a.model;
             if p.stream {
-                stream_one(crate::responses::Stream::new(ctx), splitter(), a.rx, shared)
+                stream_one(
+                    crate::responses::Stream::new(ctx),
+                    splitter(),
+                    a.rx,
+                    shared,
+                    lease,
+                )
             } else {
                 match collect_one(a.rx, splitter(), &shared).await {
                     Ok((ans, end)) => Json(ctx.full(&ans, &end)).into_response(),
@@ -812,6 +871,7 @@ fn stream_one<E: Encoder>(
     sp: AnswerSplitter,
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     shared: Arc<crate::engine::Shared>,
+    lease: Lease,
 ) -> Response {
     struct S<E> {
         enc: E,
@@ -820,6 +880,7 @@ fn stream_one<E: Encoder>(
         out: std::collections::VecDeque<Bytes>,
         finished: bool,
         shared: Arc<crate::engine::Shared>,
+        _lease: Lease,
     }
     let out = enc.start().into();
     let st = S {
@@ -829,6 +890,7 @@ fn stream_one<E: Encoder>(
         out,
         finished: false,
         shared,
+        _lease: lease,
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -898,6 +960,8 @@ struct SseState {
     out: std::collections::VecDeque<Bytes>,
     finished: bool,
     shared: Arc<crate::engine::Shared>,
+    /// The model stays loaded until the stream ends.
+    _lease: Lease,
 }
 
 impl SseState {
@@ -993,8 +1057,10 @@ fn stream_response(
     n: usize,
     include_usage: bool,
     shared: Arc<crate::engine::Shared>,
+    lease: Lease,
 ) -> Response {
     let mut st = SseState {
+        _lease: lease,
         rx,
         include_usage,
         text_offset: vec![0; n],
@@ -1030,9 +1096,7 @@ fn stream_response(
 /// outcome for the request.
 async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let arrival = Instant::now();
-    let shared = st.engine.shared.clone();
-    shared.metrics().requests_received += 1;
-    let mut unsettled = Unsettled(Some(shared.clone()));
+    let mut unsettled = arrive(&st);
     let r = async {
         let key_label = st
             .authorize(&headers)
@@ -1040,7 +1104,9 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
         let body = read_body(&st, body)
             .await
             .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
-        let engine = st.engine.clone();
+        let lease = route(&st, &mut unsettled, &body).await?;
+        let shared = lease.engine.shared.clone();
+        let engine = lease.engine.clone();
         let prepared = tokio::task::spawn_blocking(move || {
             let info = engine.shared.info.get().ok_or_else(|| {
                 ApiError::new(
@@ -1055,13 +1121,6 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
                 info.n_embd,
                 info.pooling,
             )?;
-            if let Some(m) = req.model.as_deref() {
-                let raw = RawRequest {
-                    model: Some(m.to_string()),
-                    ..RawRequest::default()
-                };
-                check_model(&raw, info, &engine.model_name)?;
-            }
             Ok::<_, ApiError>((req, info.id.clone(), info.pooling))
         })
         .await
@@ -1098,7 +1157,8 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
                 tenant: tenant.clone(),
                 tally: tally.clone(),
             };
-            st.engine
+            lease
+                .engine
                 .submit(g)
                 .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
             receivers.push(rx);
@@ -1140,7 +1200,8 @@ async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body
     let r = async {
         st.authorize(&headers)?;
         let body = read_body(&st, body).await?;
-        let engine = st.engine.clone();
+        let lease = st.models.acquire(model_field(&body).as_deref()).await?;
+        let engine = lease.engine.clone();
         tokio::task::spawn_blocking(move || {
             let info = engine.shared.info.get().ok_or_else(|| {
                 ApiError::new(
@@ -1149,7 +1210,6 @@ async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body
                 )
             })?;
             let raw = crate::anthropic::parse(&body, false)?;
-            check_model(&raw, info, &engine.model_name)?;
             let c = api::chat_request(&raw, &info.tokenizer, &info.template)?;
             Ok::<_, ApiError>(c.prompt.len())
         })
@@ -1168,28 +1228,66 @@ async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body
     }
 }
 
-async fn models(State(st): State<AppState>, headers: HeaderMap) -> Response {
+async fn list_models(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(e) = st.authorize(&headers) {
         return e.into_response();
     }
-    match loaded(&st) {
-        Ok(info) => Json(json!({
-            "object": "list",
-            "data": [{
-                "id": info.id,
-                "object": "model",
-                "created": info.created,
-                "owned_by": "rserve",
-                "max_model_len": info.n_ctx,
-            }],
-        }))
-        .into_response(),
-        Err(e) => e.into_response(),
+    // One model: as before, listed once it is loaded. Several: every one, with its state.
+    if let Some(engine) = st.models.single_engine() {
+        return match info_of(&engine) {
+            Ok(info) => Json(json!({
+                "object": "list",
+                "data": [{
+                    "id": info.id,
+                    "object": "model",
+                    "created": info.created,
+                    "owned_by": "rserve",
+                    "max_model_len": info.n_ctx,
+                    "state": "loaded",
+                }],
+            }))
+            .into_response(),
+            Err(e) => e.into_response(),
+        };
     }
+    let data: Vec<Value> = st
+        .models
+        .slots
+        .iter()
+        .map(|s| {
+            let info = s
+                .engine()
+                .and_then(|e| e.shared.info.get().map(|i| (i.created, i.n_ctx)));
+            let mut v = json!({
+                "id": s.id, "object": "model", "owned_by": "rserve",
+                "created": info.map_or(0, |i| i.0),
+                "state": s.state(), "in_use": s.in_use(),
+            });
+            if let Some((_, n_ctx)) = info {
+                v["max_model_len"] = json!(n_ctx);
+            }
+            v
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(st): State<AppState>) -> Response {
-    let sh = &st.engine.shared;
+    // Several models load on use: the server is healthy once it listens.
+    let Some(engine) = st.models.single_engine() else {
+        let states: serde_json::Map<String, Value> = st
+            .models
+            .slots
+            .iter()
+            .map(|s| (s.id.clone(), json!(s.state())))
+            .collect();
+        return (
+            StatusCode::OK,
+            Json(json!({"status": "ok", "models": states})),
+        )
+            .into_response();
+    };
+    let sh = &engine.shared;
     let (code, body) = match sh.state() {
         EngineState::Ready => (StatusCode::OK, json!({"status": "ok"})),
         EngineState::Loading => (
@@ -1228,12 +1326,23 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
             .into_response();
         }
     }
-    let sh = &st.engine.shared;
-    let queued = sh.queued();
-    let text = {
+    let render = |sh: &crate::engine::Shared| {
+        let queued = sh.queued();
         let mut m = sh.metrics();
         m.queued = queued;
         m.render()
+    };
+    let text = match st.models.single_engine() {
+        Some(engine) => render(&engine.shared),
+        None => {
+            let per_model: Vec<(String, String)> = st
+                .models
+                .loaded()
+                .iter()
+                .map(|(s, e)| (s.id.clone(), render(&e.shared)))
+                .collect();
+            crate::metrics::render_models(&per_model, &st.models)
+        }
     };
     (
         [(
@@ -1252,14 +1361,18 @@ async fn reset_prefix_cache(State(st): State<AppState>, headers: HeaderMap) -> R
     };
     // A tenant flushes its own cache (its key's label and its salted domains); the admin
     // key, or anyone on a keyless server, flushes every tenant's.
-    let sent = match label {
-        Some(l) if l != ADMIN => {
-            let sub = format!("{l}/");
-            st.engine
-                .reset_tenant_prefix_cache(Box::new(move |t: &str| t == l || t.starts_with(&sub)))
-        }
-        _ => st.engine.reset_prefix_cache(),
-    };
+    let mut sent = false;
+    for (_, engine) in st.models.loaded() {
+        sent |= match label.clone() {
+            Some(l) if l != ADMIN => {
+                let sub = format!("{l}/");
+                engine.reset_tenant_prefix_cache(Box::new(move |t: &str| {
+                    t == l || t.starts_with(&sub)
+                }))
+            }
+            _ => engine.reset_prefix_cache(),
+        };
+    }
     if sent {
         Json(json!({"status": "ok"})).into_response()
     } else {
@@ -1284,9 +1397,14 @@ async fn tokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) ->
         return e.into_response();
     }
     let body = read_body(&st, body).await;
+    let lease = match &body {
+        Ok(b) => st.models.acquire(model_field(b).as_deref()).await,
+        Err(e) => Err(e.clone()),
+    };
     let r = (|| {
         let body = body?;
-        let info = loaded(&st)?;
+        let lease = lease?;
+        let info = info_of(&lease.engine)?;
         let req: TokenizeRequest = api::parse_json(&body)?;
         let tokens = match (&req.prompt, &req.messages) {
             (Some(p), None) => info
@@ -1325,9 +1443,14 @@ async fn detokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) 
         return e.into_response();
     }
     let body = read_body(&st, body).await;
+    let lease = match &body {
+        Ok(b) => st.models.acquire(model_field(b).as_deref()).await,
+        Err(e) => Err(e.clone()),
+    };
     let r = (|| {
         let body = body?;
-        let info = loaded(&st)?;
+        let lease = lease?;
+        let info = info_of(&lease.engine)?;
         let req: DetokenizeRequest = api::parse_json(&body)?;
         let n = info.n_vocab as i64;
         if let Some(bad) = req.tokens.iter().find(|&&t| !(0..n).contains(&t)) {
@@ -1348,7 +1471,7 @@ async fn detokenize(State(st): State<AppState>, headers: HeaderMap, body: Body) 
 /// A server running on its own threads (HTTP runtime + engine).
 pub struct RunningServer {
     pub addr: SocketAddr,
-    pub engine: Arc<Engine>,
+    pub models: Arc<Models>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -1361,13 +1484,17 @@ impl RunningServer {
     /// Waits until the model is loaded; errors if loading failed or took too long.
     pub fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
         let t0 = Instant::now();
+        // Several models load on use: nothing to wait for.
+        let Some(engine) = self.models.single_engine() else {
+            return Ok(());
+        };
         loop {
-            match self.engine.shared.state() {
+            match engine.shared.state() {
                 EngineState::Ready => return Ok(()),
                 EngineState::Failed | EngineState::Draining => {
                     anyhow::bail!(
                         "server is not serving: {}",
-                        self.engine
+                        engine
                             .shared
                             .load_error
                             .get()
@@ -1423,9 +1550,21 @@ pub fn start(cfg: ServerConfig) -> anyhow::Result<RunningServer> {
         .thread_name("rserve-http")
         .enable_all()
         .build()?;
-    let engine = Arc::new(Engine::start(cfg.engine.clone()));
+    let models = Arc::new(match cfg.models.is_empty() {
+        true => Models::single(cfg.engine.clone()),
+        false => {
+            let cfgs = std::iter::once(cfg.engine.model.clone())
+                .chain(cfg.models.iter().cloned())
+                .map(|m| EngineConfig {
+                    model: m,
+                    ..cfg.engine.clone()
+                })
+                .collect();
+            Models::on_demand(cfgs, cfg.models_memory, cfg.model_load_timeout)
+        }
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
-    let eng = engine.clone();
+    let eng = models.clone();
     let stop_for_signals = stop_tx.clone();
     let thread = std::thread::Builder::new()
         .name("rserve-http-main".into())
@@ -1446,7 +1585,7 @@ pub fn start(cfg: ServerConfig) -> anyhow::Result<RunningServer> {
         })?;
     Ok(RunningServer {
         addr,
-        engine,
+        models,
         stop: stop_tx,
         thread: Some(thread),
     })
@@ -1513,7 +1652,7 @@ async fn refuse(mut stream: tokio::net::TcpStream) {
 
 async fn serve(
     listener: std::net::TcpListener,
-    engine: Arc<Engine>,
+    models: Arc<Models>,
     cfg: &ServerConfig,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -1539,7 +1678,7 @@ async fn serve(
         }),
         responses_store: cfg.responses_store,
     };
-    let app = router_with_keys(engine.clone(), limits, cfg.api_keys.clone());
+    let app = router_with_keys(models.clone(), limits, cfg.api_keys.clone());
     let cap = connection_cap(cfg.max_connections);
     let slots = Arc::new(tokio::sync::Semaphore::new(cap));
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -1585,7 +1724,9 @@ async fn serve(
         }
     }
     drop(listener);
-    engine.begin_drain();
+    for (_, e) in models.loaded() {
+        e.begin_drain();
+    }
     // Kept-alive idle connections close now; in-flight requests finish.
     let _ = close_tx.send(true);
     let all_closed = {
@@ -1601,11 +1742,11 @@ async fn serve(
         .is_err()
     {
         eprintln!("rserve: drain timeout: ending the remaining requests");
-        let e = engine.clone();
-        let _ = tokio::task::spawn_blocking(move || e.stop()).await;
+        let m = models.clone();
+        let _ = tokio::task::spawn_blocking(move || m.stop_all()).await;
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut all_closed).await;
     }
-    let e = engine.clone();
-    let _ = tokio::task::spawn_blocking(move || e.stop()).await;
+    let m = models.clone();
+    let _ = tokio::task::spawn_blocking(move || m.stop_all()).await;
     Ok(())
 }

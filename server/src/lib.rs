@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod models;
 pub mod persist;
 pub mod responses;
 pub mod scheduler;

@@ -445,6 +445,91 @@ impl Metrics {
     }
 }
 
+/// The metrics of a server with several models: every model's families merged (each
+/// family's HELP and TYPE once, then its samples from every loaded model, each with a
+/// `model` label), then per model its loads, unloads, state and requests in use, and the
+/// requests refused before a model was chosen. A model's counters restart when it is
+/// loaded again (Prometheus reads that as a counter reset).
+pub fn render_models(per_model: &[(String, String)], models: &crate::models::Models) -> String {
+    // family name -> (header lines, samples), in first-seen order.
+    let mut order: Vec<String> = Vec::new();
+    let mut fams: std::collections::HashMap<String, (String, String)> = Default::default();
+    for (id, text) in per_model {
+        let label = format!("model=\"{}\"", escape_label(id));
+        let mut fam = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                fam = rest.split(' ').next().unwrap_or_default().to_string();
+                if !fams.contains_key(&fam) {
+                    order.push(fam.clone());
+                    fams.insert(fam.clone(), Default::default());
+                }
+            }
+            let entry = fams.entry(fam.clone()).or_default();
+            if line.starts_with('#') {
+                if !entry.0.contains(line) {
+                    entry.0.push_str(line);
+                    entry.0.push('\n');
+                }
+                continue;
+            }
+            // name{labels} value | name value
+            let brace = line.find('{');
+            let space = line.find(' ').unwrap_or(line.len());
+            let labelled = match brace {
+                Some(b) if b < space => format!("{}{{{label},{}", &line[..b], &line[b + 1..]),
+                _ => format!("{}{{{label}}}{}", &line[..space], &line[space..]),
+            };
+            entry.1.push_str(&labelled);
+            entry.1.push('\n');
+        }
+    }
+    let mut out = String::new();
+    for f in &order {
+        let (head, samples) = &fams[f];
+        out.push_str(head);
+        out.push_str(samples);
+    }
+    let slots = &models.slots;
+    let mut fam = |name: &str, ty: &str, help: &str, v: &dyn Fn(&crate::models::Slot) -> f64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
+        for s in slots {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", escape_label(&s.id), v(s));
+        }
+    };
+    use std::sync::atomic::Ordering::Relaxed;
+    fam(
+        "rserve_model_loads_total",
+        "counter",
+        "Times the model was loaded.",
+        &|s| s.loads.load(Relaxed) as f64,
+    );
+    fam(
+        "rserve_model_evictions_total",
+        "counter",
+        "Times the model was unloaded to make room under --models-memory.",
+        &|s| s.evictions.load(Relaxed) as f64,
+    );
+    fam(
+        "rserve_model_loaded",
+        "gauge",
+        "1 while the model is loaded (or loading).",
+        &|s| s.engine().is_some() as u8 as f64,
+    );
+    fam(
+        "rserve_model_requests_in_use",
+        "gauge",
+        "Requests holding the model (it is not unloaded while any do).",
+        &|s| s.in_use() as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP rserve_requests_unrouted_total Generation requests refused before a model was chosen (bad key or body, unknown model).\n# TYPE rserve_requests_unrouted_total counter\nrserve_requests_unrouted_total {}",
+        models.unrouted()
+    );
+    out
+}
+
 /// Reads one sample (`name` or `name{labels}`) from Prometheus text; for tests and tools.
 pub fn parse_sample(text: &str, name: &str) -> Option<f64> {
     text.lines()

@@ -14,9 +14,24 @@ use server::ServerConfig;
     about = "Continuous-batching OpenAI-compatible server (completions, chat, SSE streaming)"
 )]
 struct Args {
-    /// Model: a registry name (e.g. smollm2-135m) or a GGUF path.
-    #[arg(short = 'm', long, default_value = "smollm2-135m")]
-    model: String,
+    /// Model: a registry name (e.g. smollm2-135m) or a GGUF path. Repeat it to serve
+    /// several: the request's `model` chooses (the first when it names none), each loads on
+    /// first use and the least recently used are unloaded under --models-memory.
+    #[arg(short = 'm', long)]
+    model: Vec<String>,
+    /// Serve every `.gguf` file of this directory (as several -m, in name order; a model
+    /// is named by its file's stem).
+    #[arg(long)]
+    models_dir: Option<std::path::PathBuf>,
+    /// With several models: the most memory (weights + KV cache, e.g. 6G) loaded at once;
+    /// loading one more unloads the least recently used that no request is using, and a
+    /// request waits (up to --model-load-timeout) while every loaded model is in use.
+    #[arg(long, value_parser = parse_size)]
+    models_memory: Option<u64>,
+    /// With several models: seconds a request waits for its model to load (or for room to
+    /// load it) before a 503.
+    #[arg(long, default_value_t = 300.0)]
+    model_load_timeout: f64,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8080)]
@@ -182,11 +197,45 @@ fn main() {
             std::process::exit(2);
         })
     });
+    let mut models = a.model.clone();
+    if let Some(dir) = &a.models_dir {
+        match server::models::models_in_dir(dir) {
+            Ok(v) if !v.is_empty() => {
+                models.extend(v.iter().map(|p| p.to_string_lossy().into_owned()))
+            }
+            Ok(_) => {
+                eprintln!("rserve: --models-dir {}: no .gguf files", dir.display());
+                std::process::exit(2);
+            }
+            Err(e) => {
+                eprintln!("rserve: --models-dir {}: {e}", dir.display());
+                std::process::exit(2);
+            }
+        }
+    }
+    if models.is_empty() {
+        models.push("smollm2-135m".into());
+    }
+    let mut ids = std::collections::HashSet::new();
+    for m in &models {
+        if !ids.insert(server::models::model_id(m)) {
+            eprintln!(
+                "rserve: two models are named {:?}",
+                server::models::model_id(m)
+            );
+            std::process::exit(2);
+        }
+    }
+    if models.len() > 1 && a.kv_persist.is_some() {
+        eprintln!("rserve: --kv-persist serves one model; give one -m with it");
+        std::process::exit(2);
+    }
+    let first = models.remove(0);
     let cfg = ServerConfig {
         host: a.host,
         port: a.port,
         engine: EngineConfig {
-            model: a.model,
+            model: first,
             run: a.run.options(
                 a.threads.unwrap_or_else(runtime::options::default_threads),
                 a.n_gpu_layers,
@@ -218,6 +267,9 @@ fn main() {
         max_connections: Some(a.max_connections.max(1)),
         allowed_hosts: a.allowed_hosts,
         responses_store: a.responses_store,
+        models,
+        models_memory: a.models_memory,
+        model_load_timeout: Duration::from_secs_f64(a.model_load_timeout.clamp(1.0, 86400.0)),
         ..ServerConfig::default()
     };
     let srv = match server::start(cfg) {
