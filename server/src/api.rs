@@ -630,6 +630,18 @@ pub fn chat_request(
                 .iter()
                 .filter_map(|t| t["function"]["name"].as_str())
                 .collect();
+            // The call's schema enumerates the names and, for several functions, their
+            // parameters together: both within what the constraint engine enforces.
+            if names.len() > crate::constrain::MAX_PROPS {
+                return Err(bad(
+                    "tool_choice",
+                    format!(
+                        "a required call chooses among at most {} tools, got {}: name one function, or offer fewer",
+                        crate::constrain::MAX_PROPS,
+                        names.len()
+                    ),
+                ));
+            }
             // One function: its parameters' schema. Several: an object of their
             // parameters together, each at most once and none other (one schema
             // cannot tie the arguments to the name chosen; this bounds them).
@@ -649,6 +661,16 @@ pub fn chat_request(
                         for (k, v) in own.into_iter().flatten() {
                             props.entry(k.clone()).or_insert_with(|| v.clone());
                         }
+                    }
+                    if props.len() > crate::constrain::MAX_PROPS {
+                        return Err(bad(
+                            "tool_choice",
+                            format!(
+                                "a required call over several tools takes their parameters together, at most {} of them, got {}: name one function, or offer fewer",
+                                crate::constrain::MAX_PROPS,
+                                props.len()
+                            ),
+                        ));
                     }
                     json!({"type": "object", "properties": props, "additionalProperties": false})
                 }

@@ -41,7 +41,7 @@ const MAX_NUM_BYTES: u8 = 20;
 /// The longest `integer` written: 18 bytes, so it fits a signed 64-bit integer (parsers
 /// read longer ones as floats, which a validator rejects as integers).
 const MAX_INT_BYTES: u8 = 18;
-const MAX_PROPS: usize = 64;
+pub const MAX_PROPS: usize = 64;
 /// The most objects and arrays open at once: every output stays within common parsers'
 /// nesting limits (serde_json's is 128) and the automaton's stack stays small.
 pub const MAX_DEPTH: u8 = 32;

@@ -387,6 +387,23 @@ fn info_of(engine: &Engine) -> Result<&ServedModel, ApiError> {
     })
 }
 
+/// Runs a request's preparation (parsing, chat templating, tokenizing a possibly
+/// megabyte prompt: CPU work) off the async workers, against the leased model.
+async fn prepare<T: Send + 'static>(
+    engine: &Arc<Engine>,
+    f: impl FnOnce(&ServedModel) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let engine = engine.clone();
+    tokio::task::spawn_blocking(move || f(info_of(&engine)?))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                ApiErrorKind::Internal,
+                format!("request preparation failed: {e}"),
+            ))
+        })
+}
+
 /// The `model` field of a JSON body, if it has a string one (anything else is left to
 /// the request's own parsing to refuse).
 fn model_field(body: &[u8]) -> Option<String> {
@@ -568,18 +585,9 @@ async fn admit(
         .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
     let lease = route(st, &mut unsettled, &body).await?;
     let shared = lease.engine.shared.clone();
-    // Parsing, chat templating and tokenizing a (possibly megabyte) prompt is CPU work:
-    // keep it off the async workers.
-    let engine = lease.engine.clone();
     let store = st.responses.clone();
     let owner = key_label.clone();
-    let prepared = tokio::task::spawn_blocking(move || {
-        let info = engine.shared.info.get().ok_or_else(|| {
-            ApiError::new(
-                ApiErrorKind::Unavailable { retry_after_s: 5 },
-                "the model is still loading",
-            )
-        })?;
+    let prepared = prepare(&lease.engine, move |info| {
         let (raw, extra, kind) = match dialect {
             Dialect::OpenAi(kind) => (api::parse_json::<RawRequest>(&body)?, Extra::None, kind),
             Dialect::Anthropic => (
@@ -595,13 +603,7 @@ async fn admit(
         let parsed = api::parse_request(kind, &raw, &info.tokenizer, &info.template, info.n_ctx)?;
         Ok::<_, ApiError>((parsed, info.id.clone(), extra))
     })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ApiError::new(
-            ApiErrorKind::Internal,
-            format!("request preparation failed: {e}"),
-        ))
-    });
+    .await;
     let (parsed, model, extra) = prepared.inspect_err(|e| unsettled.settle(outcome_of(e)))?;
     // Every choice is its own sequence; identical prompts in flight share their computed
     // prompt blocks (the scheduler lets the later ones wait for the first's), so `n`
@@ -1106,14 +1108,7 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
             .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         let lease = route(&st, &mut unsettled, &body).await?;
         let shared = lease.engine.shared.clone();
-        let engine = lease.engine.clone();
-        let prepared = tokio::task::spawn_blocking(move || {
-            let info = engine.shared.info.get().ok_or_else(|| {
-                ApiError::new(
-                    ApiErrorKind::Unavailable { retry_after_s: 5 },
-                    "the model is still loading",
-                )
-            })?;
+        let prepared = prepare(&lease.engine, move |info| {
             let req = crate::embeddings::parse(
                 &body,
                 &info.tokenizer,
@@ -1123,13 +1118,7 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
             )?;
             Ok::<_, ApiError>((req, info.id.clone(), info.pooling))
         })
-        .await
-        .unwrap_or_else(|e| {
-            Err(ApiError::new(
-                ApiErrorKind::Internal,
-                format!("request preparation failed: {e}"),
-            ))
-        });
+        .await;
         let (req, model, pooling) = prepared.inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         let tenant = Tenant::of(key_label.as_deref(), None, &st.label_key);
         let n = req.inputs.len();
@@ -1201,25 +1190,12 @@ async fn count_tokens(State(st): State<AppState>, headers: HeaderMap, body: Body
         st.authorize(&headers)?;
         let body = read_body(&st, body).await?;
         let lease = st.models.acquire(model_field(&body).as_deref()).await?;
-        let engine = lease.engine.clone();
-        tokio::task::spawn_blocking(move || {
-            let info = engine.shared.info.get().ok_or_else(|| {
-                ApiError::new(
-                    ApiErrorKind::Unavailable { retry_after_s: 5 },
-                    "the model is still loading",
-                )
-            })?;
+        prepare(&lease.engine, move |info| {
             let raw = crate::anthropic::parse(&body, false)?;
             let c = api::chat_request(&raw, &info.tokenizer, &info.template)?;
-            Ok::<_, ApiError>(c.prompt.len())
+            Ok(c.prompt.len())
         })
         .await
-        .unwrap_or_else(|e| {
-            Err(ApiError::new(
-                ApiErrorKind::Internal,
-                format!("counting failed: {e}"),
-            ))
-        })
     }
     .await;
     match r {

@@ -241,6 +241,37 @@ fn bad_tool_fields_are_refused_by_name() {
             "messages[0].tool_calls[0]",
         ),
     ];
+    // `required` over more tools, or more parameters together, than the call's schema
+    // can enumerate (64), and the same with one function named: that one works.
+    let many: Vec<Value> = (0..65)
+        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {"type": "object"}}}))
+        .collect();
+    let wide: Vec<Value> = many[..2]
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let mut t = t.clone();
+            let props: serde_json::Map<String, Value> = (0..40)
+                .map(|i| (format!("q{k}_{i}"), json!({"type": "integer"})))
+                .collect();
+            t["function"]["parameters"]["properties"] = Value::Object(props);
+            t
+        })
+        .collect();
+    let cases = cases.into_iter().chain([
+        (
+            json!({"tools": many.clone(), "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"tools": wide, "tool_choice": "required"}),
+            "tool_choice",
+        ),
+    ]);
+    let named = json!({"messages": ask(), "max_tokens": 8, "tools": many,
+        "tool_choice": {"type": "function", "function": {"name": "f64"}}});
+    let r = post(a, "/v1/chat/completions", &named);
+    assert_eq!(r.status, 200, "{}", r.text());
     for (extra, param) in cases {
         let mut body = json!({"messages": ask(), "max_tokens": 4});
         for (k, v) in extra.as_object().unwrap() {
