@@ -7,8 +7,9 @@ tool_result, count_tokens, errors). Every check asserts the shapes the libraries
 the first failure exits non-zero with its reason.
 
 Usage: client_check.py --url http://127.0.0.1:PORT --key KEY --model NAME [--tools]
-(--tools: the model's own template supports tools, so `auto` calls are expected; without
-it calls are forced with `required` / `any`).
+[--tool-checks] (--tools: the model's own template supports tools, so `auto` calls are
+expected; without it calls are forced with `required` / `any`; --tool-checks: only the
+checks that make tool calls).
 """
 
 import argparse
@@ -33,9 +34,11 @@ CHECKS = []
 T0 = {"temperature": 0}
 
 
-def check(name):
+def check(name, tools=False):
+    """A check; `tools`: it exercises tool calls (what --tool-checks runs)."""
+
     def wrap(f):
-        CHECKS.append((name, f))
+        CHECKS.append((name, f, tools))
         return f
 
     return wrap
@@ -46,7 +49,7 @@ def expect(cond, what):
         raise AssertionError(what)
 
 
-@check("openai chat: tool call, result, answer")
+@check("openai chat: tool call, result, answer", tools=True)
 def chat_tool_loop(oa, an, a):
     choice = "auto" if a.tools else "required"
     msgs = [{"role": "user", "content": ASK}]
@@ -77,7 +80,7 @@ def chat_tool_loop(oa, an, a):
     expect(r2.choices[0].message.content, f"empty answer: {r2}")
 
 
-@check("openai chat: streamed tool_calls deltas")
+@check("openai chat: streamed tool_calls deltas", tools=True)
 def chat_tool_stream(oa, an, a):
     s = oa.chat.completions.create(
         model=a.model,
@@ -136,7 +139,7 @@ def responses_stream(oa, an, a):
     expect(last.usage.output_tokens > 0, f"usage {last.usage}")
 
 
-@check("openai responses: function call, output, previous_response_id")
+@check("openai responses: function call, output, previous_response_id", tools=True)
 def responses_tools(oa, an, a):
     tool = {"type": "function", **WEATHER}
     r = oa.responses.create(
@@ -248,7 +251,7 @@ def messages_stream(oa, an, a):
     expect(kinds[0] == "message_start" and kinds[-1] == "message_stop", f"events {kinds}")
 
 
-@check("anthropic messages: tool_use, tool_result, answer")
+@check("anthropic messages: tool_use, tool_result, answer", tools=True)
 def messages_tools(oa, an, a):
     tool = {
         "name": WEATHER["name"],
@@ -358,21 +361,27 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--tools", action="store_true")
     p.add_argument("--only", help="run the checks whose name contains this")
+    p.add_argument(
+        "--tool-checks",
+        action="store_true",
+        help="run only the checks that make tool calls (the rest do not depend on the model)",
+    )
     a = p.parse_args()
     oa = openai.OpenAI(base_url=a.url + "/v1", api_key=a.key, max_retries=0, timeout=300)
     an = anthropic.Anthropic(base_url=a.url, api_key=a.key, max_retries=0, timeout=300)
     print(f"openai {openai.__version__}, anthropic {anthropic.__version__}, model {a.model}")
-    failed = 0
-    for name, f in CHECKS:
-        if a.only and a.only not in name:
+    failed = ran = 0
+    for name, f, tools in CHECKS:
+        if (a.only and a.only not in name) or (a.tool_checks and not tools):
             continue
+        ran += 1
         try:
             f(oa, an, a)
             print(f"ok   {name}")
         except Exception as e:  # noqa: BLE001 - every failure is reported by name
             failed += 1
             print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{len(CHECKS) - failed}/{len(CHECKS)} checks passed" if not a.only else "done")
+    print(f"{ran - failed}/{ran} checks passed")
     sys.exit(1 if failed else 0)
 
 

@@ -98,4 +98,5 @@ RLLAMA_OFFLOAD_TEST_DEVICE=Vulkan0 RLLAMA_OFFLOAD_TEST_QUICK=${RLLAMA_OFFLOAD_TE
     --nocapture --test-threads 1 "${filters[@]}"
 # The table: ours on the CPU beside ours with every layer on lavapipe (speed there is not
 # the point: lavapipe is a CPU rasterizer behind a GPU API).
-target/release/rbench -m smollm2-135m -ngl 0,99 -dev Vulkan0 -p 16 -n 4 -r 2 -t "$(nproc)"
+target/release/rbench -m smollm2-135m -ngl 0,99 -dev Vulkan0 -p 16 -n 4 \
+    -r "${RLLAMA_VULKAN_BENCH_REPS:-2}" -t "$(nproc)"

@@ -222,6 +222,34 @@ fn real_model_templates_render_as_llamacpp_renders_them() {
     }
 }
 
+/// The call syntax we read from each template file (templates without tool support:
+/// Generic, their text never read as calls).
+#[test]
+fn tool_syntaxes_of_the_template_files() {
+    use runtime::tools::ToolSyntax;
+    let Some(dir) = dir() else { return };
+    let want = |file: &str| match file {
+        f if f.starts_with("openai-gpt-oss") => ToolSyntax::Harmony,
+        f if f.starts_with("Qwen-") || f.starts_with("HuggingFaceTB-SmolLM3") => ToolSyntax::Hermes,
+        f if f.starts_with("meta-llama-Llama-3") => ToolSyntax::Llama3,
+        f if f.starts_with("mistralai-") => ToolSyntax::Mistral,
+        _ => ToolSyntax::Generic,
+    };
+    let mut seen = Vec::new();
+    for &(file, bos, eos) in TEMPLATES {
+        let t = ChatTemplate::Jinja {
+            source: std::fs::read_to_string(dir.join(file)).unwrap(),
+            bos_token: bos.into(),
+            eos_token: eos.into(),
+        };
+        seen.push(format!("{file}: {:?}", t.tool_syntax()));
+        if t.caps().is_some_and(|c| c.tools) {
+            assert_eq!(t.tool_syntax(), want(file), "{file}");
+        }
+    }
+    eprintln!("{}", seen.join("\n"));
+}
+
 /// Conversations with tools, in OpenAI's shape: the tools alone, one call and its result,
 /// two parallel calls answered and followed up.
 fn tool_conversations() -> Vec<(&'static str, serde_json::Value)> {

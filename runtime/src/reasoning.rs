@@ -50,6 +50,10 @@ const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 const END: &str = "<|end|>";
 const START: &str = "<|start|>";
+/// Harmony: the end of a tool call's message (also an end-of-generation token).
+const CALL: &str = "<|call|>";
+/// Harmony: the recipient of a message addressed to a function.
+const TO_FUNCTIONS: &str = "to=functions.";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -61,6 +65,9 @@ enum State {
     Content { fresh: bool },
     /// Harmony: in a header (`<|start|>role`, `<|channel|>name`), until `<|message|>`.
     Header,
+    /// Harmony: in a message addressed to a function (`to=functions.NAME`): a tool call,
+    /// its body the arguments.
+    Call { fresh: bool },
 }
 
 /// Splits one choice's output text into reasoning and content as it streams.
@@ -73,13 +80,18 @@ pub struct ReasoningSplitter {
     /// Text not yet classified: a possible marker's beginning, or reasoning's trailing
     /// whitespace (dropped if the block ends there).
     held: String,
+    /// Harmony: the function the current call message goes to, and its body so far.
+    call_name: String,
+    call_body: String,
 }
 
-/// One step's output: new reasoning and new content (either may be empty).
+/// One step's output: new reasoning and new content (either may be empty), and the
+/// harmony tool calls completed in it (function name, arguments text).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Split {
     pub reasoning: String,
     pub content: String,
+    pub calls: Vec<(String, String)>,
 }
 
 impl ReasoningSplitter {
@@ -101,7 +113,16 @@ impl ReasoningSplitter {
             state,
             header: String::new(),
             held: String::new(),
+            call_name: String::new(),
+            call_body: String::new(),
         }
+    }
+
+    /// Ends the current call message: its body is the arguments.
+    fn end_call(&mut self, out: &mut Split) {
+        let name = std::mem::take(&mut self.call_name);
+        let body = std::mem::take(&mut self.call_body);
+        out.calls.push((name, body.trim().to_string()));
     }
 
     /// Adds decoded text; returns what can be classified now.
@@ -145,6 +166,11 @@ impl ReasoningSplitter {
             }
             State::Begin => out.content.push_str(s.trim()),
             State::Header => {}
+            State::Call { .. } => {
+                self.call_body.push_str(&s);
+                self.end_call(&mut out);
+                self.state = State::Begin;
+            }
         }
         out
     }
@@ -201,10 +227,24 @@ impl ReasoningSplitter {
                             .split_whitespace()
                             .next()
                             .unwrap_or("");
-                        self.state = match channel == "analysis" && self.header.contains(CHANNEL) {
-                            true => State::Reasoning { fresh: true },
-                            false => State::Content { fresh: false },
-                        };
+                        // A recipient `to=functions.NAME` (before or after the channel)
+                        // makes the message a call.
+                        let to = self.header.find(TO_FUNCTIONS).map(|at| {
+                            let rest = &self.header[at + TO_FUNCTIONS.len()..];
+                            let end = rest
+                                .find(|c: char| c.is_whitespace() || c == '<')
+                                .unwrap_or(rest.len());
+                            rest[..end].to_string()
+                        });
+                        self.state =
+                            match (to, channel == "analysis" && self.header.contains(CHANNEL)) {
+                                (Some(name), _) if !name.is_empty() => {
+                                    self.call_name = name;
+                                    State::Call { fresh: true }
+                                }
+                                (_, true) => State::Reasoning { fresh: true },
+                                (_, false) => State::Content { fresh: false },
+                            };
                         self.header.clear();
                         s[at + MESSAGE.len()..].to_string()
                     }
@@ -215,8 +255,9 @@ impl ReasoningSplitter {
                     }
                 }
             }
-            State::Reasoning { fresh } | State::Content { fresh } => {
+            State::Reasoning { fresh } | State::Content { fresh } | State::Call { fresh } => {
                 let reasoning = matches!(self.state, State::Reasoning { .. });
+                let call = matches!(self.state, State::Call { .. });
                 let s = match fresh {
                     // A block's leading whitespace is dropped.
                     true => match s.trim_start() {
@@ -228,11 +269,12 @@ impl ReasoningSplitter {
                 let ends: &[&str] = match (self.format, reasoning) {
                     (ReasoningFormat::ThinkTags, true) => &[THINK_CLOSE],
                     (ReasoningFormat::ThinkTags, false) => &[THINK_OPEN],
-                    _ => &[END, START, CHANNEL],
+                    _ => &[END, CALL, START, CHANNEL],
                 };
-                let sink = match reasoning {
-                    true => &mut out.reasoning,
-                    false => &mut out.content,
+                let sink = match (call, reasoning) {
+                    (true, _) => &mut self.call_body,
+                    (_, true) => &mut out.reasoning,
+                    (_, false) => &mut out.content,
                 };
                 let found = ends
                     .iter()
@@ -246,13 +288,11 @@ impl ReasoningSplitter {
                         cut = s[..cut].trim_end().len();
                     }
                     sink.push_str(&s[..cut]);
-                    self.state = match reasoning {
-                        true => State::Reasoning {
-                            fresh: fresh && cut == 0,
-                        },
-                        false => State::Content {
-                            fresh: fresh && cut == 0,
-                        },
+                    let fresh = fresh && cut == 0;
+                    self.state = match (call, reasoning) {
+                        (true, _) => State::Call { fresh },
+                        (_, true) => State::Reasoning { fresh },
+                        (_, false) => State::Content { fresh },
                     };
                     return s[cut..].to_string();
                 };
@@ -260,10 +300,13 @@ impl ReasoningSplitter {
                     true => s[..at].trim_end(),
                     false => &s[..at],
                 });
+                if call {
+                    self.end_call(out);
+                }
                 self.state = match (self.format, m) {
                     (ReasoningFormat::ThinkTags, THINK_CLOSE) => State::Content { fresh: true },
                     (ReasoningFormat::ThinkTags, _) => State::Reasoning { fresh: true },
-                    (_, END) => State::Begin,
+                    (_, END | CALL) => State::Begin,
                     _ => {
                         self.header.clear();
                         if m == CHANNEL {
@@ -377,6 +420,54 @@ mod tests {
         );
         // A model that skips the header: content.
         assert_eq!(split(f, p, "plain"), ("".into(), "plain".into()));
+    }
+
+    #[test]
+    fn harmony_calls_are_messages_to_functions() {
+        let f = ReasoningFormat::Harmony;
+        // Both places llama.cpp reads a recipient from: after the role, after the channel.
+        let texts = [
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}",
+            "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+        ];
+        for t in texts {
+            let mut whole = ReasoningSplitter::new(f, "<|start|>assistant");
+            let mut a = whole.push(t);
+            let e = whole.finish();
+            a.calls.extend(e.calls);
+            a.reasoning += &e.reasoning;
+            assert_eq!(a.reasoning, "Need weather.", "{t}");
+            assert_eq!(a.content, "", "{t}");
+            assert_eq!(
+                a.calls,
+                [(
+                    "get_weather".to_string(),
+                    "{\"city\": \"Paris\"}".to_string()
+                )]
+            );
+            // Streamed a character at a time: the same.
+            let mut each = ReasoningSplitter::new(f, "<|start|>assistant");
+            let mut b = Split::default();
+            for c in t.chars() {
+                let s = each.push(&c.to_string());
+                b.reasoning += &s.reasoning;
+                b.content += &s.content;
+                b.calls.extend(s.calls);
+            }
+            let e = each.finish();
+            b.reasoning += &e.reasoning;
+            b.calls.extend(e.calls);
+            assert_eq!(a, b, "{t}");
+        }
+        // A commentary message to no function is content, as before.
+        assert_eq!(
+            split(
+                f,
+                "<|start|>assistant",
+                "<|channel|>commentary<|message|>note"
+            ),
+            ("".into(), "note".into())
+        );
     }
 
     #[test]

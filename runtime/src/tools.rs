@@ -8,6 +8,10 @@
 //! - Llama 3.x: the whole answer is one JSON object `{"name": …, "parameters": …}` (or
 //!   several joined by `;`), optionally after `<|python_tag|>`.
 //! - Mistral: `[TOOL_CALLS]` then a JSON array of `{"name": …, "arguments": …}`.
+//! - Harmony (gpt-oss): a message addressed `to=functions.NAME` whose body is the
+//!   arguments; the harmony reader of `reasoning.rs`, which already reads the message
+//!   headers, takes these out ([`crate::reasoning::Split::calls`]), so content is never
+//!   scanned for calls here.
 //! - Generic: a template with no call syntax of its own; calls are only made when the
 //!   request forces one (`tool_choice` `required` or a named function), as a JSON object
 //!   `{"name": …, "arguments": …}` that the constraint engine writes.
@@ -33,6 +37,8 @@ pub enum ToolSyntax {
     Hermes,
     Llama3,
     Mistral,
+    /// gpt-oss's messages to `functions.NAME`.
+    Harmony,
     /// No syntax of the template's own (forced calls only).
     Generic,
 }
@@ -48,11 +54,17 @@ impl ToolSyntax {
     /// The syntax a chat template's model writes its calls in (Generic where the template
     /// names none).
     pub fn of_template(source: &str) -> ToolSyntax {
-        if source.contains(HERMES_OPEN) {
+        if source.contains("<|call|>") && source.contains("to=") {
+            ToolSyntax::Harmony
+        } else if source.contains(HERMES_OPEN) {
             ToolSyntax::Hermes
         } else if source.contains(MISTRAL_OPEN) {
             ToolSyntax::Mistral
-        } else if source.contains(PYTHON_TAG) || source.contains("<|eom_id|>") {
+        } else if source.contains(PYTHON_TAG)
+            || source.contains("<|eom_id|>")
+            // Llama 3.2's template names the ipython role only.
+            || (source.contains("<|start_header_id|>") && source.contains("ipython"))
+        {
             ToolSyntax::Llama3
         } else {
             ToolSyntax::Generic
@@ -73,6 +85,9 @@ impl ToolSyntax {
         match self {
             ToolSyntax::Hermes => "<tool_call>\n",
             ToolSyntax::Mistral => MISTRAL_OPEN,
+            // A forced call is written as a JSON object in the final channel (the prompt
+            // ends with the template's `<|start|>assistant`).
+            ToolSyntax::Harmony => "<|channel|>final<|message|>",
             ToolSyntax::Llama3 | ToolSyntax::Generic => "",
         }
     }
@@ -190,7 +205,9 @@ impl ToolCallSplitter {
     /// Takes new text; returns what is known to be content, and the calls it completed.
     pub fn push(&mut self, text: &str) -> ToolSplit {
         let mut out = ToolSplit::default();
-        if self.syntax == ToolSyntax::Generic && self.state != State::Call {
+        if matches!(self.syntax, ToolSyntax::Generic | ToolSyntax::Harmony)
+            && self.state != State::Call
+        {
             out.content.push_str(text);
             return out;
         }

@@ -59,19 +59,36 @@ impl AnswerSplitter {
 
     /// New text; `last`: the answer's end (the splitters give up what they hold back).
     pub fn push(&mut self, text: &str, last: bool) -> Pieces {
-        let (reasoning, mut content) = match self.reasoning.as_mut() {
+        let (reasoning, mut content, harmony_calls) = match self.reasoning.as_mut() {
             Some(sp) => {
                 let mut s = sp.push(text);
                 if last {
                     let tail = sp.finish();
                     s.reasoning += &tail.reasoning;
                     s.content += &tail.content;
+                    s.calls.extend(tail.calls);
                 }
-                (s.reasoning, s.content)
+                (s.reasoning, s.content, s.calls)
             }
-            None => (String::new(), text.to_string()),
+            None => (String::new(), text.to_string(), Vec::new()),
         };
         let mut calls = Vec::new();
+        // Harmony's calls come out of its message headers (`to=functions.NAME`); without
+        // tools offered, their text stays content.
+        for (name, arguments) in harmony_calls {
+            match &self.tools {
+                Some((_, parallel)) if self.calls == 0 || *parallel => {
+                    self.calls += 1;
+                    calls.push(ToolCall {
+                        id: runtime::tools::new_call_id(),
+                        name,
+                        arguments,
+                    });
+                }
+                Some(_) => {}
+                None => content.push_str(&arguments),
+            }
+        }
         if let Some((tsp, parallel)) = self.tools.as_mut() {
             let mut t = tsp.push(&content);
             if last {
@@ -125,6 +142,36 @@ pub trait Encoder: Send + 'static {
 mod tests {
     use super::*;
     use runtime::tools::ToolSyntax;
+
+    #[test]
+    fn harmony_calls_come_out_of_message_headers() {
+        let text = "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+        let plan = ToolPlan {
+            syntax: ToolSyntax::Harmony,
+            forced: false,
+            parallel: true,
+        };
+        for cut in (0..text.len()).filter(|&c| text.is_char_boundary(c)) {
+            let mut sp = AnswerSplitter::new(Some((ReasoningFormat::Harmony, false)), Some(plan));
+            let mut a = Answer::default();
+            a.add(sp.push(&text[..cut], false));
+            a.add(sp.push(&text[cut..], true));
+            assert_eq!(a.reasoning, "Weather needed.", "cut {cut}");
+            assert_eq!(a.content, "", "cut {cut}");
+            assert_eq!(a.calls.len(), 1, "cut {cut}");
+            assert_eq!(
+                (a.calls[0].name.as_str(), a.calls[0].arguments.as_str()),
+                ("get_weather", "{\"city\":\"Paris\"}")
+            );
+        }
+        // No tools offered: the body is content.
+        let mut sp = AnswerSplitter::new(Some((ReasoningFormat::Harmony, false)), None);
+        let p = sp.push(text, true);
+        assert!(
+            p.calls.is_empty() && p.content == "{\"city\":\"Paris\"}",
+            "{p:?}"
+        );
+    }
 
     #[test]
     fn reasoning_content_and_calls_come_apart_at_any_cut() {

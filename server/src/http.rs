@@ -1700,9 +1700,7 @@ async fn serve(
         }
     }
     drop(listener);
-    for (_, e) in models.loaded() {
-        e.begin_drain();
-    }
+    models.begin_drain();
     // Kept-alive idle connections close now; in-flight requests finish.
     let _ = close_tx.send(true);
     let all_closed = {

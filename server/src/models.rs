@@ -117,6 +117,8 @@ pub struct Models {
     /// Requests refused before a model was chosen (several models: a bad key, a bad
     /// body, an unknown model).
     unrouted: AtomicU64,
+    /// Shutting down: nothing more is loaded.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl Models {
@@ -168,6 +170,7 @@ impl Models {
             switch: Mutex::new(()),
             epoch: Instant::now(),
             unrouted: AtomicU64::new(0),
+            closing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -238,6 +241,15 @@ impl Models {
     /// room; None to wait.
     fn try_acquire(&self, slot: &Arc<Slot>) -> Result<Option<Lease>, ApiError> {
         let _switch = self.switch.lock().unwrap_or_else(|e| e.into_inner());
+        let shutting_down = || {
+            ApiError::new(
+                ApiErrorKind::Unavailable { retry_after_s: 5 },
+                "the server is shutting down",
+            )
+        };
+        if self.closing.load(Ordering::Acquire) {
+            return Err(shutting_down());
+        }
         if let Some(e) = slot.engine() {
             match e.shared.state() {
                 State::Ready => {
@@ -248,7 +260,15 @@ impl Models {
                         epoch: self.epoch,
                     }));
                 }
-                State::Loading | State::Draining => return Ok(None),
+                // One model: /health says 503 while it loads, and so do requests.
+                State::Loading if !self.on_demand => {
+                    return Err(ApiError::new(
+                        ApiErrorKind::Unavailable { retry_after_s: 5 },
+                        "the model is still loading",
+                    ))
+                }
+                State::Loading => return Ok(None),
+                State::Draining => return Err(shutting_down()),
                 State::Failed => {
                     let why = e.shared.load_error.get().cloned().unwrap_or_default();
                     if self.on_demand {
@@ -324,6 +344,16 @@ impl Models {
             .iter()
             .filter_map(|s| s.engine().map(|e| (s.clone(), e)))
             .collect()
+    }
+
+    /// Shutdown begins: no model loads from now on, the loaded ones stop taking
+    /// requests and finish what they hold.
+    pub fn begin_drain(&self) {
+        let _switch = self.switch.lock().unwrap_or_else(|e| e.into_inner());
+        self.closing.store(true, Ordering::Release);
+        for (_, e) in self.loaded() {
+            e.begin_drain();
+        }
     }
 
     /// Stops every engine (shutdown).
