@@ -614,32 +614,18 @@ async fn admit(
         parsed.cache_salt.as_deref(),
         &st.label_key,
     );
-    let tally = Arc::new(Tally::new(n));
-    let mut receivers = Vec::with_capacity(n);
-    for i in 0..n {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut params = parsed.params.clone();
-        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
-        let req = GenRequest {
-            prompt: parsed.prompt.clone(),
-            params,
-            events: tx,
-            arrival,
-            tenant: tenant.clone(),
-            tally: tally.clone(),
-        };
-        // Choices already submitted see their receivers dropped and are freed.
-        lease
-            .engine
-            .submit(req)
-            .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
-        receivers.push(rx);
-    }
-    unsettled.hand_over();
+    let seqs = (0..n)
+        .map(|i| {
+            let mut params = parsed.params.clone();
+            params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+            (parsed.prompt.clone(), params)
+        })
+        .collect();
+    let rx = submit_all(&lease.engine, seqs, arrival, &tenant, &mut unsettled)?;
     Ok(Admitted {
         parsed,
         model,
-        rx: merge(receivers),
+        rx,
         extra,
         lease,
         shared,
@@ -709,6 +695,38 @@ async fn generate(st: AppState, headers: HeaderMap, dialect: Dialect, body: Body
         )
         .into_response(),
     }
+}
+
+/// Submits one request's sequences (its choices, or its embedding inputs) sharing one
+/// tally, so that the request counts one outcome; their events come merged, tagged with
+/// each sequence's index. From here on the engine counts the request.
+fn submit_all(
+    engine: &Engine,
+    seqs: Vec<(Vec<u32>, crate::engine::GenParams)>,
+    arrival: Instant,
+    tenant: &Tenant,
+    unsettled: &mut Unsettled,
+) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    let tally = Arc::new(Tally::new(seqs.len()));
+    let mut receivers = Vec::with_capacity(seqs.len());
+    for (prompt, params) in seqs {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let req = GenRequest {
+            prompt,
+            params,
+            events: tx,
+            arrival,
+            tenant: tenant.clone(),
+            tally: tally.clone(),
+        };
+        // Sequences already submitted see their receivers dropped and are freed.
+        engine
+            .submit(req)
+            .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
+        receivers.push(rx);
+    }
+    unsettled.hand_over();
+    Ok(merge(receivers))
 }
 
 /// The events of every choice on one channel, tagged with the choice's index. A dropped
@@ -1122,38 +1140,24 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
         let (req, model, pooling) = prepared.inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         let tenant = Tenant::of(key_label.as_deref(), None, &st.label_key);
         let n = req.inputs.len();
-        let tally = Arc::new(Tally::new(n));
-        let mut receivers = Vec::with_capacity(n);
         let prompt_tokens: usize = req.inputs.iter().map(Vec::len).sum();
-        for prompt in req.inputs {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let params = crate::engine::GenParams {
-                max_tokens: 1,
-                sampling: Default::default(),
-                stop: Vec::new(),
-                logprobs: None,
-                ignore_eos: false,
-                logit_bias: Vec::new(),
-                format: None,
-                special_text: false,
-                embed: Some(pooling),
-            };
-            let g = GenRequest {
-                prompt,
-                params,
-                events: tx,
-                arrival,
-                tenant: tenant.clone(),
-                tally: tally.clone(),
-            };
-            lease
-                .engine
-                .submit(g)
-                .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
-            receivers.push(rx);
-        }
-        unsettled.hand_over();
-        let mut rx = merge(receivers);
+        let params = crate::engine::GenParams {
+            max_tokens: 1,
+            sampling: Default::default(),
+            stop: Vec::new(),
+            logprobs: None,
+            ignore_eos: false,
+            logit_bias: Vec::new(),
+            format: None,
+            special_text: false,
+            embed: Some(pooling),
+        };
+        let seqs = req
+            .inputs
+            .into_iter()
+            .map(|p| (p, params.clone()))
+            .collect();
+        let mut rx = submit_all(&lease.engine, seqs, arrival, &tenant, &mut unsettled)?;
         let mut vectors = vec![Vec::new(); n];
         let mut done = 0;
         while done < n {
