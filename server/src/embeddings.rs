@@ -12,7 +12,8 @@ use runtime::tokenizer::Tokenizer;
 
 use crate::error::{ApiError, ApiErrorKind};
 
-/// The most inputs one request may carry.
+/// The most inputs one request may carry (fewer where the server's queue is shorter:
+/// every input waits in it as a sequence of its own).
 pub const MAX_INPUTS: usize = 256;
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
@@ -34,7 +35,11 @@ pub fn parse(
     n_ctx: usize,
     n_embd: usize,
     pooling: Pooling,
+    queue_size: usize,
 ) -> Result<EmbedRequest, ApiError> {
+    // More inputs than the queue holds could never all be accepted: a 400, not a 429
+    // that no retry can get past.
+    let max_inputs = MAX_INPUTS.min(queue_size.max(1));
     let v: Value = crate::api::parse_json(body)?;
     let Some(o) = v.as_object() else {
         return Err(ApiError::new(
@@ -69,10 +74,14 @@ pub fn parse(
         Some(Value::Array(a)) if a.is_empty() => {
             return Err(bad("input", "input must not be empty"))
         }
-        Some(Value::Array(a)) if a.len() > MAX_INPUTS => {
+        Some(Value::Array(a)) if a.len() > max_inputs => {
             return Err(bad(
                 "input",
-                format!("at most {MAX_INPUTS} inputs per request, got {}", a.len()),
+                format!(
+                    "at most {max_inputs} inputs per request here (each waits in the \
+                     server's queue of {queue_size}, --queue-size), got {}",
+                    a.len()
+                ),
             ))
         }
         Some(Value::Array(a)) => match &a[0] {

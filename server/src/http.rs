@@ -1126,6 +1126,7 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
             .inspect_err(|e| unsettled.settle(outcome_of(e)))?;
         let lease = route(&st, &mut unsettled, &body).await?;
         let shared = lease.engine.shared.clone();
+        let queue_size = lease.engine.shared.queue_size;
         let prepared = prepare(&lease.engine, move |info| {
             let req = crate::embeddings::parse(
                 &body,
@@ -1133,6 +1134,7 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
                 info.n_ctx,
                 info.n_embd,
                 info.pooling,
+                queue_size,
             )?;
             Ok::<_, ApiError>((req, info.id.clone(), info.pooling))
         })

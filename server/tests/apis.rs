@@ -474,6 +474,8 @@ fn embeddings_refuse_what_they_cannot_do() {
         ),
         (json!({"input": "x", "dimensions": 3}), "dimensions"),
         (json!({"input": "hello ".repeat(2500)}), "input[0]"),
+        // More inputs than the queue (64 here) holds: a 400, not a 429 forever.
+        (json!({"input": vec!["x"; 65]}), "input"),
     ] {
         let r = post(a, "/v1/embeddings", &body);
         let v: Value = r.json();
