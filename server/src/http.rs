@@ -707,6 +707,21 @@ fn submit_all(
     tenant: &Tenant,
     unsettled: &mut Unsettled,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
+    // Each sequence waits in the queue: more than it holds could never all be accepted
+    // (a 400, not a 429 that no retry gets past).
+    let cap = engine.shared.queue_size;
+    if seqs.len() > cap {
+        let e = ApiError::new(
+            ApiErrorKind::InvalidRequest,
+            format!(
+                "this request needs {} sequences (choices or inputs), more than this server's \
+                 queue of {cap} (--queue-size) holds",
+                seqs.len()
+            ),
+        );
+        unsettled.settle(outcome_of(&e));
+        return Err(e);
+    }
     let tally = Arc::new(Tally::new(seqs.len()));
     let mut receivers = Vec::with_capacity(seqs.len());
     for (prompt, params) in seqs {

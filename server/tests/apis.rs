@@ -631,3 +631,29 @@ fn three_models_under_a_budget_for_two() {
         Some(1.0)
     );
 }
+
+#[test]
+fn more_sequences_than_the_queue_holds_is_a_400() {
+    if !model_available() {
+        return;
+    }
+    let _g = serial();
+    let srv = start(server::engine::EngineConfig {
+        queue_size: 4,
+        ..engine_config()
+    });
+    let a = srv.addr;
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "n": 8, "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("--queue-size"), "{}", r.text());
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "n": 4, "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
