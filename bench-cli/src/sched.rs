@@ -1,8 +1,13 @@
 //! `rbench sched`: the benchmark plan under several schedulers, policies, cgroups and
-//! placements, with the proof of what ran (see the `sched-experiments` crate). Engine tests
-//! run `rbench` itself as the placed child (one repetition per window after its own
-//! warmup); serving windows start `rserve` under the variant and run an `rbench serve`
-//! sweep against it from outside. `rbench antagonist spin|membw N` is the background load.
+//! placements, with the proof of what ran (see the `sched-experiments` crate), for our
+//! engine and llama.cpp's side by side. Engine tests run the engine as the placed child
+//! (one repetition per window after its own warmup): `rbench` itself for `rllama` and
+//! `llamacpp` (the llama.cpp it links), or a `llama-bench` binary whose JSON rows are read.
+//! Serving windows start a server (`rserve`, `llama-server` or any command, as `rbench serve
+//! --spawn` takes them) under the variant and run an `rbench serve` sweep against it from
+//! outside. `cmd:"…"` runs a user's own benchmark command under the variant. Every thread
+//! of the placed process tree is proven, ours or not. `rbench antagonist spin|membw N` is
+//! the background load.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,8 +16,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use sched_experiments::harness::{Harness, HarnessOptions, WindowOutcome, Workload};
-use sched_experiments::plan::{self, Order, Plan};
+use sched_experiments::plan::{self, Order, Plan, Task};
 use sched_experiments::{fingerprint, interrupt, Antagonist, Roots, Variant};
+
+use crate::serve::spawn::{builtin_with, parse_spawn, SpawnDefaults, SpawnSpec};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug, Default)]
@@ -23,8 +30,15 @@ use serde_json::{json, Value};
 cgroup:cpu.max=QUOTA/PERIOD|cpuset=CPUS[:MEMS]|weight=W | affinity:CPUS | pinned | unpinned | \
 numactl:ARGS | numa:distribute|isolate|numactl | weights:first-touch|interleave|replicate, combined \
 with '+' (e.g. scx:scx_simple+unpinned, numa:distribute+weights:replicate).\n\
-Workloads: ppN, tgN, ppN+tgM, any of them @dDEPTH, serve:c=1,4,16[:n=PROMPTS][:len=TOKENS].\n\
+Workloads: ppN, tgN, ppN+tgM, any of them @dDEPTH (on every --engine), \
+serve:c=1,4,16[:n=PROMPTS][:len=TOKENS] (against every --spawn server), cmd:\"CMD\" or \
+cmd:NAME=\"CMD\" (a command of yours run under each variant through sh -c: exit status, wall \
+time, and the llama-bench JSON/JSONL rows or vLLM bench serve result it prints).\n\
+Engines: rllama, llamacpp (the llama.cpp rbench links), PATH to a llama-bench binary, or \
+NAME=PATH. Servers: rserve, llama-server, NAME=\"CMD ...\" ({port} is replaced; without it \
+--host 127.0.0.1 --port P is appended).\n\
 Example: rbench sched -m smollm2-135m --variants eevdf,scx:scx_simple,policy:batch \
+--engine rllama,llamacpp --spawn rserve --spawn llama-server \
 --workloads pp512,tg128,serve:c=1,4,16 -r 5 --result-file sched.jsonl"
 )]
 pub struct SchedArgs {
@@ -40,6 +54,12 @@ pub struct SchedArgs {
     /// Comma list of workloads.
     #[arg(long)]
     pub workloads: Option<String>,
+    /// Engines for the ppN/tgN workloads, comma list (repeatable) [default: rllama].
+    #[arg(long = "engine", value_name = "LIST")]
+    pub engine: Vec<String>,
+    /// A server for the serve: workloads (repeatable) [default: rserve].
+    #[arg(long = "spawn", value_name = "SERVER")]
+    pub spawn: Vec<String>,
     /// Repetitions (windows) per variant and workload.
     #[arg(short = 'r', long = "repetitions")]
     pub reps: Option<usize>,
@@ -88,6 +108,9 @@ pub struct SchedArgs {
     /// The rserve binary for serving windows [default: next to this rbench].
     #[arg(long)]
     pub rserve: Option<PathBuf>,
+    /// Serving windows: per-slot context of the built-in servers [default: 2048].
+    #[arg(long)]
+    pub serve_ctx: Option<usize>,
 }
 
 /// The plan as the TOML file spells it.
@@ -97,6 +120,8 @@ struct PlanFile {
     model: Option<String>,
     variants: Option<Vec<String>>,
     workloads: Option<Vec<String>>,
+    engines: Option<Vec<String>>,
+    servers: Option<Vec<String>>,
     repetitions: Option<usize>,
     threads: Option<usize>,
     cooldown: Option<f64>,
@@ -108,8 +133,89 @@ struct PlanFile {
     dataset: Option<String>,
     serve_prompts: Option<usize>,
     serve_output_len: Option<usize>,
+    serve_ctx: Option<usize>,
     window_timeout: Option<f64>,
     scx_timeout: Option<f64>,
+}
+
+/// An engine of the ppN/tgN workloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineSpec {
+    /// Ours: `rbench --engine rllama`.
+    Rllama,
+    /// The llama.cpp rbench links: `rbench --engine llamacpp`.
+    LlamaCpp,
+    /// A llama-bench binary (mainline's, ik_llama.cpp's, a user's build).
+    LlamaBench { name: String, path: PathBuf },
+}
+
+impl EngineSpec {
+    pub fn name(&self) -> &str {
+        match self {
+            EngineSpec::Rllama => "rllama",
+            EngineSpec::LlamaCpp => "llamacpp",
+            EngineSpec::LlamaBench { name, .. } => name,
+        }
+    }
+}
+
+/// The engine label of `cmd:` workloads.
+const CMD_ENGINE: &str = "cmd";
+
+/// Parses `--engine` lists: `rllama`, `llamacpp`, a path to llama-bench (it holds a `/`),
+/// or `NAME=PATH`.
+pub fn parse_engines(lists: &[String]) -> Result<Vec<EngineSpec>> {
+    let mut out: Vec<EngineSpec> = Vec::new();
+    for tok in lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        let e = match tok {
+            "rllama" => EngineSpec::Rllama,
+            "llamacpp" | "llama.cpp" => EngineSpec::LlamaCpp,
+            _ => {
+                let (name, path) = match tok.split_once('=') {
+                    Some((n, p)) => (n.trim().to_string(), PathBuf::from(p.trim())),
+                    None if tok.contains('/') => {
+                        let p = PathBuf::from(tok);
+                        let n = p
+                            .file_name()
+                            .map(|f| f.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        (n, p)
+                    }
+                    None => bail!(
+                        "--engine {tok}: not an engine (rllama, llamacpp, a path to llama-bench, \
+                         or NAME=PATH)"
+                    ),
+                };
+                if name.is_empty()
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                {
+                    bail!("--engine {tok}: the name must be letters, digits, '-', '_' or '.'");
+                }
+                if matches!(name.as_str(), "rllama" | "llamacpp" | CMD_ENGINE) {
+                    bail!("--engine {tok}: '{name}' is a built-in engine name; give NAME=PATH");
+                }
+                if !path.is_file() {
+                    bail!("--engine {tok}: {} is not a file", path.display());
+                }
+                EngineSpec::LlamaBench { name, path }
+            }
+        };
+        if out.iter().any(|o| o.name() == e.name()) {
+            bail!("--engine: '{}' is listed twice", e.name());
+        }
+        out.push(e);
+    }
+    if out.is_empty() {
+        out.push(EngineSpec::Rllama);
+    }
+    Ok(out)
 }
 
 /// One workload as written on the command line.
@@ -127,6 +233,8 @@ pub enum WorkloadSpec {
         prompts: Option<usize>,
         output_len: Option<usize>,
     },
+    /// A user's command, run through `sh -c` under the variant.
+    Cmd { name: String, cmd: String },
 }
 
 impl WorkloadSpec {
@@ -150,15 +258,91 @@ impl WorkloadSpec {
                 }
             }
             WorkloadSpec::Serve { concurrency, .. } => format!("serve:c={}", concurrency.join(",")),
+            WorkloadSpec::Cmd { name, .. } => format!("cmd:{name}"),
         }
     }
+}
+
+/// Splits a workload list on the commas outside double quotes (a `cmd:"…"` keeps its
+/// own commas).
+fn split_outside_quotes(s: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    if quoted {
+        bail!("workloads {s:?}: a double quote is not closed");
+    }
+    out.push(cur);
+    Ok(out)
+}
+
+/// `cmd:"CMD"` or `cmd:NAME="CMD"` (the quotes are optional when CMD has no comma).
+fn parse_cmd(tok: &str, rest: &str) -> Result<WorkloadSpec> {
+    let unquote = |c: &str| {
+        let c = c.trim();
+        c.strip_prefix('"')
+            .and_then(|c| c.strip_suffix('"'))
+            .unwrap_or(c)
+            .to_string()
+    };
+    let named = rest
+        .split_once('=')
+        .filter(|(n, _)| !n.is_empty() && !n.contains(['"', ' ']));
+    let (name, cmd) = match named {
+        Some((n, c)) => (n.to_string(), unquote(c)),
+        None => {
+            let cmd = unquote(rest);
+            let first = cmd.split_whitespace().next().unwrap_or_default();
+            let base = Path::new(first)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (base, cmd)
+        }
+    };
+    if cmd.trim().is_empty() {
+        bail!("workload '{tok}': empty command");
+    }
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!("workload '{tok}': name it with cmd:NAME=\"CMD\" (letters, digits, '-', '_', '.')");
+    }
+    Ok(WorkloadSpec::Cmd { name, cmd })
 }
 
 /// Parses the workload list: `pp512,tg128,pp512+tg128@d1024,serve:c=1,4,16:n=8`. A bare
 /// number (or `inf`) after a `serve:c=` item continues its concurrency list.
 pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadSpec>> {
     let mut out: Vec<WorkloadSpec> = Vec::new();
-    for tok in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+    for tok in split_outside_quotes(s)?
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+    {
+        if let Some(rest) = tok.strip_prefix("cmd:") {
+            let w = parse_cmd(tok, rest)?;
+            if out.iter().any(|o| o.name() == w.name()) {
+                bail!(
+                    "workload '{tok}': {} is used twice; name each with cmd:NAME=\"CMD\"",
+                    w.name()
+                );
+            }
+            out.push(w);
+            continue;
+        }
         let continues = tok.chars().all(|c| c.is_ascii_digit())
             || tok == "inf"
             || tok.starts_with(|c: char| c.is_ascii_digit()) && tok.contains(':');
@@ -223,7 +407,9 @@ pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadSpec>> {
                 depth,
                 pg: false,
             },
-            None => bail!("unknown workload '{tok}' (ppN, tgN, ppN+tgM, @dDEPTH, serve:c=LIST)"),
+            None => bail!(
+                "unknown workload '{tok}' (ppN, tgN, ppN+tgM, @dDEPTH, serve:c=LIST, cmd:\"CMD\")"
+            ),
         };
         out.push(spec);
     }
@@ -299,6 +485,9 @@ struct Settings {
     model: String,
     variants: Vec<Variant>,
     workloads: Vec<WorkloadSpec>,
+    engines: Vec<EngineSpec>,
+    /// `--spawn` texts, parsed per serving point (slots follow the point's sweep).
+    servers: Vec<String>,
     reps: usize,
     threads: usize,
     cooldown: f64,
@@ -310,6 +499,7 @@ struct Settings {
     dataset: String,
     serve_prompts: usize,
     serve_output_len: usize,
+    serve_ctx: usize,
     window_timeout: f64,
     scx_timeout: f64,
 }
@@ -347,6 +537,23 @@ fn settings(a: &SchedArgs) -> Result<Settings> {
         .map(|s| Antagonist::parse(s))
         .transpose()
         .map_err(anyhow::Error::msg)?;
+    let engines = if a.engine.is_empty() {
+        parse_engines(&pf.engines.clone().unwrap_or_default())?
+    } else {
+        parse_engines(&a.engine)?
+    };
+    let servers: Vec<String> = if !a.spawn.is_empty() {
+        a.spawn.clone()
+    } else {
+        pf.servers.clone().unwrap_or_else(|| vec!["rserve".into()])
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for sv in &servers {
+        let name = sv.split_once('=').map_or(sv.as_str(), |(n, _)| n).trim();
+        if !seen.insert(name.to_string()) {
+            bail!("--spawn: '{name}' is listed twice");
+        }
+    }
     let reps = a.reps.or(pf.repetitions).unwrap_or(5);
     if reps == 0 {
         bail!("-r must be at least 1");
@@ -359,6 +566,8 @@ fn settings(a: &SchedArgs) -> Result<Settings> {
             .unwrap_or_else(|| runtime::registry::DEFAULT_MODEL.to_string()),
         variants,
         workloads,
+        engines,
+        servers,
         reps,
         threads: a
             .threads
@@ -382,100 +591,159 @@ fn settings(a: &SchedArgs) -> Result<Settings> {
             .unwrap_or_else(|| "sharegpt-synthetic".into()),
         serve_prompts: a.serve_prompts.or(pf.serve_prompts).unwrap_or(32),
         serve_output_len: a.serve_output_len.or(pf.serve_output_len).unwrap_or(64),
+        serve_ctx: a.serve_ctx.or(pf.serve_ctx).unwrap_or(2048),
         window_timeout: a.window_timeout.or(pf.window_timeout).unwrap_or(1800.0),
         scx_timeout: a.scx_timeout.or(pf.scx_timeout).unwrap_or(30.0),
     })
 }
 
-/// The workloads as the harness runs them.
-fn workloads(
+/// The engine-test command line of `e` for one test.
+fn engine_argv(
+    e: &EngineSpec,
+    rbench: &str,
+    model: &str,
+    threads: usize,
+    (n_prompt, n_gen, depth, pg): (usize, usize, usize, bool),
+) -> Vec<String> {
+    let exe = match e {
+        EngineSpec::LlamaBench { path, .. } => path.display().to_string(),
+        _ => rbench.to_string(),
+    };
+    let mut argv = vec![exe, "-m".into(), model.to_string()];
+    if pg {
+        argv.extend(["-p".into(), "0".into(), "-n".into(), "0".into()]);
+        argv.extend(["-pg".into(), format!("{n_prompt},{n_gen}")]);
+    } else {
+        argv.extend([
+            "-p".into(),
+            n_prompt.to_string(),
+            "-n".into(),
+            n_gen.to_string(),
+        ]);
+    }
+    // An older llama-bench has no -d: it is given only when asked for.
+    if depth > 0 || !matches!(e, EngineSpec::LlamaBench { .. }) {
+        argv.extend(["-d".into(), depth.to_string()]);
+    }
+    argv.extend([
+        "-t".into(),
+        threads.to_string(),
+        "-r".into(),
+        "1".into(),
+        "-o".into(),
+        "jsonl".into(),
+    ]);
+    match e {
+        EngineSpec::Rllama => argv.push("--no-progress".into()),
+        EngineSpec::LlamaCpp => {
+            argv.extend(["--engine".into(), "llamacpp".into(), "--no-progress".into()])
+        }
+        EngineSpec::LlamaBench { .. } => {}
+    }
+    argv
+}
+
+/// The tasks as the harness runs them: each engine test on every engine, each serving
+/// point against every server, each command once.
+fn tasks(
     s: &Settings,
     model: &Path,
     rbench: &Path,
     rserve: &Path,
     scratch: &Path,
-) -> Result<Vec<Workload>> {
+) -> Result<Vec<Task>> {
     let exe = rbench.display().to_string();
     let model = model.display().to_string();
     let mut out = Vec::new();
     for (i, w) in s.workloads.iter().enumerate() {
         let name = w.name();
-        out.push(match w {
+        match w {
             WorkloadSpec::Engine {
                 n_prompt,
                 n_gen,
                 depth,
                 pg,
             } => {
-                let mut argv = vec![exe.clone(), "-m".into(), model.clone()];
-                if *pg {
-                    argv.extend(["-p".into(), "0".into(), "-n".into(), "0".into()]);
-                    argv.extend(["-pg".into(), format!("{n_prompt},{n_gen}")]);
-                } else {
-                    argv.extend([
-                        "-p".into(),
-                        n_prompt.to_string(),
-                        "-n".into(),
-                        n_gen.to_string(),
-                    ]);
+                for e in &s.engines {
+                    out.push(Task {
+                        engine: e.name().to_string(),
+                        workload: Workload::Command {
+                            name: name.clone(),
+                            argv: engine_argv(
+                                e,
+                                &exe,
+                                &model,
+                                s.threads,
+                                (*n_prompt, *n_gen, *depth, *pg),
+                            ),
+                        },
+                    });
                 }
-                argv.extend([
-                    "-d".into(),
-                    depth.to_string(),
-                    "-t".into(),
-                    s.threads.to_string(),
-                    "-r".into(),
-                    "1".into(),
-                    "-o".into(),
-                    "jsonl".into(),
-                    "--no-progress".into(),
-                ]);
-                Workload::Command { name, argv }
             }
+            WorkloadSpec::Cmd { cmd, .. } => out.push(Task {
+                engine: CMD_ENGINE.into(),
+                workload: Workload::Command {
+                    name,
+                    argv: vec!["sh".into(), "-c".into(), cmd.clone()],
+                },
+            }),
             WorkloadSpec::Serve {
                 concurrency,
                 prompts,
                 output_len,
             } => {
-                // One window per concurrency point, each with a fresh server: a point never
-                // inherits the prefix cache (or the heap) of the points before it. Every
-                // point's server has the same slots, the sweep's largest concurrency.
+                // One window per concurrency point and server, each with a fresh server:
+                // a point never inherits the prefix cache (or the heap) of the points
+                // before it. Every point's server has the same slots, the sweep's largest
+                // concurrency.
                 let parallel = concurrency
                     .iter()
                     .filter_map(|c| c.parse::<usize>().ok())
                     .max()
                     .unwrap_or(16)
                     .clamp(1, 64);
+                let defaults = SpawnDefaults {
+                    model: model.clone(),
+                    threads: s.threads,
+                    parallel,
+                    ctx: s.serve_ctx,
+                };
                 for c in concurrency {
-                    out.push(serve_point(
-                        s,
-                        &exe,
-                        rserve,
-                        &model,
-                        c,
-                        parallel,
-                        prompts.unwrap_or(s.serve_prompts),
-                        output_len.unwrap_or(s.serve_output_len),
-                        &scratch.join(format!("serve-{i}-{c}.jsonl")),
-                    )?);
+                    for (j, text) in s.servers.iter().enumerate() {
+                        let spec = match text.trim() {
+                            "rserve" => builtin_with("rserve", &defaults, Some(rserve))?,
+                            _ => parse_spawn(text, &defaults)?,
+                        };
+                        out.push(Task {
+                            engine: spec.name.clone(),
+                            workload: serve_point(
+                                s,
+                                &exe,
+                                &spec,
+                                &model,
+                                c,
+                                prompts.unwrap_or(s.serve_prompts),
+                                output_len.unwrap_or(s.serve_output_len),
+                                &scratch.join(format!("serve-{i}-{c}-{j}.jsonl")),
+                            )?,
+                        });
+                    }
                 }
-                continue;
             }
-        });
+        }
     }
     Ok(out)
 }
 
-/// One serving window: `rserve` with `parallel` slots, a discarded warmup request, then
-/// `rbench serve` at concurrency `c` writing its result line to `result`.
+/// One serving window: the server of `spec` on a free port, a discarded warmup request,
+/// then `rbench serve` at concurrency `c` writing its result line to `result`.
 #[allow(clippy::too_many_arguments)] // the point's settings, all plain values
 fn serve_point(
     s: &Settings,
     exe: &str,
-    rserve: &Path,
+    spec: &SpawnSpec,
     model: &str,
     c: &str,
-    parallel: usize,
     prompts: usize,
     output_len: usize,
     result: &Path,
@@ -483,19 +751,12 @@ fn serve_point(
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let url = format!("http://{addr}");
-    let server_argv = [
-        &rserve.display().to_string(),
-        "-m",
-        model,
-        "--port",
-        &port.to_string(),
-        "-t",
-        &s.threads.to_string(),
-        "--parallel",
-        &parallel.to_string(),
-    ]
-    .map(String::from)
-    .to_vec();
+    let server_argv = if spec.shell {
+        vec!["sh".into(), "-c".into(), spec.command_line(port)]
+    } else {
+        let p = port.to_string();
+        spec.argv.iter().map(|a| a.replace("{port}", &p)).collect()
+    };
     let client = |dataset: &str, n: usize, conc: &str, len: usize| -> Vec<String> {
         [
             exe,
@@ -529,74 +790,225 @@ fn serve_point(
     })
 }
 
+/// The fields kept from an engine's result row (rbench's and llama-bench's share
+/// llama-bench's names).
+const ENGINE_KEEP: [&str; 16] = [
+    "avg_ts",
+    "stddev_ts",
+    "samples_ts",
+    "avg_ns",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "n_threads",
+    "pinned",
+    "isa",
+    "numa",
+    "numa_weights",
+    "numa_nodes",
+    "numa_detail",
+    "build_commit",
+    "cpu_info",
+];
+
+/// The fields kept from a serving result (vLLM's `bench serve` names).
+const SERVE_KEEP: [&str; 20] = [
+    "max_concurrency",
+    "num_prompts",
+    "completed",
+    "failed",
+    "success_rate",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+    "dataset",
+];
+
+fn keep(v: &Value, keys: &[&str]) -> Value {
+    Value::Object(
+        keys.iter()
+            .filter_map(|k| v.get(*k).map(|x| (k.to_string(), x.clone())))
+            .collect(),
+    )
+}
+
+/// The JSON values a command printed: JSONL lines, or one JSON document (llama-bench's
+/// `-o json` array, a result object), flattened one array level.
+fn json_values(out: &str) -> Vec<Value> {
+    let mut vals: Vec<Value> = match serde_json::from_str::<Value>(out.trim()) {
+        Ok(v) => vec![v],
+        Err(_) => out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+            .collect(),
+    };
+    vals = vals
+        .into_iter()
+        .flat_map(|v| match v {
+            Value::Array(a) => a,
+            v => vec![v],
+        })
+        .filter(Value::is_object)
+        .collect();
+    vals
+}
+
+/// vLLM's `bench serve` printed result block ("Output token throughput (tok/s):  123.4"),
+/// under its JSON field names.
+fn vllm_printed_result(out: &str) -> Option<Value> {
+    const NAMES: [(&str, &str); 18] = [
+        ("Successful requests", "completed"),
+        ("Failed requests", "failed"),
+        ("Maximum request concurrency", "max_concurrency"),
+        ("Benchmark duration (s)", "duration"),
+        ("Request throughput (req/s)", "request_throughput"),
+        ("Output token throughput (tok/s)", "output_throughput"),
+        ("Total Token throughput (tok/s)", "total_token_throughput"),
+        ("Mean TTFT (ms)", "mean_ttft_ms"),
+        ("Median TTFT (ms)", "median_ttft_ms"),
+        ("P99 TTFT (ms)", "p99_ttft_ms"),
+        ("Mean TPOT (ms)", "mean_tpot_ms"),
+        ("Median TPOT (ms)", "median_tpot_ms"),
+        ("P99 TPOT (ms)", "p99_tpot_ms"),
+        ("Mean ITL (ms)", "mean_itl_ms"),
+        ("Median ITL (ms)", "median_itl_ms"),
+        ("P99 ITL (ms)", "p99_itl_ms"),
+        ("Median E2EL (ms)", "median_e2el_ms"),
+        ("P99 E2EL (ms)", "p99_e2el_ms"),
+    ];
+    let mut m = serde_json::Map::new();
+    for l in out.lines() {
+        let Some((k, v)) = l.split_once(':') else {
+            continue;
+        };
+        let k = k.trim();
+        if let Some((_, name)) = NAMES.iter().find(|(t, _)| t.eq_ignore_ascii_case(k)) {
+            if let Ok(x) = v.trim().parse::<f64>() {
+                m.insert(name.to_string(), json!(x));
+            }
+        }
+    }
+    if !m.contains_key("output_throughput") {
+        return None;
+    }
+    if let (Some(ok), Some(bad)) = (
+        m.get("completed").and_then(Value::as_f64),
+        m.get("failed").and_then(Value::as_f64),
+    ) {
+        if ok + bad > 0.0 {
+            m.insert("success_rate".into(), json!(ok / (ok + bad)));
+        }
+    }
+    Some(Value::Object(m))
+}
+
+/// What a `cmd:` window's command reported: llama-bench rows (JSON or JSONL), serving
+/// results (vLLM's or `rbench serve`'s JSON, or vLLM's printed block), and the headline
+/// `figure` of the report (t/s of a single row, output tok/s of a single result, else
+/// the wall time).
+fn cmd_metrics(o: &WindowOutcome) -> Value {
+    let vals = json_values(&o.stdout);
+    let rows: Vec<Value> = vals
+        .iter()
+        .filter(|v| v.get("avg_ts").is_some())
+        .map(|v| keep(v, &ENGINE_KEEP))
+        .collect();
+    let mut points: Vec<Value> = vals
+        .iter()
+        .filter(|v| v.get("output_throughput").is_some())
+        .map(|v| keep(v, &SERVE_KEEP))
+        .collect();
+    if points.is_empty() {
+        points.extend(vllm_printed_result(&o.stdout));
+    }
+    let (figure, unit) = match (rows.as_slice(), points.as_slice()) {
+        ([r], []) => (r["avg_ts"].clone(), "t/s"),
+        ([], [p]) => (p["output_throughput"].clone(), "out tok/s"),
+        _ => (json!(o.duration_s), "s wall"),
+    };
+    json!({
+        "wall_s": o.duration_s,
+        "exit": o.exit,
+        "rows": rows,
+        "points": points,
+        "figure": figure,
+        "unit": unit,
+    })
+}
+
 /// The metrics of a window and the reasons its output makes it invalid.
 fn window_metrics(
     variant: Option<&Variant>,
-    w: &Workload,
+    task: &Task,
     o: &WindowOutcome,
 ) -> (Value, Vec<String>) {
     let mut reasons = Vec::new();
-    match w {
+    let engine = task.engine.as_str();
+    match &task.workload {
+        Workload::Command { .. } if engine == CMD_ENGINE => (cmd_metrics(o), reasons),
         Workload::Command { .. } => {
-            let rows: Vec<Value> = o
-                .stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            let ours = matches!(engine, "rllama" | "llamacpp");
+            let rows: Vec<Value> = json_values(&o.stdout)
+                .into_iter()
+                .filter(|v| v.get("avg_ts").is_some())
                 .collect();
             let Some(r) = rows.first() else {
                 if o.valid {
-                    reasons.push("rbench printed no result row".into());
+                    reasons.push(format!("{engine} printed no result row"));
                 }
                 return (Value::Null, reasons);
             };
-            if let (Some(v), Some(pinned)) = (variant, r["pinned"].as_bool()) {
-                if v.pin == Some(false) && pinned {
-                    reasons
-                        .push("the variant is unpinned but rbench reports pinned threads".into());
-                }
-                if v.pin == Some(true) && !pinned {
-                    reasons.push("the variant is pinned but rbench could not pin (fewer allowed CPUs than threads?)".into());
-                }
-            }
             if let Some(v) = variant {
-                if let Some(m) = &v.numa {
-                    if r["numa"].as_str() != Some(m.as_str()) {
-                        reasons.push(format!(
-                            "the variant asks for --numa {m} but the row says {}",
-                            r["numa"]
-                        ));
-                    }
+                // pinned/unpinned switch our pool; llama.cpp never pins its threads.
+                match (v.pin, engine, r["pinned"].as_bool()) {
+                    (Some(false), "rllama", Some(true)) => reasons
+                        .push("the variant is unpinned but rbench reports pinned threads".into()),
+                    (Some(true), "rllama", Some(false)) => reasons.push(
+                        "the variant is pinned but rbench could not pin (fewer allowed CPUs than threads?)"
+                            .into(),
+                    ),
+                    (Some(true), e, _) if e != "rllama" => reasons.push(format!(
+                        "`pinned` is rllama's pool pinning; {e} does not pin its threads \
+                         (compare placements with affinity:CPUS instead)"
+                    )),
+                    _ => {}
                 }
-                if let Some(w) = &v.weights {
-                    if r["numa_weights"].as_str() != Some(w.as_str()) {
-                        reasons.push(format!(
-                            "the variant asks for --numa-weights {w} but the row says {}",
-                            r["numa_weights"]
-                        ));
+                if !ours && (v.numa.is_some() || v.weights.is_some()) {
+                    reasons.push(format!(
+                        "numa:/weights: are rllama's placement; {engine} ignores them (use numactl:ARGS)"
+                    ));
+                }
+                if ours {
+                    if let Some(m) = &v.numa {
+                        if r["numa"].as_str() != Some(m.as_str()) {
+                            reasons.push(format!(
+                                "the variant asks for --numa {m} but the row says {}",
+                                r["numa"]
+                            ));
+                        }
+                    }
+                    if let Some(w) = &v.weights {
+                        if r["numa_weights"].as_str() != Some(w.as_str()) {
+                            reasons.push(format!(
+                                "the variant asks for --numa-weights {w} but the row says {}",
+                                r["numa_weights"]
+                            ));
+                        }
                     }
                 }
             }
-            let keep = [
-                "avg_ts",
-                "stddev_ts",
-                "samples_ts",
-                "avg_ns",
-                "n_prompt",
-                "n_gen",
-                "n_depth",
-                "n_threads",
-                "pinned",
-                "isa",
-                "numa",
-                "numa_weights",
-                "numa_nodes",
-                "numa_detail",
-            ];
-            let m: serde_json::Map<String, Value> = keep
-                .iter()
-                .filter_map(|k| r.get(*k).map(|v| (k.to_string(), v.clone())))
-                .collect();
-            (Value::Object(m), reasons)
+            (keep(r, &ENGINE_KEEP), reasons)
         }
         Workload::Serve { client_argv, .. } => {
             let file = client_argv
@@ -611,38 +1023,10 @@ fn window_metrics(
             if let Some(f) = &file {
                 let _ = std::fs::remove_file(f);
             }
-            let keep = [
-                "max_concurrency",
-                "num_prompts",
-                "completed",
-                "failed",
-                "success_rate",
-                "request_throughput",
-                "output_throughput",
-                "total_token_throughput",
-                "mean_ttft_ms",
-                "median_ttft_ms",
-                "p99_ttft_ms",
-                "mean_tpot_ms",
-                "median_tpot_ms",
-                "p99_tpot_ms",
-                "mean_itl_ms",
-                "median_itl_ms",
-                "p99_itl_ms",
-                "median_e2el_ms",
-                "p99_e2el_ms",
-                "dataset",
-            ];
             let points: Vec<Value> = text
                 .lines()
                 .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .map(|p| {
-                    Value::Object(
-                        keep.iter()
-                            .filter_map(|k| p.get(*k).map(|v| (k.to_string(), v.clone())))
-                            .collect(),
-                    )
-                })
+                .map(|p| keep(&p, &SERVE_KEEP))
                 .collect();
             if points.is_empty() && o.valid {
                 reasons.push("rbench serve wrote no result".into());
@@ -730,7 +1114,15 @@ pub fn run(a: &SchedArgs) -> Result<ExitCode> {
     let needs_server = s
         .workloads
         .iter()
-        .any(|w| matches!(w, WorkloadSpec::Serve { .. }));
+        .any(|w| matches!(w, WorkloadSpec::Serve { .. }))
+        && s.servers.iter().any(|t| t.trim() == "rserve");
+    let engine_tests = s
+        .workloads
+        .iter()
+        .any(|w| matches!(w, WorkloadSpec::Engine { .. }));
+    if engine_tests && s.engines.contains(&EngineSpec::LlamaCpp) {
+        crate::llama_bench::llamacpp_engine_available()?;
+    }
     let rserve = match (&a.rserve, needs_server) {
         (Some(p), _) => p.clone(),
         (None, true) => sibling("rserve")?,
@@ -760,7 +1152,7 @@ pub fn run(a: &SchedArgs) -> Result<ExitCode> {
     interrupt::install();
     let plan = Plan {
         variants: s.variants.clone(),
-        workloads: workloads(&s, &model, &rbench, &rserve, scratch.path())?,
+        tasks: tasks(&s, &model, &rbench, &rserve, scratch.path())?,
         reps: s.reps,
         cooldown: Duration::from_secs_f64(s.cooldown),
         retries: s.retries,
@@ -772,15 +1164,24 @@ pub fn run(a: &SchedArgs) -> Result<ExitCode> {
     let mut fp = fingerprint::collect(&roots, &scx_bins);
     fp["rbench_model"] = json!(model.display().to_string());
     fp["threads"] = json!(s.threads);
+    fp["engines"] = json!(s
+        .engines
+        .iter()
+        .map(|e| match e {
+            EngineSpec::LlamaBench { name, path } => json!({"name": name, "path": path}),
+            e => json!({"name": e.name(), "path": rbench}),
+        })
+        .collect::<Vec<_>>());
+    fp["servers"] = json!(s.servers);
     eprintln!(
-        "rbench sched: {} variants x {} workloads x {} repetitions on {}; results -> {}",
+        "rbench sched: {} variants x {} tasks (workload on engine) x {} repetitions on {}; results -> {}",
         plan.variants.len(),
-        plan.workloads.len(),
+        plan.tasks.len(),
         plan.reps,
         fingerprint::label(&fp),
         s.result_file.display()
     );
-    let mut metrics = |v: &Variant, w: &Workload, o: &WindowOutcome| window_metrics(Some(v), w, o);
+    let mut metrics = |v: &Variant, t: &Task, o: &WindowOutcome| window_metrics(Some(v), t, o);
     let mut progress = |m: &str| eprintln!("rbench sched: {m}");
     let r = plan::run(
         &h,
@@ -901,11 +1302,200 @@ mod tests {
     }
 
     #[test]
-    fn metrics_from_rbench_rows() {
-        let w = Workload::Command {
-            name: "pp8".into(),
-            argv: vec![],
+    fn engines_servers_and_commands_parse() {
+        let d = tempfile::tempdir().unwrap();
+        let lb = d.path().join("llama-bench");
+        std::fs::write(&lb, "").unwrap();
+        let e = parse_engines(&[
+            format!("rllama,llamacpp,{}", lb.display()),
+            format!("ik={}", lb.display()),
+        ])
+        .unwrap();
+        let names: Vec<&str> = e.iter().map(EngineSpec::name).collect();
+        assert_eq!(names, ["rllama", "llamacpp", "llama-bench", "ik"]);
+        assert_eq!(parse_engines(&[]).unwrap(), vec![EngineSpec::Rllama]);
+        for bad in [
+            "rllama,rllama",
+            "vllm",
+            "ik=/no/such/file",
+            "rllama=/bin/sh",
+        ] {
+            assert!(parse_engines(&[bad.to_string()]).is_err(), "{bad}");
+        }
+        let w = parse_workloads(
+            r#"pp8,cmd:"python3 bench.py --sizes 1,2,4",cmd:mine="sh -c 'echo 1, 2'",serve:c=1,2"#,
+        )
+        .unwrap();
+        assert_eq!(
+            w.iter().map(WorkloadSpec::name).collect::<Vec<_>>(),
+            ["pp8", "cmd:python3", "cmd:mine", "serve:c=1,2"]
+        );
+        assert_eq!(
+            w[1],
+            WorkloadSpec::Cmd {
+                name: "python3".into(),
+                cmd: "python3 bench.py --sizes 1,2,4".into()
+            }
+        );
+        assert_eq!(
+            w[2],
+            WorkloadSpec::Cmd {
+                name: "mine".into(),
+                cmd: "sh -c 'echo 1, 2'".into()
+            }
+        );
+        for bad in [r#"cmd:"a,b"#, "cmd:", r#"cmd:"x",cmd:"x""#] {
+            assert!(parse_workloads(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn outcome(stdout: &str) -> WindowOutcome {
+        WindowOutcome {
+            valid: true,
+            reasons: vec![],
+            proof: Value::Null,
+            stdout: stdout.into(),
+            stderr_tail: String::new(),
+            exit: "exit status: 0".into(),
+            duration_s: 2.5,
+        }
+    }
+
+    fn command(engine: &str) -> Task {
+        Task {
+            engine: engine.into(),
+            workload: Workload::Command {
+                name: "w".into(),
+                argv: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn foreign_rows_and_command_figures() {
+        // llama-bench's own JSONL row on an external engine.
+        let row = r#"{"build_commit": "abc", "n_prompt": 64, "n_gen": 0, "avg_ts": 900.5, "samples_ts": [900.5]}"#;
+        let (m, r) = window_metrics(
+            Some(&Variant::parse("eevdf").unwrap()),
+            &command("llama-bench"),
+            &outcome(row),
+        );
+        assert!(r.is_empty(), "{r:?}");
+        assert_eq!(
+            (m["avg_ts"].as_f64(), m["build_commit"].as_str()),
+            (Some(900.5), Some("abc"))
+        );
+        // Our pool's switches mean nothing to llama.cpp: said, not silently accepted.
+        let (_, r) = window_metrics(
+            Some(&Variant::parse("pinned").unwrap()),
+            &command("llamacpp"),
+            &outcome(row),
+        );
+        assert!(r[0].contains("does not pin"), "{r:?}");
+        let (_, r) = window_metrics(
+            Some(&Variant::parse("numa:distribute").unwrap()),
+            &command("llama-bench"),
+            &outcome(row),
+        );
+        assert!(r.iter().any(|x| x.contains("numactl")), "{r:?}");
+        let (_, r) = window_metrics(None, &command("llama-bench"), &outcome("built\n"));
+        assert_eq!(r, ["llama-bench printed no result row"]);
+        // A command printing llama-bench's -o json array: its rows; one row is the figure.
+        let arr = format!("[{row}]");
+        let (m, r) = window_metrics(None, &command(CMD_ENGINE), &outcome(&arr));
+        assert!(r.is_empty());
+        assert_eq!(
+            (m["figure"].as_f64(), m["unit"].as_str()),
+            (Some(900.5), Some("t/s"))
+        );
+        // vLLM's printed result block.
+        let vllm = "============ Serving Benchmark Result ============\n\
+            Successful requests:                     30\nFailed requests:                         2\n\
+            Request throughput (req/s):              1.5\nOutput token throughput (tok/s):         96.25\n\
+            Median TTFT (ms):                        40.1\nP99 TPOT (ms):                           12.0\n";
+        let (m, _) = window_metrics(None, &command(CMD_ENGINE), &outcome(vllm));
+        let p = &m["points"][0];
+        assert_eq!(p["output_throughput"], 96.25);
+        assert_eq!(p["median_ttft_ms"], 40.1);
+        assert_eq!(p["success_rate"], 30.0 / 32.0);
+        assert_eq!(m["figure"], 96.25);
+        // Anything else: exit status and wall time.
+        let (m, _) = window_metrics(None, &command(CMD_ENGINE), &outcome("done\n"));
+        assert_eq!(
+            (m["figure"].as_f64(), m["unit"].as_str()),
+            (Some(2.5), Some("s wall"))
+        );
+        assert_eq!(m["exit"], "exit status: 0");
+    }
+
+    #[test]
+    fn tasks_cover_every_engine_and_server() {
+        let d = tempfile::tempdir().unwrap();
+        let lb = d.path().join("llama-bench");
+        std::fs::write(&lb, "").unwrap();
+        let model = d.path().join("m.gguf");
+        std::fs::write(&model, "").unwrap();
+        let rserve = d.path().join("rserve");
+        std::fs::write(&rserve, "").unwrap();
+        let a = SchedArgs {
+            model: Some(model.display().to_string()),
+            variants: Some("eevdf".into()),
+            workloads: Some(r#"pp8@d16,serve:c=1,2,cmd:"true""#.into()),
+            engine: vec![format!("rllama,llamacpp,{}", lb.display())],
+            spawn: vec!["rserve".into(), "other=my-server --flag".into()],
+            threads: Some(2),
+            ..Default::default()
         };
+        let s = settings(&a).unwrap();
+        let t = tasks(&s, &model, Path::new("/x/rbench"), &rserve, d.path()).unwrap();
+        let names: Vec<(String, String)> = t
+            .iter()
+            .map(|t| (t.workload.name().to_string(), t.engine.clone()))
+            .collect();
+        let want = [
+            ("pp8@d16", "rllama"),
+            ("pp8@d16", "llamacpp"),
+            ("pp8@d16", "llama-bench"),
+            ("serve:c=1", "rserve"),
+            ("serve:c=1", "other"),
+            ("serve:c=2", "rserve"),
+            ("serve:c=2", "other"),
+            ("cmd:true", "cmd"),
+        ];
+        assert_eq!(
+            names,
+            want.map(|(a, b)| (a.to_string(), b.to_string())).to_vec()
+        );
+        let argv = |i: usize| match &t[i].workload {
+            Workload::Command { argv, .. } => argv.join(" "),
+            Workload::Serve { server_argv, .. } => server_argv.join(" "),
+        };
+        assert!(
+            argv(1).contains("--engine llamacpp") && argv(1).contains("-d 16"),
+            "{}",
+            argv(1)
+        );
+        assert!(
+            argv(2).starts_with(&lb.display().to_string()) && argv(2).contains("-o jsonl"),
+            "{}",
+            argv(2)
+        );
+        assert!(
+            argv(3).starts_with(&rserve.display().to_string()),
+            "{}",
+            argv(3)
+        );
+        assert!(
+            argv(4).starts_with("sh -c my-server --flag --host 127.0.0.1 --port "),
+            "{}",
+            argv(4)
+        );
+        assert_eq!(argv(7), "sh -c true");
+    }
+
+    #[test]
+    fn metrics_from_rbench_rows() {
+        let w = command("rllama");
         let o = WindowOutcome {
             valid: true,
             reasons: vec![],
@@ -939,7 +1529,7 @@ mod tests {
         };
         assert_eq!(
             window_metrics(None, &w, &empty).1,
-            vec!["rbench printed no result row"]
+            vec!["rllama printed no result row"]
         );
     }
 }

@@ -2,15 +2,17 @@
 //! kernel with sched_ext, `../shared/lab`). One guest boot runs
 //!
 //! 1. a plan with `eevdf`, `scx:scx_simple` and `scx:scx_qmap` on the lab model (a
-//!    two-layer synthetic llama-3, `common::lab_model`) and a tiny workload, and checks
+//!    two-layer synthetic llama-3, `common::lab_model`) and a tiny workload on both
+//!    engines (ours and the llama.cpp rbench links, built for the guest's CPU), and checks
 //!    the recorded proof of every window (ops names, every workload thread's
-//!    `ext.enabled`, the kernel back on `disabled` after each window);
+//!    `ext.enabled`, the kernel back on `disabled` after each window), llama.cpp's
+//!    threads as ours;
 //! 2. a run interrupted with SIGINT in the middle of an scx window: the scheduler must be
 //!    gone and the state `disabled`, and `--resume` must run only the missing windows.
 //!
 //! The guest is emulated (about 90x slower than the host), so the binaries are built for
-//! `x86-64-v3` into `target/lab` (or taken from `RBENCH_LAB_BIN`, the rbench binary with
-//! rserve beside it). One vCPU: with two, this guest's kernel sometimes oopses while
+//! `x86-64-v3` into `target/lab`, rbench with the `llamacpp` feature (or taken from
+//! `RBENCH_LAB_BIN`, the rbench binary with rserve beside it). One vCPU: with two, this guest's kernel sometimes oopses while
 //! disabling a scheduler (an int3 in `__schedule` during text patching under QEMU TCG).
 //! Without the lab the test is skipped with a message, unless `RBENCH_LAB_REQUIRED=1`
 //! (CI), where that is a failure.
@@ -46,17 +48,17 @@ fn schedulers_switch_for_real_and_the_proof_says_so() {
     // The model is read from the guest's tmpfs: through the host share every window's
     // process would fault its weights in over 9p again (tens of seconds each, emulated).
     let common = format!(
-        "{rb} sched -m /dev/shm/model.gguf --workloads pp2,tg2 -t 1 --cooldown 1",
+        "{rb} sched -m /dev/shm/model.gguf -t 1 --cooldown 1",
         rb = rbench.display(),
     );
     let script = format!(
         r#"set -u
 cp {m} /dev/shm/model.gguf
-{common} --variants eevdf,scx:scx_simple,scx:scx_qmap -r 1 --result-file plan.jsonl > plan.md 2> plan.err
+{common} --variants eevdf,scx:scx_simple,scx:scx_qmap --engine rllama,llamacpp --workloads pp2+tg2 -r 1 --result-file plan.jsonl > plan.md 2> plan.err
 echo "plan-exit=$?"
 echo "after-plan-state=$(cat /sys/kernel/sched_ext/state)"
 # Interrupt in the middle of an scx window.
-{common} --variants scx:scx_simple -r 2 --result-file int.jsonl > int.md 2> int.err &
+{common} --workloads pp2,tg2 --variants scx:scx_simple -r 2 --result-file int.jsonl > int.md 2> int.err &
 pid=$!
 for i in $(seq 1 600); do
   [ "$(cat /sys/kernel/sched_ext/state)" = enabled ] && break
@@ -69,7 +71,7 @@ wait $pid
 echo "int-exit=$?"
 echo "after-int-state=$(cat /sys/kernel/sched_ext/state)"
 echo "scx-procs=$(pgrep -cx scx_simple || true)"
-{common} --variants scx:scx_simple -r 2 --resume int.jsonl > resume.md 2> resume.err
+{common} --workloads pp2,tg2 --variants scx:scx_simple -r 2 --resume int.jsonl > resume.md 2> resume.err
 echo "resume-exit=$?"
 echo "after-resume-state=$(cat /sys/kernel/sched_ext/state)"
 "#,
@@ -107,6 +109,12 @@ echo "after-resume-state=$(cat /sys/kernel/sched_ext/state)"
     // 1. The plan's proof.
     let ws = windows(&dir.join("plan.jsonl"));
     assert_eq!(ws.len(), 6, "{ctx}");
+    let engines: Vec<&str> = ws.iter().map(|w| w["engine"].as_str().unwrap()).collect();
+    assert_eq!(
+        engines,
+        ["rllama", "llamacpp", "rllama", "llamacpp", "rllama", "llamacpp"],
+        "{ctx}"
+    );
     for w in &ws {
         let v = w["variant"].as_str().unwrap();
         assert_eq!(w["valid"], true, "{w}");
@@ -132,8 +140,15 @@ echo "after-resume-state=$(cat /sys/kernel/sched_ext/state)"
         }
         assert!(w["metrics"]["avg_ts"].as_f64().unwrap() > 0.0, "{w}");
     }
+    for e in ["rllama", "llamacpp"] {
+        assert!(
+            log("plan.md").contains(&format!("| scx:scx_qmap | {e} | qmap | 100% |")),
+            "{}",
+            log("plan.md")
+        );
+    }
     assert!(
-        log("plan.md").contains("| scx:scx_qmap | qmap | 100% |"),
+        log("plan.md").contains("rllama / llamacpp [95% CI]"),
         "{}",
         log("plan.md")
     );

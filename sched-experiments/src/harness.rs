@@ -231,6 +231,14 @@ struct Samples {
     scheduler_died: bool,
     in_cgroup: bool,
     allowed: Option<(String, String)>,
+    /// Every process of the workload's tree seen (the placed process, and whatever it
+    /// started: a shell's child, a launcher's server): pid -> comm.
+    procs: BTreeMap<u32, String>,
+    /// The process of each thread, and its last CPU and memory-node lists.
+    thread_pid: BTreeMap<u32, u32>,
+    thread_allowed: BTreeMap<u32, (String, String)>,
+    /// Processes of the tree seen alive outside the variant's cgroup.
+    outside_cgroup: BTreeMap<u32, String>,
 }
 
 impl Harness {
@@ -646,13 +654,51 @@ impl Harness {
                 reasons.push(format!("Cpus_allowed_list is {cpus}, not {want:?}"));
             }
         }
+        if let Some(want) = &variant.affinity {
+            // A thread may narrow its mask (a pinned pool, llama.cpp's --cpu-mask) but
+            // never leave the variant's CPUs.
+            let out: Vec<String> = s
+                .thread_allowed
+                .iter()
+                .filter(|(_, (cpus, _))| {
+                    parse_cpu_list(cpus).map_or(true, |c| c.iter().any(|x| !want.contains(x)))
+                })
+                .map(|(tid, (cpus, _))| {
+                    let comm = s.threads.get(tid).map_or("?", |t| t.comm.as_str());
+                    format!("{tid} ({comm}) on {cpus}")
+                })
+                .collect();
+            if !out.is_empty() {
+                reasons.push(format!(
+                    "threads escaped the variant's CPUs {want:?}: {}",
+                    out.join(", ")
+                ));
+            }
+        }
+        if !s.outside_cgroup.is_empty() {
+            reasons.push(format!(
+                "processes of the workload ran outside its cgroup: {}",
+                s.outside_cgroup
+                    .iter()
+                    .map(|(p, c)| format!("{p} ({c})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
         let threads: Vec<Value> = s
             .threads
             .values()
             .map(|t| {
-                json!({"tid": t.tid, "comm": t.comm, "policy": t.policy, "prio": t.prio,
-                       "ext_enabled": t.ext_enabled})
+                let a = s.thread_allowed.get(&t.tid);
+                json!({"tid": t.tid, "pid": s.thread_pid.get(&t.tid), "comm": t.comm,
+                       "policy": t.policy, "prio": t.prio, "ext_enabled": t.ext_enabled,
+                       "cpus": a.map(|a| &a.0), "mems": a.map(|a| &a.1)})
             })
+            .collect();
+        let processes: Vec<Value> = s
+            .procs
+            .iter()
+            .map(|(p, c)| json!({"pid": p, "comm": c}))
             .collect();
         let proof = json!({
             "before": before.to_json(),
@@ -663,6 +709,7 @@ impl Harness {
             "scx_changes": s.scx_changes.iter().map(ScxSnapshot::to_json).collect::<Vec<_>>(),
             "samples": s.n,
             "max_threads": s.max_threads,
+            "processes": processes,
             "threads": threads,
             "cpus_allowed": s.allowed.as_ref().map(|a| a.0.clone()),
             "mems_allowed": s.allowed.as_ref().map(|a| a.1.clone()),
@@ -700,12 +747,37 @@ impl Harness {
         s: &mut Samples,
     ) {
         s.n += 1;
-        let ts = procfs::all_thread_sched(&self.roots.proc, pid);
-        s.max_threads = s.max_threads.max(ts.len());
-        for t in ts {
-            s.threads.insert(t.tid, t);
+        let proc = &self.roots.proc;
+        // The whole tree: a foreign engine behind a shell or a launcher is a grandchild,
+        // and its threads are the ones the variant must reach.
+        let tree = procfs::process_tree(proc, pid);
+        let members = cg.map(|c| c.procs());
+        let mut n_threads = 0;
+        for &p in &tree {
+            let ts = procfs::all_thread_sched(proc, p);
+            if ts.is_empty() {
+                continue; // gone between the scan and now
+            }
+            n_threads += ts.len();
+            let comm = std::fs::read_to_string(proc.join(p.to_string()).join("comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default();
+            if let Some(m) = &members {
+                if !m.contains(&p) && procfs::alive(proc, p) {
+                    s.outside_cgroup.insert(p, comm.clone());
+                }
+            }
+            s.procs.insert(p, comm);
+            for t in ts {
+                if let Some(a) = procfs::thread_allowed_lists(proc, p, t.tid) {
+                    s.thread_allowed.insert(t.tid, a);
+                }
+                s.thread_pid.insert(t.tid, p);
+                s.threads.insert(t.tid, t);
+            }
         }
-        if let Some(a) = procfs::allowed_lists(&self.roots.proc, pid) {
+        s.max_threads = s.max_threads.max(n_threads);
+        if let Some(a) = procfs::allowed_lists(proc, pid) {
             s.allowed = Some(a);
         }
         if let Ok(now) = sched_ext::read(&self.roots.sched_ext()) {
@@ -718,10 +790,8 @@ impl Harness {
                 s.scheduler_died = true;
             }
         }
-        if let Some(c) = cg {
-            if c.procs().contains(&pid) {
-                s.in_cgroup = true;
-            }
+        if members.is_some_and(|m| m.contains(&pid)) {
+            s.in_cgroup = true;
         }
     }
 
@@ -912,6 +982,70 @@ mod tests {
             "{:?}",
             o.reasons
         );
+    }
+
+    #[test]
+    fn grandchildren_are_proven_and_their_escapes_caught() {
+        let d = tempfile::tempdir().unwrap();
+        let h = harness(d.path());
+        // The engine behind a launcher: `sh -c` starts a child shell that runs the
+        // "engine" (a sleep); its threads are in the proof, with their process.
+        let v = Variant::parse("policy:batch").unwrap();
+        let o = h
+            .run_window(&v, None, &sh("w", "sh -c 'sleep 0.4; true'; true"))
+            .unwrap();
+        assert!(o.valid, "{:?}", o.reasons);
+        let comms: Vec<&str> = o.proof["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["comm"].as_str())
+            .collect();
+        assert!(comms.contains(&"sleep"), "{comms:?}");
+        assert!(
+            o.proof["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|t| t["policy"] == 3 && t["pid"].is_u64() && t["cpus"].is_string()),
+            "{}",
+            o.proof
+        );
+        // A grandchild that leaves the variant's policy invalidates the window.
+        if crate::placement::find_binary("chrt").is_some() {
+            let o = h
+                .run_window(&v, None, &sh("w", "sh -c 'chrt -o 0 sleep 0.4'; true"))
+                .unwrap();
+            assert!(
+                o.reasons.iter().any(|r| r.contains("not at policy 3")),
+                "{:?}",
+                o.reasons
+            );
+        }
+        // And one that moves itself off the variant's CPUs.
+        let cpus = crate::procfs::allowed_lists(Path::new("/proc"), std::process::id())
+            .and_then(|(c, _)| parse_cpu_list(&c).ok())
+            .unwrap_or_default();
+        if cpus.len() >= 2 && crate::placement::find_binary("taskset").is_some() {
+            let v = Variant::parse(&format!("affinity:{}", cpus[0])).unwrap();
+            let o = h
+                .run_window(
+                    &v,
+                    None,
+                    &sh(
+                        "w",
+                        &format!("sh -c 'taskset -c {} sleep 0.4'; true", cpus[1]),
+                    ),
+                )
+                .unwrap();
+            assert!(
+                o.reasons
+                    .iter()
+                    .any(|r| r.contains("escaped the variant's CPUs") && r.contains("sleep")),
+                "{:?}",
+                o.reasons
+            );
+        }
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! A published study once reported 21 "different" schedulers that were all the default,
 //! because its serving half never started them. Here every window is bracketed and sampled
-//! with the kernel's own files (`/sys/kernel/sched_ext/{state,root/ops,enable_seq}`, each
-//! workload thread's `/proc/<pid>/task/<tid>/sched`, `cgroup.procs`, `Cpus_allowed_list`),
+//! with the kernel's own files (`/sys/kernel/sched_ext/{state,root/ops,enable_seq}`, the
+//! `/proc/<pid>/task/<tid>/{sched,status}` of every thread of the workload's process tree,
+//! ours or a foreign engine's, `cgroup.procs`, `Cpus_allowed_list`),
 //! and a window whose proof fails is kept, marked invalid with the reason, and retried.
 //!
 //! - [`variant`]: what is compared, parsed from `eevdf`, `scx:NAME[:ARGS]`, `policy:…`,

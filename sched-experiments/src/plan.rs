@@ -1,6 +1,7 @@
-//! A plan: variants × workloads × repetitions, run window by window in an order that lets
-//! drift hit every variant alike (A B B A: repetition `r` runs the variants forward when
-//! `r` is even, backward when odd), each window retried a bounded number of times when its
+//! A plan: variants × tasks (a workload on an engine: ours, llama.cpp, a server, a command)
+//! × repetitions, run window by window in an order that lets drift hit every variant and
+//! engine alike (A B B A over variant × task: repetition `r` runs them forward when `r` is
+//! even, backward when odd), each window retried a bounded number of times when its
 //! proof fails, a fixed cooldown between windows (never "until the numbers recover"), and
 //! one JSON line per window appended to the result file as soon as it ends, so an
 //! interrupted run resumes with only the missing windows.
@@ -25,10 +26,27 @@ pub enum Order {
     Shuffled(u64),
 }
 
+/// One workload on one engine (or server, or `cmd` for a user's command).
+#[derive(Clone, Debug)]
+pub struct Task {
+    pub engine: String,
+    pub workload: Workload,
+}
+
+/// The engine of a window line that predates engines: ours (rbench) for engine tests,
+/// rserve for serving sweeps.
+pub fn default_engine(workload: &str) -> &'static str {
+    if workload.starts_with("serve:") {
+        "rserve"
+    } else {
+        "rllama"
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub variants: Vec<Variant>,
-    pub workloads: Vec<Workload>,
+    pub tasks: Vec<Task>,
     pub reps: usize,
     pub cooldown: Duration,
     /// Extra attempts for a window whose proof failed.
@@ -43,20 +61,21 @@ pub struct WindowKey {
     pub rep: usize,
     pub variant: String,
     pub workload: String,
+    pub engine: String,
 }
 
 impl Plan {
-    /// The windows in run order: (repetition, variant index, workload index).
+    /// The windows in run order: (repetition, variant index, task index). Within a
+    /// repetition the variants run one after the other, each with every task; odd
+    /// repetitions run that whole sequence backward, so each (variant, engine) pair sees
+    /// the drift of the others from both sides.
     pub fn schedule(&self) -> Vec<(usize, usize, usize)> {
         let mut out = Vec::new();
         for rep in 0..self.reps {
             let mut vs: Vec<usize> = (0..self.variants.len()).collect();
+            let backward = rep % 2 == 1;
             match self.order {
-                Order::Abba => {
-                    if rep % 2 == 1 {
-                        vs.reverse();
-                    }
-                }
+                Order::Abba => {}
                 Order::Shuffled(seed) => {
                     // xorshift, seeded per repetition: reproducible, no dependency.
                     let mut s = seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(rep as u64 + 1)) | 1;
@@ -68,11 +87,14 @@ impl Plan {
                     }
                 }
             }
-            for v in vs {
-                for w in 0..self.workloads.len() {
-                    out.push((rep, v, w));
-                }
+            let mut this: Vec<(usize, usize, usize)> = vs
+                .iter()
+                .flat_map(|&v| (0..self.tasks.len()).map(move |t| (rep, v, t)))
+                .collect();
+            if backward {
+                this.reverse();
             }
+            out.extend(this);
         }
         out
     }
@@ -81,13 +103,24 @@ impl Plan {
     pub fn to_json(&self) -> Value {
         json!({
             "variants": self.variants.iter().map(|v| v.label.clone()).collect::<Vec<_>>(),
-            "workloads": self.workloads.iter().map(|w| w.name().to_string()).collect::<Vec<_>>(),
+            "workloads": unique(self.tasks.iter().map(|t| t.workload.name())),
+            "engines": unique(self.tasks.iter().map(|t| t.engine.as_str())),
             "reps": self.reps,
             "cooldown_s": self.cooldown.as_secs_f64(),
             "retries": self.retries,
             "order": match self.order { Order::Abba => "abba".to_string(), Order::Shuffled(s) => format!("shuffled:{s}") },
         })
     }
+}
+
+fn unique<'a>(xs: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for x in xs {
+        if !out.iter().any(|o| o == x) {
+            out.push(x.to_string());
+        }
+    }
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,10 +206,15 @@ pub fn read_existing(path: &Path) -> Result<Existing, PlanError> {
                 ));
             }
             Some("sched_window") => {
+                let workload = v["workload"].as_str().unwrap_or_default().to_string();
                 let key = WindowKey {
                     rep: v["rep"].as_u64().unwrap_or(0) as usize,
                     variant: v["variant"].as_str().unwrap_or_default().to_string(),
-                    workload: v["workload"].as_str().unwrap_or_default().to_string(),
+                    engine: v["engine"]
+                        .as_str()
+                        .unwrap_or(default_engine(&workload))
+                        .to_string(),
+                    workload,
                 };
                 let e = ex.windows.entry(key).or_insert((0, false));
                 e.0 += 1;
@@ -196,8 +234,7 @@ pub fn read_existing(path: &Path) -> Result<Existing, PlanError> {
 
 /// Turns a window's output into its metrics, and reasons to call it invalid (a workload
 /// that printed no result, a `pinned` flag that does not match the variant).
-pub type MetricsFn<'a> =
-    dyn FnMut(&Variant, &Workload, &WindowOutcome) -> (Value, Vec<String>) + 'a;
+pub type MetricsFn<'a> = dyn FnMut(&Variant, &Task, &WindowOutcome) -> (Value, Vec<String>) + 'a;
 
 /// How a run went.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -287,13 +324,15 @@ pub fn run(
     let total = schedule.len();
     let mut sum = Summary::default();
     let mut first = true;
-    for (i, &(rep, vi, wi)) in schedule.iter().enumerate() {
+    for (i, &(rep, vi, ti)) in schedule.iter().enumerate() {
         let v = &plan.variants[vi];
-        let w = &plan.workloads[wi];
+        let task = &plan.tasks[ti];
+        let w = &task.workload;
         let key = WindowKey {
             rep,
             variant: v.label.clone(),
             workload: w.name().to_string(),
+            engine: task.engine.clone(),
         };
         let (mut attempts, done) = existing.windows.get(&key).copied().unwrap_or((0, false));
         if done || attempts > plan.retries {
@@ -307,15 +346,16 @@ pub fn run(
             first = false;
             attempts += 1;
             progress(&format!(
-                "window {}/{total}: rep {} {} {} (attempt {attempts})",
+                "window {}/{total}: rep {} {} {} on {} (attempt {attempts})",
                 i + 1,
                 rep + 1,
                 v.label,
-                w.name()
+                w.name(),
+                task.engine
             ));
             let started = unix_now();
             let o = h.run_window(v, scx_bins.get(&v.label).map(PathBuf::as_path), w)?;
-            let (m, extra) = metrics(v, w, &o);
+            let (m, extra) = metrics(v, task, &o);
             let mut reasons = o.reasons.clone();
             reasons.extend(extra);
             let valid = reasons.is_empty();
@@ -327,6 +367,7 @@ pub fn run(
                     "machine": ours,
                     "variant": v.label,
                     "workload": w.name(),
+                    "engine": task.engine,
                     "rep": rep,
                     "attempt": attempts,
                     "valid": valid,
@@ -365,9 +406,12 @@ mod tests {
                 .iter()
                 .map(|v| Variant::parse(v).unwrap())
                 .collect(),
-            workloads: vec![Workload::Command {
-                name: "w".into(),
-                argv: vec!["sh".into(), "-c".into(), "echo 1".into()],
+            tasks: vec![Task {
+                engine: "rllama".into(),
+                workload: Workload::Command {
+                    name: "w".into(),
+                    argv: vec!["sh".into(), "-c".into(), "echo 1".into()],
+                },
             }],
             reps,
             cooldown: Duration::from_millis(1),
@@ -382,6 +426,29 @@ mod tests {
         let p = plan(&["eevdf", "policy:batch", "policy:idle"], 4);
         let order: Vec<usize> = p.schedule().iter().map(|&(_, v, _)| v).collect();
         assert_eq!(order, vec![0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0]);
+        // Engines alternate too: every (variant, engine) pair runs first and last in turn.
+        let mut two = plan(&["eevdf", "policy:batch"], 2);
+        let mut llama = two.tasks[0].clone();
+        llama.engine = "llamacpp".into();
+        two.tasks.push(llama);
+        let order: Vec<(usize, &str)> = two
+            .schedule()
+            .iter()
+            .map(|&(_, v, t)| (v, two.tasks[t].engine.as_str()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (0, "rllama"),
+                (0, "llamacpp"),
+                (1, "rllama"),
+                (1, "llamacpp"),
+                (1, "llamacpp"),
+                (1, "rllama"),
+                (0, "llamacpp"),
+                (0, "rllama")
+            ]
+        );
         let mut p = p;
         p.order = Order::Shuffled(7);
         let s1 = p.schedule();
@@ -429,7 +496,7 @@ mod tests {
         let p = plan(&["eevdf", "policy:batch"], 2);
         // The metrics hook fails policy:batch rep 1's first attempt.
         let mut calls = 0;
-        let mut metrics = |_: &Variant, _: &Workload, o: &WindowOutcome| {
+        let mut metrics = |_: &Variant, _: &Task, o: &WindowOutcome| {
             calls += 1;
             let bad = calls == 2;
             (

@@ -98,6 +98,52 @@ pub fn allowed_lists(proc: &Path, pid: u32) -> Option<(String, String)> {
     Some((get("Cpus_allowed_list")?, get("Mems_allowed_list")?))
 }
 
+/// `Cpus_allowed_list` and `Mems_allowed_list` of thread `tid` of `pid` (threads can be
+/// pinned apart from their process: llama.cpp's `--cpu-mask`, our own pool).
+pub fn thread_allowed_lists(proc: &Path, pid: u32, tid: u32) -> Option<(String, String)> {
+    allowed_lists(&proc.join(pid.to_string()).join("task"), tid)
+}
+
+/// The parent of `pid` (field 4 of its `stat`), None once it is gone.
+pub fn parent(proc: &Path, pid: u32) -> Option<u32> {
+    let s = fs::read_to_string(proc.join(pid.to_string()).join("stat")).ok()?;
+    s[s.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `pid` and every process descended from it (children, their children, ...), by one scan
+/// of `/proc`: a workload that runs its benchmark through a shell or a launcher script
+/// places the benchmark as a grandchild, and that is the process the proof is about.
+pub fn process_tree(proc: &Path, pid: u32) -> Vec<u32> {
+    let mut children: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    if let Ok(rd) = fs::read_dir(proc) {
+        for e in rd.filter_map(Result::ok) {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(pp) = parent(proc, p) {
+                children.entry(pp).or_default().push(p);
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(c) = children.get(&out[i]) {
+            for &k in c {
+                if !out.contains(&k) {
+                    out.push(k);
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
 /// Whether `pid` exists and is not a zombie.
 pub fn alive(proc: &Path, pid: u32) -> bool {
     let Ok(s) = fs::read_to_string(proc.join(pid.to_string()).join("stat")) else {
@@ -115,6 +161,19 @@ pub(crate) mod fake {
 
     /// A thread with a `sched` file.
     pub fn thread(proc: &Path, pid: u32, tid: u32, policy: u32, prio: i32, ext: Option<bool>) {
+        child_thread(proc, 1, pid, tid, policy, prio, ext)
+    }
+
+    /// A thread of a process whose parent is `ppid`.
+    pub fn child_thread(
+        proc: &Path,
+        ppid: u32,
+        pid: u32,
+        tid: u32,
+        policy: u32,
+        prio: i32,
+        ext: Option<bool>,
+    ) {
         let d = proc.join(format!("{pid}/task/{tid}"));
         fs::create_dir_all(&d).unwrap();
         fs::write(d.join("comm"), "worker\n").unwrap();
@@ -127,7 +186,7 @@ pub(crate) mod fake {
         fs::write(d.join("sched"), s).unwrap();
         fs::write(
             proc.join(format!("{pid}/stat")),
-            format!("{pid} (rbench) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0\n"),
+            format!("{pid} (rbench) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0\n"),
         )
         .unwrap();
     }
@@ -164,6 +223,19 @@ mod tests {
     }
 
     #[test]
+    fn process_trees_follow_parents() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path();
+        fake::child_thread(p, 1, 10, 10, 0, 120, None);
+        fake::child_thread(p, 10, 11, 11, 0, 120, None);
+        fake::child_thread(p, 11, 12, 12, 0, 120, None);
+        fake::child_thread(p, 1, 20, 20, 0, 120, None);
+        assert_eq!(process_tree(p, 10), vec![10, 11, 12]);
+        assert_eq!(process_tree(p, 20), vec![20]);
+        assert_eq!(parent(p, 12), Some(11));
+    }
+
+    #[test]
     fn reads_this_process() {
         let proc = Path::new("/proc");
         let me = std::process::id();
@@ -172,5 +244,18 @@ mod tests {
         assert!(!t.is_empty());
         let (cpus, mems) = allowed_lists(proc, me).unwrap();
         assert!(!cpus.is_empty() && !mems.is_empty());
+        assert_eq!(
+            thread_allowed_lists(proc, me, t[0].tid).map(|a| a.0),
+            Some(cpus)
+        );
+        let child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let tree = process_tree(proc, me);
+        assert!(tree.contains(&child.id()), "{tree:?}");
+        let mut child = child;
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

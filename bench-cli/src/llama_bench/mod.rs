@@ -48,6 +48,16 @@ fn llamacpp_runs_here() -> Result<()> {
     Ok(())
 }
 
+/// Whether `--engine llamacpp` can run in this build on this CPU (for callers that start
+/// rbench later, such as `rbench sched`): the feature is compiled in and the linked
+/// llama.cpp's CPU features are this CPU's.
+pub fn llamacpp_engine_available() -> Result<()> {
+    if !cfg!(feature = "llamacpp") {
+        anyhow::bail!(run::NOT_BUILT);
+    }
+    llamacpp_runs_here()
+}
+
 /// Runs the benchmark described by `params`, writing results to `out`.
 pub fn run<W: Write>(params: &Params, out: W) -> Result<Vec<TestResult>> {
     run::check_supported(params)?;

@@ -405,7 +405,8 @@ pub fn size_label(n_params: u64) -> String {
 }
 
 /// Why `--engine llamacpp` cannot run in a build without the `llamacpp` feature.
-const NOT_BUILT: &str = "--engine llamacpp: this rbench was built without llama.cpp; rebuild \
+pub(crate) const NOT_BUILT: &str =
+    "--engine llamacpp: this rbench was built without llama.cpp; rebuild \
      with `cargo build --release -p bench-cli --features llamacpp`";
 
 /// Refuses configurations an engine cannot run, before anything is timed.

@@ -1,8 +1,10 @@
-//! Reports of `rbench sched` result files: per machine and workload, each variant's mean
-//! ± sd over its valid windows and its ratio to the baseline (the plan's first variant)
-//! with a 95% confidence interval, marked where the difference is not significant; success
-//! rates of serving windows per variant × concurrency; the proof seen per variant; every
-//! invalid window with its reasons (never averaged in). Files from several machines merge
+//! Reports of `rbench sched` result files: per machine, workload and engine, each
+//! variant's mean ± sd over its valid windows and its ratio to the baseline (the plan's
+//! first variant) on the same engine with a 95% confidence interval, marked where the
+//! difference is not significant; with several engines, a side-by-side table (engines as
+//! columns within each variant, and ours over each other engine per variant); success
+//! rates of serving windows per variant × server × concurrency; the proof seen per variant
+//! and engine; every invalid window with its reasons (never averaged in). Files from several machines merge
 //! into one comparison keyed by the machine fingerprint.
 
 use std::fmt::Write as _;
@@ -27,6 +29,8 @@ pub struct Win {
     pub machine: String,
     pub variant: String,
     pub workload: String,
+    /// The engine, server or `cmd` of the window.
+    pub engine: String,
     pub rep: u64,
     pub attempt: u64,
     pub valid: bool,
@@ -41,6 +45,8 @@ pub struct SchedReport {
     /// In plan order (first seen first): the first is the baseline.
     pub variants: Vec<String>,
     pub workloads: Vec<String>,
+    /// Engines and servers, first seen first.
+    pub engines: Vec<String>,
     pub windows: Vec<Win>,
 }
 
@@ -101,10 +107,16 @@ pub fn load(files: &[PathBuf]) -> Result<SchedReport> {
                     let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
                     push_unique(&mut r.variants, &s("variant"));
                     push_unique(&mut r.workloads, &s("workload"));
+                    let engine = v["engine"].as_str().map_or_else(
+                        || sched_experiments::plan::default_engine(&s("workload")).to_string(),
+                        String::from,
+                    );
+                    push_unique(&mut r.engines, &engine);
                     r.windows.push(Win {
                         machine: s("machine"),
                         variant: s("variant"),
                         workload: s("workload"),
+                        engine,
                         rep: v["rep"].as_u64().unwrap_or(0),
                         attempt: v["attempt"].as_u64().unwrap_or(1),
                         valid: v["valid"].as_bool().unwrap_or(false),
@@ -204,46 +216,74 @@ fn ratio_cell(a: Msd, base: Option<Msd>, is_base: bool) -> (String, String) {
     }
 }
 
+/// Where (machine, workload, variant, engine) a figure comes from.
+#[derive(Clone, Copy)]
+pub struct Cell<'a> {
+    pub m: &'a str,
+    pub w: &'a str,
+    pub v: &'a str,
+    pub e: &'a str,
+}
+
 impl SchedReport {
-    fn valid<'a>(
-        &'a self,
-        m: &'a str,
-        w: &'a str,
-        v: &'a str,
-    ) -> impl Iterator<Item = &'a Win> + 'a {
-        self.windows
-            .iter()
-            .filter(move |x| x.machine == m && x.workload == w && x.variant == v && x.valid)
+    fn all<'a>(&'a self, c: Cell<'a>) -> impl Iterator<Item = &'a Win> + 'a {
+        self.windows.iter().filter(move |x| {
+            x.machine == c.m && x.workload == c.w && x.variant == c.v && x.engine == c.e
+        })
     }
 
-    fn count(&self, m: &str, w: &str, v: &str) -> (usize, usize) {
-        let all: Vec<&Win> = self
-            .windows
-            .iter()
-            .filter(|x| x.machine == m && x.workload == w && x.variant == v)
-            .collect();
-        (all.iter().filter(|x| x.valid).count(), all.len())
+    fn valid<'a>(&'a self, c: Cell<'a>) -> impl Iterator<Item = &'a Win> + 'a {
+        self.all(c).filter(|x| x.valid)
+    }
+
+    fn count(&self, c: Cell<'_>) -> (usize, usize) {
+        (self.valid(c).count(), self.all(c).count())
     }
 
     fn is_serve(&self, w: &str) -> bool {
         w.starts_with("serve:")
     }
 
-    /// Engine tokens/s over the valid windows.
-    pub fn engine(&self, m: &str, w: &str, v: &str) -> Msd {
+    /// The engines with windows of workload `w` on machine `m`.
+    fn engines_of(&self, m: &str, w: &str) -> Vec<String> {
+        self.engines
+            .iter()
+            .filter(|e| {
+                self.windows
+                    .iter()
+                    .any(|x| x.machine == m && x.workload == w && &x.engine == *e)
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The headline figure of the valid windows: tokens/s for engine tests (a command's
+    /// own figure for `cmd:` workloads, see its unit).
+    pub fn engine(&self, c: Cell<'_>) -> Msd {
         let xs: Vec<f64> = self
-            .valid(m, w, v)
-            .filter_map(|x| x.metrics["avg_ts"].as_f64())
+            .valid(c)
+            .filter_map(|x| {
+                x.metrics["avg_ts"]
+                    .as_f64()
+                    .or(x.metrics["figure"].as_f64())
+            })
             .collect();
         msd(&xs)
     }
 
+    /// The unit of a `cmd:` workload's figure, when it is not tokens/s.
+    fn unit(&self, c: Cell<'_>) -> Option<String> {
+        self.valid(c)
+            .find_map(|x| x.metrics["unit"].as_str().map(String::from))
+            .filter(|u| u != "t/s")
+    }
+
     /// Serving sweep points `c` of the valid windows: (output tok/s, success rate).
-    pub fn serve_point(&self, m: &str, w: &str, v: &str, c: &str) -> (Msd, Msd, Vec<Value>) {
+    pub fn serve_point(&self, cell: Cell<'_>, c: &str) -> (Msd, Msd, Vec<Value>) {
         let mut out = Vec::new();
         let mut ok = Vec::new();
         let mut pts = Vec::new();
-        for x in self.valid(m, w, v) {
+        for x in self.valid(cell) {
             for p in x.metrics["points"].as_array().into_iter().flatten() {
                 let pc = p["max_concurrency"]
                     .as_u64()
@@ -264,17 +304,22 @@ impl SchedReport {
             .unwrap_or_default()
     }
 
-    /// Per variant: the sched_ext ops names seen at window starts, and the share of
-    /// workload threads seen on sched_ext (min over windows), and their policies.
-    fn proof_summary(&self, m: &str, v: &str) -> (String, String, String) {
+    /// Per variant and engine: the sched_ext ops names seen at window starts, the share
+    /// of workload threads seen on sched_ext (min over windows), their policies, and the
+    /// processes whose threads were proven.
+    fn proof_summary(&self, m: &str, v: &str, e: &str) -> (String, String, String, String) {
         let mut ops = Vec::new();
         let mut ext_share = f64::INFINITY;
         let mut policies = Vec::new();
+        let mut procs = Vec::new();
         for x in self
             .windows
             .iter()
-            .filter(|x| x.machine == m && x.variant == v)
+            .filter(|x| x.machine == m && x.variant == v && x.engine == e)
         {
+            for p in x.proof["processes"].as_array().into_iter().flatten() {
+                push_unique(&mut procs, p["comm"].as_str().unwrap_or("?"));
+            }
             let o = x.proof["start"]["ops"]
                 .as_str()
                 .unwrap_or("none (fair class)");
@@ -296,6 +341,11 @@ impl SchedReport {
                 "–".into()
             },
             policies.join(" "),
+            if procs.is_empty() {
+                "–".into()
+            } else {
+                procs.join(" ")
+            },
         )
     }
 }
@@ -308,77 +358,148 @@ fn table(head: &[&str], rows: &[Vec<String>]) -> String {
     s
 }
 
-/// The engine rows of one machine: workload, variant, windows, mean ± sd, ratio, mark.
+fn mean_sd(a: Msd, unit: Option<&str>) -> String {
+    match (a.n > 0, unit) {
+        (false, _) => "no valid window".into(),
+        (true, Some(u)) => format!("{:.2} ± {:.2} {u}", a.mean, a.sd),
+        (true, None) => format!("{:.2} ± {:.2}", a.mean, a.sd),
+    }
+}
+
+/// The engine rows of one machine: workload, variant, engine, windows, mean ± sd, ratio
+/// to the baseline variant on the same engine, mark.
 fn engine_rows(r: &SchedReport, m: &str) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
+    let base_name = r.variants.first().cloned().unwrap_or_default();
     for w in r.workloads.iter().filter(|w| !r.is_serve(w)) {
-        let base_name = r.variants.first().cloned().unwrap_or_default();
-        let base = r.engine(m, w, &base_name);
         for v in &r.variants {
-            let (ok, all) = r.count(m, w, v);
-            if all == 0 {
-                continue;
+            for e in r.engines_of(m, w) {
+                let c = Cell { m, w, v, e: &e };
+                let (ok, all) = r.count(c);
+                if all == 0 {
+                    continue;
+                }
+                let base = r.engine(Cell { v: &base_name, ..c });
+                let a = r.engine(c);
+                let (ratio, mark) = ratio_cell(a, (base.n > 0).then_some(base), *v == base_name);
+                rows.push(vec![
+                    w.clone(),
+                    v.clone(),
+                    e.clone(),
+                    format!("{ok}/{all}"),
+                    mean_sd(a, r.unit(c).as_deref()),
+                    ratio,
+                    mark,
+                ]);
             }
-            let a = r.engine(m, w, v);
-            let (ratio, mark) = ratio_cell(a, (base.n > 0).then_some(base), *v == base_name);
-            rows.push(vec![
-                w.clone(),
-                v.clone(),
-                format!("{ok}/{all}"),
-                if a.n > 0 {
-                    format!("{:.2} ± {:.2}", a.mean, a.sd)
-                } else {
-                    "no valid window".into()
-                },
-                ratio,
-                mark,
-            ]);
         }
     }
     rows
 }
 
+/// Engines side by side within each variant (only where a workload ran on several): each
+/// engine's mean, and ours (rllama, or the first engine) over each other one with its 95%
+/// interval.
+fn side_by_side(r: &SchedReport, m: &str) -> Option<(Vec<String>, Vec<Vec<String>>)> {
+    let engine_workloads: Vec<&String> = r
+        .workloads
+        .iter()
+        .filter(|w| !r.is_serve(w) && r.engines_of(m, w).len() > 1)
+        .collect();
+    if engine_workloads.is_empty() {
+        return None;
+    }
+    let mut engines: Vec<String> = Vec::new();
+    for w in &engine_workloads {
+        for e in r.engines_of(m, w) {
+            push_unique(&mut engines, &e);
+        }
+    }
+    let ours = if engines.iter().any(|e| e == "rllama") {
+        "rllama".to_string()
+    } else {
+        engines[0].clone()
+    };
+    let mut head = vec!["workload".to_string(), "variant".to_string()];
+    head.extend(engines.iter().map(|e| format!("{e} mean ± sd")));
+    let others: Vec<&String> = engines.iter().filter(|e| **e != ours).collect();
+    head.extend(others.iter().map(|e| format!("{ours} / {e} [95% CI]")));
+    let mut rows = Vec::new();
+    for w in engine_workloads {
+        for v in &r.variants {
+            if engines.iter().all(|e| r.count(Cell { m, w, v, e }).1 == 0) {
+                continue;
+            }
+            let mut row = vec![w.clone(), v.clone()];
+            for e in &engines {
+                row.push(mean_sd(r.engine(Cell { m, w, v, e }), None));
+            }
+            let a = r.engine(Cell { m, w, v, e: &ours });
+            for e in &others {
+                let b = r.engine(Cell { m, w, v, e });
+                row.push(match ratio_cell(a, (b.n > 0).then_some(b), false) {
+                    (x, mark) if mark.is_empty() => x,
+                    (x, mark) => format!("{x} {mark}"),
+                });
+            }
+            rows.push(row);
+        }
+    }
+    Some((head, rows))
+}
+
 fn serve_rows(r: &SchedReport, m: &str) -> Vec<Vec<String>> {
     let mut rows = Vec::new();
+    let base_name = r.variants.first().cloned().unwrap_or_default();
     for w in r.workloads.iter().filter(|w| r.is_serve(w)) {
-        let base_name = r.variants.first().cloned().unwrap_or_default();
         for c in r.concurrencies(w) {
-            let (base, _, _) = r.serve_point(m, w, &base_name, &c);
             for v in &r.variants {
-                let (ok, all) = r.count(m, w, v);
-                if all == 0 {
-                    continue;
-                }
-                let (out, succ, pts) = r.serve_point(m, w, v, &c);
-                let (ratio, mark) = ratio_cell(out, (base.n > 0).then_some(base), *v == base_name);
-                let med = |k: &str| {
-                    let xs: Vec<f64> = pts.iter().filter_map(|p| p[k].as_f64()).collect();
-                    if xs.is_empty() {
-                        "–".to_string()
-                    } else {
-                        format!("{:.0}", stats::mean(&xs))
+                for e in r.engines_of(m, w) {
+                    let cell = Cell { m, w, v, e: &e };
+                    let (ok, all) = r.count(cell);
+                    if all == 0 {
+                        continue;
                     }
-                };
-                rows.push(vec![
-                    w.clone(),
-                    v.clone(),
-                    c.clone(),
-                    format!("{ok}/{all}"),
-                    if succ.n > 0 {
-                        format!("{:.1}", succ.mean)
-                    } else {
-                        "–".into()
-                    },
-                    if out.n > 0 {
-                        format!("{:.1} ± {:.1}", out.mean, out.sd)
-                    } else {
-                        "no valid window".into()
-                    },
-                    ratio,
-                    mark,
-                    med("median_ttft_ms"),
-                    med("median_tpot_ms"),
-                ]);
+                    let (base, _, _) = r.serve_point(
+                        Cell {
+                            v: &base_name,
+                            ..cell
+                        },
+                        &c,
+                    );
+                    let (out, succ, pts) = r.serve_point(cell, &c);
+                    let (ratio, mark) =
+                        ratio_cell(out, (base.n > 0).then_some(base), *v == base_name);
+                    let med = |k: &str| {
+                        let xs: Vec<f64> = pts.iter().filter_map(|p| p[k].as_f64()).collect();
+                        if xs.is_empty() {
+                            "–".to_string()
+                        } else {
+                            format!("{:.0}", stats::mean(&xs))
+                        }
+                    };
+                    rows.push(vec![
+                        w.clone(),
+                        v.clone(),
+                        e.clone(),
+                        c.clone(),
+                        format!("{ok}/{all}"),
+                        if succ.n > 0 {
+                            format!("{:.1}", succ.mean)
+                        } else {
+                            "–".into()
+                        },
+                        if out.n > 0 {
+                            format!("{:.1} ± {:.1}", out.mean, out.sd)
+                        } else {
+                            "no valid window".into()
+                        },
+                        ratio,
+                        mark,
+                        med("median_ttft_ms"),
+                        med("median_tpot_ms"),
+                    ]);
+                }
             }
         }
     }
@@ -402,6 +523,7 @@ fn invalid_rows(r: &SchedReport) -> Vec<Vec<String>> {
                     }),
                 w.variant.clone(),
                 w.workload.clone(),
+                w.engine.clone(),
                 (w.rep + 1).to_string(),
                 w.attempt.to_string(),
                 w.reasons.join("; "),
@@ -471,18 +593,25 @@ fn has_numa(r: &SchedReport) -> bool {
 
 fn proof_rows(r: &SchedReport, m: &str) -> Vec<Vec<String>> {
     let numa = has_numa(r);
-    r.variants
-        .iter()
-        .filter(|v| r.windows.iter().any(|w| w.machine == m && &w.variant == *v))
-        .map(|v| {
-            let (ops, ext, pol) = r.proof_summary(m, v);
-            let mut row = vec![v.clone(), ops, ext, pol];
+    let mut rows = Vec::new();
+    for v in &r.variants {
+        for e in &r.engines {
+            if !r
+                .windows
+                .iter()
+                .any(|w| w.machine == m && &w.variant == v && &w.engine == e)
+            {
+                continue;
+            }
+            let (ops, ext, pol, procs) = r.proof_summary(m, v, e);
+            let mut row = vec![v.clone(), e.clone(), ops, ext, pol, procs];
             if numa {
                 row.push(numa_summary(r, m, v));
             }
-            row
-        })
-        .collect()
+            rows.push(row);
+        }
+    }
+    rows
 }
 
 fn proof_head(r: &SchedReport) -> Vec<&'static str> {
@@ -493,17 +622,19 @@ fn proof_head(r: &SchedReport) -> Vec<&'static str> {
     h
 }
 
-const ENGINE_HEAD: [&str; 6] = [
+const ENGINE_HEAD: [&str; 7] = [
     "workload",
     "variant",
+    "engine",
     "valid/windows",
     "t/s mean ± sd",
     "ratio vs baseline [95% CI]",
     "sig.",
 ];
-const SERVE_HEAD: [&str; 10] = [
+const SERVE_HEAD: [&str; 11] = [
     "workload",
     "variant",
+    "server",
     "concurrency",
     "valid/windows",
     "success %",
@@ -513,22 +644,25 @@ const SERVE_HEAD: [&str; 10] = [
     "TTFT p50 ms",
     "TPOT p50 ms",
 ];
-const PROOF_HEAD: [&str; 4] = [
+const PROOF_HEAD: [&str; 6] = [
     "variant",
+    "engine",
     "sched_ext ops at window start",
     "workload threads on sched_ext (min)",
     "policy/prio seen",
+    "processes proven",
 ];
-const INVALID_HEAD: [&str; 6] = [
+const INVALID_HEAD: [&str; 7] = [
     "machine",
     "variant",
     "workload",
+    "engine",
     "rep",
     "attempt",
     "why invalid",
 ];
-const NOTE: &str = "Ratios are variant mean / baseline mean (the plan's first variant) over valid \
-windows, with a 95% confidence interval (delta method on the log ratio, Welch degrees of freedom); \
+const NOTE: &str = "Ratios are variant mean / baseline mean (the plan's first variant) on the same \
+engine over valid windows (and, side by side, ours / another engine within a variant), with a 95% confidence interval (delta method on the log ratio, Welch degrees of freedom); \
 `*` marks intervals that exclude 1, `n.s.` differences that are not significant. Invalid windows are \
 listed with their reasons and never averaged in.";
 
@@ -542,6 +676,12 @@ pub fn markdown(r: &SchedReport) -> String {
             s.push_str(&table(&ENGINE_HEAD, &er));
             s.push('\n');
         }
+        if let Some((head, rows)) = side_by_side(r, &m.id) {
+            s.push_str("Engines side by side:\n\n");
+            let head: Vec<&str> = head.iter().map(String::as_str).collect();
+            s.push_str(&table(&head, &rows));
+            s.push('\n');
+        }
         let sr = serve_rows(r, &m.id);
         if !sr.is_empty() {
             s.push_str(&table(&SERVE_HEAD, &sr));
@@ -551,7 +691,11 @@ pub fn markdown(r: &SchedReport) -> String {
     }
     if r.machines.len() > 1 {
         s.push_str("\n### Across machines (ratio vs baseline [95% CI])\n\n");
-        let mut head = vec!["workload".to_string(), "variant".to_string()];
+        let mut head = vec![
+            "workload".to_string(),
+            "variant".to_string(),
+            "engine".to_string(),
+        ];
         head.extend(r.machines.iter().map(|m| {
             m.fingerprint["hostname"]
                 .as_str()
@@ -562,22 +706,29 @@ pub fn markdown(r: &SchedReport) -> String {
         let base_name = r.variants.first().cloned().unwrap_or_default();
         for w in r.workloads.iter().filter(|w| !r.is_serve(w)) {
             for v in &r.variants {
-                let mut row = vec![w.clone(), v.clone()];
-                for m in &r.machines {
-                    let a = r.engine(&m.id, w, v);
-                    let b = r.engine(&m.id, w, &base_name);
-                    let (ratio, mark) = ratio_cell(a, (b.n > 0).then_some(b), *v == base_name);
-                    row.push(if a.n > 0 {
-                        format!(
-                            "{:.2} ({ratio}{}{mark})",
-                            a.mean,
-                            if mark.is_empty() { "" } else { " " }
-                        )
-                    } else {
-                        "–".into()
-                    });
+                for e in &r.engines {
+                    let mut row = vec![w.clone(), v.clone(), e.clone()];
+                    let mut any = false;
+                    for m in &r.machines {
+                        let c = Cell { m: &m.id, w, v, e };
+                        let a = r.engine(c);
+                        let b = r.engine(Cell { v: &base_name, ..c });
+                        let (ratio, mark) = ratio_cell(a, (b.n > 0).then_some(b), *v == base_name);
+                        any |= a.n > 0;
+                        row.push(if a.n > 0 {
+                            format!(
+                                "{:.2} ({ratio}{}{mark})",
+                                a.mean,
+                                if mark.is_empty() { "" } else { " " }
+                            )
+                        } else {
+                            "–".into()
+                        });
+                    }
+                    if any {
+                        rows.push(row);
+                    }
                 }
-                rows.push(row);
             }
         }
         let head: Vec<&str> = head.iter().map(String::as_str).collect();
@@ -730,25 +881,40 @@ pub fn html(r: &SchedReport) -> String {
         .collect();
     s.push_str("<div class=\"plots\">\n");
     for w in &r.workloads {
+        // One series per machine and engine (named by the host alone when one engine ran).
+        let several = r.engines.len() > 1;
         let series: Vec<(String, Vec<Option<Msd>>)> = r
             .machines
             .iter()
             .zip(&hostnames)
-            .map(|(m, hn)| {
-                let vals = r
-                    .variants
-                    .iter()
-                    .map(|v| {
-                        let x = if r.is_serve(w) {
-                            let c = r.concurrencies(w).last().cloned().unwrap_or_default();
-                            r.serve_point(&m.id, w, v, &c).0
-                        } else {
-                            r.engine(&m.id, w, v)
-                        };
-                        (x.n > 0).then_some(x)
-                    })
-                    .collect();
-                (hn.clone(), vals)
+            .flat_map(|(m, hn)| {
+                r.engines_of(&m.id, w).into_iter().map(move |e| {
+                    let vals = r
+                        .variants
+                        .iter()
+                        .map(|v| {
+                            let cell = Cell {
+                                m: &m.id,
+                                w,
+                                v,
+                                e: &e,
+                            };
+                            let x = if r.is_serve(w) {
+                                let c = r.concurrencies(w).last().cloned().unwrap_or_default();
+                                r.serve_point(cell, &c).0
+                            } else {
+                                r.engine(cell)
+                            };
+                            (x.n > 0).then_some(x)
+                        })
+                        .collect();
+                    let label = if several {
+                        format!("{hn} {e}")
+                    } else {
+                        hn.clone()
+                    };
+                    (label, vals)
+                })
             })
             .collect();
         let (title, unit) = if r.is_serve(w) {
@@ -771,6 +937,11 @@ pub fn html(r: &SchedReport) -> String {
         let er = engine_rows(r, &m.id);
         if !er.is_empty() {
             s.push_str(&html_table(&ENGINE_HEAD, &er));
+        }
+        if let Some((head, rows)) = side_by_side(r, &m.id) {
+            s.push_str("<h3>Engines side by side</h3>\n");
+            let head: Vec<&str> = head.iter().map(String::as_str).collect();
+            s.push_str(&html_table(&head, &rows));
         }
         let sr = serve_rows(r, &m.id);
         if !sr.is_empty() {
@@ -892,6 +1063,52 @@ mod tests {
     }
 
     #[test]
+    fn engines_are_columns_within_each_variant() {
+        let d = tempfile::tempdir().unwrap();
+        let mut lines = vec![run_line("m1", "lab")];
+        for rep in 0..3 {
+            for (v, f) in [("eevdf", 1.0), ("scx:scx_simple", 0.9)] {
+                for (e, ts) in [("rllama", 20.0), ("llamacpp", 10.0)] {
+                    let mut w: Value = serde_json::from_str(&line(
+                        "m1",
+                        v,
+                        "pp64",
+                        rep,
+                        true,
+                        ts * f + rep as f64 * 0.1,
+                    ))
+                    .unwrap();
+                    w["engine"] = e.into();
+                    w["proof"]["processes"] = serde_json::json!([{"pid": 1, "comm": if e == "rllama" { "rbench" } else { "llama-bench" }}]);
+                    lines.push(w.to_string());
+                }
+            }
+        }
+        let f = d.path().join("e.jsonl");
+        std::fs::write(&f, lines.join("\n")).unwrap();
+        let r = load(&[f]).unwrap();
+        assert_eq!(r.engines, ["rllama", "llamacpp"]);
+        let md = markdown(&r);
+        assert!(
+            md.contains("| workload | variant | rllama mean ± sd | llamacpp mean ± sd | rllama / llamacpp [95% CI] |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| pp64 | eevdf | 20.10 ± 0.10 | 10.10 ± 0.10 | 1.99"),
+            "{md}"
+        );
+        // Each engine's ratio to the baseline variant is its own.
+        assert!(
+            md.contains("| pp64 | scx:scx_simple | llamacpp | 3/3 | 9.10 ± 0.10 | 0.90"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| scx:scx_simple | llamacpp | simple | 100% | 0/120 | llama-bench |"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn tables_keep_invalid_windows_out_and_merge_machines() {
         let d = tempfile::tempdir().unwrap();
         let mut a = vec![run_line("m1", "lab")];
@@ -912,12 +1129,17 @@ mod tests {
         let r = load(&[fa, fb]).unwrap();
         assert_eq!(r.machines.len(), 2);
         assert_eq!(r.variants, ["eevdf", "scx:scx_simple"]);
-        let m = r.engine("m1", "pp64", "scx:scx_simple");
+        let m = r.engine(Cell {
+            m: "m1",
+            w: "pp64",
+            v: "scx:scx_simple",
+            e: "rllama",
+        });
         assert_eq!(m.n, 3, "the invalid 999 t/s window is not averaged in");
         assert!((m.mean - 12.0).abs() < 1e-9);
         let md = markdown(&r);
         assert!(
-            md.contains("| pp64 | scx:scx_simple | 3/4 | 12.00 ± 0.24 | 1.200 ["),
+            md.contains("| pp64 | scx:scx_simple | rllama | 3/4 | 12.00 ± 0.24 | 1.200 ["),
             "{md}"
         );
         assert!(md.contains("| * |"), "{md}");
@@ -926,7 +1148,11 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("### Across machines"), "{md}");
-        assert!(md.contains("| scx:scx_simple | simple | 100% |"), "{md}");
+        assert!(
+            md.contains("| scx:scx_simple | rllama | simple | 100% |"),
+            "{md}"
+        );
+        assert!(!md.contains("Engines side by side"), "one engine: {md}");
         let html = html(&r);
         assert!(html.contains("<svg") && html.contains("laptop") && html.contains("class=\"sig\""));
     }

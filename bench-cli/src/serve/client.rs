@@ -88,6 +88,32 @@ impl ConnPool {
         }
     }
 
+    /// Drops the idle connections whose server has closed them (its keep-alive timeout):
+    /// they are dead, and counting them open would make the client look as if it held
+    /// sockets the server no longer has. A peek that sees end-of-stream (or stray bytes,
+    /// which an idle HTTP/1.1 connection never has) closes it; one with nothing to read is
+    /// alive. Returns how many were dropped.
+    pub fn prune_closed(&self) -> usize {
+        use std::os::fd::AsRawFd;
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let before = idle.len();
+        idle.retain(|c| {
+            let fd = c.r.get_ref().as_raw_fd();
+            let mut b = [0u8; 1];
+            // SAFETY: a one-byte peek into a live buffer on a socket this pool owns.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    b.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        });
+        before - idle.len()
+    }
+
     /// Drops every idle connection (a new sweep point, a restarted server).
     pub fn clear(&self) {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -559,6 +585,34 @@ mod tests {
         assert!(request_body(&e, "m", "p", 4).get("ignore_eos").is_none());
         e.ignore_eos = true;
         assert_eq!(request_body(&e, "m", "p", 4)["ignore_eos"], true);
+    }
+
+    #[test]
+    fn idle_connections_the_server_closed_are_pruned() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let pool = ConnPool::default();
+            for _ in 0..2 {
+                let s = TcpStream::connect(addr).await.unwrap();
+                pool.put(pool.connected(s));
+            }
+            let (first, _) = l.accept().unwrap();
+            let (_second, _) = l.accept().unwrap();
+            assert_eq!((pool.open(), pool.prune_closed()), (2, 0), "both alive");
+            drop(first); // the server's keep-alive timeout
+            for _ in 0..100 {
+                if pool.prune_closed() == 1 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert_eq!((pool.open(), pool.idle()), (1, 1));
+        });
     }
 
     #[test]

@@ -1323,6 +1323,9 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         tpot: Mutex::new([Vec::new(), Vec::new()]),
     });
     let sample = |t_s: f64, server: &Server| {
+        // Idle connections the server's keep-alive timeout closed are not ours to count
+        // (over 30 minutes they made the server look 15 fds short of what we held).
+        load.ep.pool.prune_closed();
         let proc = server.pid().and_then(proc_sample);
         let client_conns = load.ep.pool.open() as u64;
         Sample {

@@ -114,6 +114,12 @@ pub fn parse_spawn(s: &str, d: &SpawnDefaults) -> Result<SpawnSpec> {
 }
 
 fn builtin(name: &str, d: &SpawnDefaults) -> Result<SpawnSpec> {
+    builtin_with(name, d, None)
+}
+
+/// A built-in contestant; `rserve` names the rserve binary (default `$RSERVE_BIN`, else
+/// the one next to rbench).
+pub fn builtin_with(name: &str, d: &SpawnDefaults, rserve: Option<&Path>) -> Result<SpawnSpec> {
     if !matches!(name, "rserve" | "llama-server") {
         bail!("--spawn {name}: not a built-in (rserve, llama-server); give NAME=\"CMD ...\"");
     }
@@ -123,10 +129,12 @@ fn builtin(name: &str, d: &SpawnDefaults) -> Result<SpawnSpec> {
     let (t, np) = (d.threads.to_string(), d.parallel.to_string());
     let argv = match name {
         "rserve" => {
-            let exe = runtime::options::Env::get()
-                .rserve_bin
-                .clone()
-                .unwrap_or_else(|| sibling("rserve"));
+            let exe = rserve.map(Path::to_path_buf).unwrap_or_else(|| {
+                runtime::options::Env::get()
+                    .rserve_bin
+                    .clone()
+                    .unwrap_or_else(|| sibling("rserve"))
+            });
             if !exe.is_file() {
                 bail!(
                     "--spawn rserve: {} not found; build it (cargo build --release -p server) or set RSERVE_BIN",

@@ -26,8 +26,9 @@ pub fn lab_run(topic: &str) -> Option<PathBuf> {
     None
 }
 
-/// The directory holding rbench, rserve and rllama built for the guest's CPU
-/// (`x86-64-v3`, into `target/lab`), or the one `RBENCH_LAB_BIN` (rbench) lies in.
+/// The directory holding rbench (with the llama.cpp engine), rserve and rllama built for
+/// the guest's CPU (`x86-64-v3`, into `target/lab`), or the one `RBENCH_LAB_BIN` (rbench)
+/// lies in.
 pub fn lab_bins() -> PathBuf {
     if let Some(p) = std::env::var_os("RBENCH_LAB_BIN") {
         return PathBuf::from(p).parent().unwrap().to_path_buf();
@@ -44,8 +45,12 @@ pub fn lab_bins() -> PathBuf {
             "-p",
             "rllama",
             "--bins",
+            "--features",
+            "bench-cli/llamacpp",
         ])
         .current_dir(repo())
+        // Alone (no `native` before it), this target-cpu makes the linked llama.cpp
+        // portable too: `rbench sched --engine llamacpp` runs it in the guest.
         .env("RUSTFLAGS", "-C target-cpu=x86-64-v3")
         .env("CARGO_TARGET_DIR", &target)
         .status()
