@@ -532,14 +532,14 @@ fn invalid_rows(r: &SchedReport) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The NUMA facts of a variant's valid engine windows: the thread nodes and the weight
+/// The NUMA facts of a variant's valid windows on one engine: the thread nodes and the weight
 /// pages per node seen in each distinct form (usually one).
-fn numa_summary(r: &SchedReport, m: &str, v: &str) -> String {
+fn numa_summary(r: &SchedReport, m: &str, v: &str, e: &str) -> String {
     let mut seen: Vec<String> = Vec::new();
     for w in r
         .windows
         .iter()
-        .filter(|w| w.machine == m && w.variant == v && w.valid)
+        .filter(|w| w.machine == m && w.variant == v && w.engine == e && w.valid)
     {
         let d = &w.metrics["numa_detail"];
         if d.is_null() {
@@ -606,7 +606,7 @@ fn proof_rows(r: &SchedReport, m: &str) -> Vec<Vec<String>> {
             let (ops, ext, pol, procs) = r.proof_summary(m, v, e);
             let mut row = vec![v.clone(), e.clone(), ops, ext, pol, procs];
             if numa {
-                row.push(numa_summary(r, m, v));
+                row.push(numa_summary(r, m, v, e));
             }
             rows.push(row);
         }
