@@ -19,7 +19,7 @@ use sched_experiments::harness::{Harness, HarnessOptions, WindowOutcome, Workloa
 use sched_experiments::plan::{self, Order, Plan, Task};
 use sched_experiments::{fingerprint, interrupt, Antagonist, Roots, Variant};
 
-use crate::serve::spawn::{builtin_with, parse_spawn, SpawnDefaults, SpawnSpec};
+use crate::serve::spawn::{builtin_with, is_label, parse_spawn, SpawnDefaults, SpawnSpec};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug, Default)]
@@ -191,11 +191,7 @@ pub fn parse_engines(lists: &[String]) -> Result<Vec<EngineSpec>> {
                          or NAME=PATH)"
                     ),
                 };
-                if name.is_empty()
-                    || !name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-                {
+                if !is_label(&name) {
                     bail!("--engine {tok}: the name must be letters, digits, '-', '_' or '.'");
                 }
                 if matches!(name.as_str(), "rllama" | "llamacpp" | CMD_ENGINE) {
@@ -313,11 +309,7 @@ fn parse_cmd(tok: &str, rest: &str) -> Result<WorkloadSpec> {
     if cmd.trim().is_empty() {
         bail!("workload '{tok}': empty command");
     }
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !is_label(&name) {
         bail!("workload '{tok}': name it with cmd:NAME=\"CMD\" (letters, digits, '-', '_', '.')");
     }
     Ok(WorkloadSpec::Cmd { name, cmd })

@@ -777,8 +777,9 @@ impl Harness {
             }
         }
         s.max_threads = s.max_threads.max(n_threads);
-        if let Some(a) = procfs::allowed_lists(proc, pid) {
-            s.allowed = Some(a);
+        // /proc/PID/status is the main thread's: already read above.
+        if let Some(a) = s.thread_allowed.get(&pid) {
+            s.allowed = Some(a.clone());
         }
         if let Ok(now) = sched_ext::read(&self.roots.sched_ext()) {
             if &now != start && s.scx_changes.last() != Some(&now) {

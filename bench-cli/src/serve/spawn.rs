@@ -83,17 +83,22 @@ impl SpawnSpec {
     }
 }
 
+/// Whether `name` may label a contestant (a server, an engine, a command) in results and
+/// report columns: non-empty, letters, digits, '-', '_' or '.'.
+pub fn is_label(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
 /// Parses `NAME=CMD` or a built-in name.
 pub fn parse_spawn(s: &str, d: &SpawnDefaults) -> Result<SpawnSpec> {
     let (name, cmd) = match s.split_once('=') {
         Some((n, c)) => (n.trim(), Some(c.trim())),
         None => (s.trim(), None),
     };
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !is_label(name) {
         bail!("--spawn {s:?}: the name must be letters, digits, '-', '_' or '.'");
     }
     match cmd {
