@@ -90,6 +90,7 @@ fn short_soak_against_real_rserve() {
     for name in [
         "accounting",
         "kv idle",
+        "conns closed",
         "server received",
         "server 429s",
         "server finished",
@@ -121,7 +122,10 @@ fn short_soak_against_real_rserve() {
             s["metrics"]["kv_blocks_total"].as_f64().unwrap() > 0.0,
             "{s}"
         );
+        // rserve counts its connections: the fds check subtracts those.
+        assert!(s["server_conns"].as_u64().unwrap() >= 1, "{s}");
     }
+    assert_eq!(v["flatness"]["fds_net_less"], "server connections");
     let svg = std::fs::read_to_string(dir.path().join("soak.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("Server RSS"));
     assert!(dir.path().join("rserve.log").is_file());

@@ -1329,7 +1329,7 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
         m.queued = queued;
         m.render()
     };
-    let text = match st.models.single_engine() {
+    let mut text = match st.models.single_engine() {
         Some(engine) => render(&engine.shared),
         None => {
             let per_model: Vec<(String, String)> = st
@@ -1341,6 +1341,7 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
             crate::metrics::render_models(&per_model, &st.models)
         }
     };
+    crate::metrics::render_connections(&mut text, &st.models);
     (
         [(
             header::CONTENT_TYPE,
@@ -1690,25 +1691,35 @@ async fn serve(
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        tokio::spawn(refuse(stream));
+                        let open = models.connection_opened(true);
+                        tokio::spawn(async move {
+                            refuse(stream).await;
+                            drop(open);
+                        });
                         continue;
                     };
+                    let open = models.connection_opened(false);
                     let _ = stream.set_nodelay(true);
                     let svc = TowerToHyperService::new(app.clone());
                     let http = http.clone();
                     let mut close = close_rx.clone();
                     tokio::spawn(async move {
-                        let conn = http.serve_connection(TokioIo::new(stream), svc);
-                        tokio::pin!(conn);
-                        let finished = tokio::select! {
-                            _ = conn.as_mut() => true,
-                            _ = close.wait_for(|c| *c) => false,
-                        };
-                        if !finished {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.as_mut().await;
+                        // The connection (and its socket) is dropped at the end of this
+                        // block, before it stops counting as open.
+                        {
+                            let conn = http.serve_connection(TokioIo::new(stream), svc);
+                            tokio::pin!(conn);
+                            let finished = tokio::select! {
+                                _ = conn.as_mut() => true,
+                                _ = close.wait_for(|c| *c) => false,
+                            };
+                            if !finished {
+                                conn.as_mut().graceful_shutdown();
+                                let _ = conn.as_mut().await;
+                            }
                         }
                         drop(slot);
+                        drop(open);
                     });
                 }
                 Err(e) => {

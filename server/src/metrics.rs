@@ -530,6 +530,17 @@ pub fn render_models(per_model: &[(String, String)], models: &crate::models::Mod
     out
 }
 
+/// The server-wide connection families, after the per-model ones. `rbench soak` subtracts
+/// the open connections from the server's descriptors to watch for leaks, and checks they
+/// fall back once its clients hang up.
+pub fn render_connections(out: &mut String, models: &crate::models::Models) {
+    let (open, refused) = models.connections();
+    let _ = writeln!(
+        out,
+        "# HELP rserve_http_connections_open TCP connections accepted and not yet closed (this scrape's own included).\n# TYPE rserve_http_connections_open gauge\nrserve_http_connections_open {open}\n# HELP rserve_http_connections_refused_total Connections answered 503 at once, beyond --max-connections.\n# TYPE rserve_http_connections_refused_total counter\nrserve_http_connections_refused_total {refused}"
+    );
+}
+
 /// Reads one sample (`name` or `name{labels}`) from Prometheus text; for tests and tools.
 pub fn parse_sample(text: &str, name: &str) -> Option<f64> {
     text.lines()

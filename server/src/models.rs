@@ -104,6 +104,15 @@ impl Drop for Lease {
     }
 }
 
+/// One accepted connection, counted in `rserve_http_connections_open` while it lives.
+pub struct OpenConnection(Arc<Models>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub struct Models {
     pub slots: Vec<Arc<Slot>>,
     /// Several models, loaded on use (false: one, loaded at start).
@@ -117,6 +126,10 @@ pub struct Models {
     /// Requests refused before a model was chosen (several models: a bad key, a bad
     /// body, an unknown model).
     unrouted: AtomicU64,
+    /// TCP connections accepted and not yet closed (refused ones included), and those
+    /// refused beyond the connection cap: server-wide, not per model.
+    connections_open: AtomicU64,
+    connections_refused: AtomicU64,
     /// Shutting down: nothing more is loaded.
     closing: std::sync::atomic::AtomicBool,
 }
@@ -170,6 +183,8 @@ impl Models {
             switch: Mutex::new(()),
             epoch: Instant::now(),
             unrouted: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
             closing: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -336,6 +351,24 @@ impl Models {
 
     pub fn unrouted(&self) -> u64 {
         self.unrouted.load(Ordering::Relaxed)
+    }
+
+    /// A connection was accepted; it counts as open until the guard is dropped (its
+    /// socket closed with it).
+    pub fn connection_opened(self: &Arc<Self>, refused: bool) -> OpenConnection {
+        self.connections_open.fetch_add(1, Ordering::Relaxed);
+        if refused {
+            self.connections_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        OpenConnection(self.clone())
+    }
+
+    /// (open now, refused in all).
+    pub fn connections(&self) -> (u64, u64) {
+        (
+            self.connections_open.load(Ordering::Relaxed),
+            self.connections_refused.load(Ordering::Relaxed),
+        )
     }
 
     /// Every loaded engine, with its slot.

@@ -83,6 +83,40 @@ fn idle_connections_cannot_exhaust_descriptors() {
         ) == Some(200)),
         "/health did not recover"
     );
+    // The server's own count of its sockets (what `rbench soak` subtracts from its
+    // descriptors): the refused ones were counted, and once the idle ones went, only
+    // the scrape's own connection is open.
+    let mut last = String::new();
+    let settled = eventually(Duration::from_secs(10), || {
+        last = get_text(addr, "/metrics");
+        metric(&last, "rserve_http_connections_open") == Some(1.0)
+    });
+    assert!(settled, "connections still counted open:\n{last}");
+    let refused = metric(&last, "rserve_http_connections_refused_total").unwrap();
+    assert!(
+        refused >= 100.0,
+        "{refused} refused of 300 (the cap is below 160)"
+    );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The body of `GET path` (empty when there was no answer).
+fn get_text(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    server::metrics::parse_sample(text, name)
 }

@@ -114,11 +114,13 @@ pub struct SoakArgs {
     /// slope in MiB/min is reported for anything slower.
     #[arg(long, default_value_t = 64.0)]
     pub rss_bound_mib: f64,
-    /// After warm-up, the server's open fds minus the connections rbench holds open at
-    /// that moment may move (max - min) by this many. What remains (listener, epoll, event
-    /// fds, files) is constant; 16 leaves room for connections we closed that the server
-    /// has not noticed yet at the sampling instant, while a leaked socket per burst or per
-    /// cancel (hundreds over a run) cannot hide under it.
+    /// After warm-up, the server's open fds minus its open connections (rserve counts them
+    /// in /metrics; other servers: minus the connections rbench holds) may move (max -
+    /// min) by this many. What remains (listener, epoll, event fds, files) is constant;
+    /// 16 leaves room for connections opened or closed between the two readings, while a
+    /// leaked descriptor per burst or per cancel (hundreds over a run) cannot hide under
+    /// it. A leaked connection is the `conns closed` check's: once rbench hangs up, the
+    /// server must hold none.
     #[arg(long, default_value_t = 16)]
     pub fd_bound: usize,
     /// After the load: how long the server may take to go idle with no KV block used.
@@ -443,6 +445,9 @@ pub struct ServerMetrics {
     pub received: f64,
     /// `rserve_requests_total` by outcome.
     pub outcomes: BTreeMap<String, f64>,
+    /// `rserve_http_connections_open`: the sockets the server holds (the scrape's own
+    /// included); absent from servers before it.
+    pub connections_open: Option<f64>,
 }
 
 impl ServerMetrics {
@@ -464,6 +469,7 @@ impl ServerMetrics {
                     (o.to_string(), v.unwrap_or(0.0))
                 })
                 .collect(),
+            connections_open: g("rserve_http_connections_open"),
         })
     }
 
@@ -554,7 +560,12 @@ pub struct Sample {
     pub proc: Option<ProcSample>,
     /// Connections rbench held open (idle or busy) at the sample.
     pub client_conns: u64,
-    /// `fds - client_conns`: what the flatness check watches.
+    /// The connections the server says it holds (`rserve_http_connections_open`, read
+    /// just after the descriptors, so it counts the scrape's own connection they lack).
+    pub server_conns: Option<u64>,
+    /// The descriptors less the sockets: `fds - server_conns` where the server counts its
+    /// connections (hostile clients' and refused ones are then counted exactly), else
+    /// `fds - client_conns`. What the flatness check watches.
     pub fds_net: Option<i64>,
     pub metrics: Option<ServerMetrics>,
     pub counts: Counts,
@@ -575,6 +586,9 @@ pub struct Flatness {
     pub fds_net_min: i64,
     pub fds_net_max: i64,
     pub fds_net_range: i64,
+    /// What was subtracted from the descriptors: "server connections" (every sample after
+    /// warm-up had the server's count) or "client connections".
+    pub fds_net_less: &'static str,
     pub threads_min: u64,
     pub threads_max: u64,
 }
@@ -602,6 +616,10 @@ pub fn flatness(samples: &[Sample], warmup_s: f64) -> Option<Flatness> {
     let (net_min, net_max) = fold(&|p| p.2 as f64);
     let (th_min, th_max) = fold(&|p| p.1.threads as f64);
     let pts: Vec<(f64, f64)> = post.iter().map(|p| (p.0 / 60.0, p.1.rss_mib)).collect();
+    let by_server = samples
+        .iter()
+        .filter(|s| s.t_s >= warmup_s - 1e-6 && s.fds_net.is_some())
+        .all(|s| s.server_conns.is_some());
     Some(Flatness {
         warmup_s,
         samples: post.len(),
@@ -614,6 +632,11 @@ pub fn flatness(samples: &[Sample], warmup_s: f64) -> Option<Flatness> {
         fds_net_min: net_min as i64,
         fds_net_max: net_max as i64,
         fds_net_range: (net_max - net_min) as i64,
+        fds_net_less: if by_server {
+            "server connections"
+        } else {
+            "client connections"
+        },
         threads_min: th_min as u64,
         threads_max: th_max as u64,
     })
@@ -631,8 +654,8 @@ pub fn flatness_checks(f: Option<&Flatness>, rss_bound_mib: f64, fd_bound: usize
         f.rss_min_mib, f.rss_max_mib, f.rss_range_mib, f.rss_slope_mib_per_min, f.samples
     );
     let fds = format!(
-        "fds - client connections {}..{}, range {} (bound {fd_bound}); raw fds {}..{}",
-        f.fds_net_min, f.fds_net_max, f.fds_net_range, f.fds_min, f.fds_max
+        "fds - {} {}..{}, range {} (bound {fd_bound}); raw fds {}..{}",
+        f.fds_net_less, f.fds_net_min, f.fds_net_max, f.fds_net_range, f.fds_min, f.fds_max
     );
     vec![
         if f.rss_range_mib <= rss_bound_mib {
@@ -999,6 +1022,9 @@ pub struct Ending {
     /// out).
     pub baseline: Option<ServerMetrics>,
     pub idle: Option<ServerMetrics>,
+    /// After rbench closed its connections: the server's open connections (None: no
+    /// answer) and how long it was given; None when the server does not count them.
+    pub hung_up: Option<(Option<f64>, f64)>,
 }
 
 /// Every check of a run. A dead server fails `server alive`; the checks that need it to
@@ -1032,7 +1058,14 @@ pub fn verdict(
     });
     checks.push(counts.check());
     if end.died.is_some() {
-        for name in ["kv idle", "cancels", "bursts", "rss flat", "fds flat"] {
+        for name in [
+            "kv idle",
+            "conns closed",
+            "cancels",
+            "bursts",
+            "rss flat",
+            "fds flat",
+        ] {
             checks.push(Check::skipped(name, "the server died"));
         }
         return checks;
@@ -1067,6 +1100,30 @@ pub fn verdict(
         }
         _ => checks.push(Check::fail("kv idle", "no rserve metrics from /metrics")),
     }
+    checks.push(match end.hung_up {
+        None => Check::skipped(
+            "conns closed",
+            "the server does not count its connections (rserve_http_connections_open)",
+        ),
+        Some((Some(open), waited)) if open <= 1.0 => Check::pass(
+            "conns closed",
+            format!(
+                "{waited:.1}s after rbench hung up, the server held no connection but the \
+                 scrape's own"
+            ),
+        ),
+        Some((open, waited)) => Check::fail(
+            "conns closed",
+            match open {
+                Some(o) => format!(
+                    "{waited:.0}s after rbench closed its connections the server still held \
+                     {} of them",
+                    o - 1.0
+                ),
+                None => "no /metrics answer after rbench closed its connections".into(),
+            },
+        ),
+    });
     checks.push(if counts.cancelled > 0 || a.cancel_fraction == 0.0 {
         Check::pass(
             "cancels",
@@ -1328,12 +1385,18 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         load.ep.pool.prune_closed();
         let proc = server.pid().and_then(proc_sample);
         let client_conns = load.ep.pool.open() as u64;
+        let metrics = scrape();
+        let server_conns = metrics
+            .as_ref()
+            .and_then(|m| m.connections_open)
+            .map(|c| c as u64);
         Sample {
             t_s,
             proc,
             client_conns,
-            fds_net: proc.map(|p| p.fds as i64 - client_conns as i64),
-            metrics: scrape(),
+            server_conns,
+            fds_net: proc.map(|p| p.fds as i64 - server_conns.unwrap_or(client_conns) as i64),
+            metrics,
             counts: load.counts(),
         }
     };
@@ -1439,6 +1502,26 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
             last_metrics = Some(m.clone());
         }
     }
+    // Hung up: once rbench closes its kept-alive connections, the server must hold none
+    // but the scrape's own (a connection task that never ends would hold its socket).
+    let mut hung_up = None;
+    if died.is_none()
+        && last_metrics
+            .as_ref()
+            .is_some_and(|m| m.connections_open.is_some())
+    {
+        load.ep.pool.clear();
+        let t0 = Instant::now();
+        let mut open = None;
+        while t0.elapsed() < Duration::from_secs(10) {
+            open = scrape().and_then(|m| m.connections_open);
+            if open.is_some_and(|o| o <= 1.0) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        hung_up = Some((open, t0.elapsed().as_secs_f64()));
+    }
 
     // The verdict.
     let ending = Ending {
@@ -1447,6 +1530,7 @@ pub fn run(a: &SoakArgs) -> Result<bool> {
         drain_s,
         baseline: baseline.clone(),
         idle: last_metrics.clone(),
+        hung_up,
     };
     let counts = load.counts();
     let flat = flatness(&samples, plan.warmup_s);
@@ -1621,10 +1705,13 @@ fn summary(r: &Value, checks: &[Check]) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<28}{} .. {} (minus client connections: {} .. {})",
+            "{:<28}{} .. {} (minus {}: {} .. {})",
             "fds after warm-up:",
             f("/flatness/fds_min"),
             f("/flatness/fds_max"),
+            f("/flatness/fds_net_less")
+                .as_str()
+                .unwrap_or("client connections"),
             f("/flatness/fds_net_min"),
             f("/flatness/fds_net_max")
         );
@@ -1715,8 +1802,8 @@ pub fn svg(
                 f.rss_min_mib, f.rss_max_mib, f.rss_slope_mib_per_min
             ),
             format!(
-                "Open file descriptors (after warm-up, less client conns: {}..{})",
-                f.fds_net_min, f.fds_net_max
+                "Open file descriptors (after warm-up, less {}: {}..{})",
+                f.fds_net_less, f.fds_net_min, f.fds_net_max
             ),
         ),
         None => ("Server RSS".into(), "Open file descriptors".into()),
@@ -1735,7 +1822,10 @@ pub fn svg(
                 series("client connections", 1, true, &|s| {
                     Some(s.client_conns as f64)
                 }),
-                series("fds - client conns", 2, false, &|s| {
+                series("server connections", 3, true, &|s| {
+                    s.server_conns.map(|c| c as f64)
+                }),
+                series("fds - connections", 2, false, &|s| {
                     s.fds_net.map(|v| v.max(0) as f64)
                 }),
             ],
@@ -2047,13 +2137,24 @@ mod tests {
             drain_s: 3.0,
             baseline: Some(start.clone()),
             idle: Some(idle.clone()),
+            hung_up: Some((Some(1.0), 0.2)),
         };
         let status = |v: &[Check]| -> Vec<(String, &'static str)> {
             v.iter().map(|c| (c.name.clone(), c.status)).collect()
         };
         let v = verdict(&a, &plan, &counts, &good, flat.as_ref(), true);
         assert!(v.iter().all(|c| c.status == "pass"), "{v:#?}");
-        assert_eq!(v.len(), 12);
+        assert_eq!(v.len(), 13);
+        // A connection the server never let go of; a server that does not count them.
+        let mut stuck_conn = good.clone();
+        stuck_conn.hung_up = Some((Some(3.0), 10.0));
+        let v = verdict(&a, &plan, &counts, &stuck_conn, flat.as_ref(), true);
+        let k = v.iter().find(|c| c.name == "conns closed").unwrap();
+        assert!(k.failed() && k.detail.contains("still held 2"), "{k:?}");
+        stuck_conn.hung_up = None;
+        let v = verdict(&a, &plan, &counts, &stuck_conn, flat.as_ref(), true);
+        let k = v.iter().find(|c| c.name == "conns closed").unwrap();
+        assert_eq!(k.status, "skipped");
         // KV still held at idle.
         let mut held = good.clone();
         held.idle.as_mut().unwrap().kv_blocks_used = 3.0;
@@ -2097,12 +2198,20 @@ mod tests {
             drain_s: 0.1,
             baseline: Some(start),
             idle: None,
+            hung_up: None,
         };
         let v = verdict(&a, &plan, &counts, &dead, None, true);
         let s = status(&v);
         assert_eq!(s[0], ("server alive".into(), "fail"));
         assert!(v[0].detail.contains("died at 42s"));
-        for name in ["kv idle", "cancels", "bursts", "rss flat", "fds flat"] {
+        for name in [
+            "kv idle",
+            "conns closed",
+            "cancels",
+            "bursts",
+            "rss flat",
+            "fds flat",
+        ] {
             assert!(s.contains(&(name.into(), "skipped")), "{name}: {s:?}");
         }
         // Requests left in flight.
@@ -2219,7 +2328,7 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         for t in [
             "Server RSS (after warm-up 300.0..300.0 MiB, +0.00 MiB/min)",
-            "less client conns: 6..6",
+            "less client connections: 6..6",
             "Open file descriptors",
             "Server threads",
             "KV cache blocks",
