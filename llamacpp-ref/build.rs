@@ -29,7 +29,9 @@ const KNOWN: &[&str] = &[
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    chat_render();
+    if env::var_os("CARGO_FEATURE_CHAT").is_some() {
+        chat_render();
+    }
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let first_cpu = env::var("CARGO_ENCODED_RUSTFLAGS").ok().and_then(|f| {
         f.split('\x1f')
@@ -95,7 +97,8 @@ fn host_features() -> Vec<&'static str> {
 
 /// Compiles `cpp/chat_render.cpp` (llama.cpp's chat-template rendering behind a C function)
 /// against the llama.cpp source llama-cpp-sys-2 built: its cmake cache names the source
-/// directory, and its `common` library (the `common` feature) is linked after ours.
+/// directory, and its `common` library (the `chat` feature turns on llama-cpp-sys-2's
+/// `common`) is linked after ours.
 fn chat_render() {
     println!("cargo:rerun-if-changed=cpp/chat_render.cpp");
     let cmake_dir = env::var("DEP_LLAMA_GGML_CMAKE_DIR")

@@ -28,6 +28,7 @@ use std::time::Instant;
 use llama_cpp_sys_2 as sys;
 use quant::GgmlType;
 
+#[cfg(feature = "chat")]
 pub mod chat;
 pub mod mxfp4;
 
