@@ -30,6 +30,7 @@ use quant::GgmlType;
 
 #[cfg(feature = "chat")]
 pub mod chat;
+pub mod iq4_nl;
 pub mod mxfp4;
 
 /// Errors from the reference engine.

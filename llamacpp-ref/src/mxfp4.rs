@@ -18,8 +18,8 @@ use crate::RefError;
 const QK: usize = 32;
 /// Bytes of a `block_mxfp4`, a `block_q8_0`, a `block_q8_0x4` (four rows interleaved).
 const MXFP4_BYTES: usize = 17;
-const Q8_0_BYTES: usize = 34;
-const Q8_0X4_BYTES: usize = 4 * Q8_0_BYTES;
+pub(crate) const Q8_0_BYTES: usize = 34;
+pub(crate) const Q8_0X4_BYTES: usize = 4 * Q8_0_BYTES;
 
 extern "C" {
     fn quantize_row_mxfp4_ref(x: *const f32, y: *mut c_void, k: i64);
@@ -56,18 +56,18 @@ extern "C" {
 }
 
 fn bad(what: String) -> RefError {
-    RefError::InvalidArgument(format!("ggml MXFP4: {what}"))
+    RefError::InvalidArgument(format!("ggml (MXFP4, IQ4_NL): {what}"))
 }
 
 /// Blocks in `n` elements: whole blocks, and `n` fits a C `int`.
-fn blocks(n: usize) -> Result<usize, RefError> {
+pub(crate) fn blocks(n: usize) -> Result<usize, RefError> {
     if n == 0 || !n.is_multiple_of(QK) || n > c_int::MAX as usize {
         return Err(bad(format!("{n} elements is not a whole number of blocks")));
     }
     Ok(n / QK)
 }
 
-fn expect(what: &str, want: usize, got: usize) -> Result<(), RefError> {
+pub(crate) fn expect(what: &str, want: usize, got: usize) -> Result<(), RefError> {
     if want != got {
         return Err(bad(format!(
             "{what}: {got} bytes or values, {want} expected"
@@ -77,7 +77,7 @@ fn expect(what: &str, want: usize, got: usize) -> Result<(), RefError> {
 }
 
 /// Checks the CPU and sets up ggml-cpu's tables (the E8M0 scales come from one on x86).
-fn enter() -> Result<(), RefError> {
+pub(crate) fn enter() -> Result<(), RefError> {
     crate::check_cpu()?;
     // SAFETY: idempotent and thread-safe initialisation of ggml-cpu's lookup tables.
     unsafe { sys::ggml_cpu_init() };
@@ -165,8 +165,16 @@ pub fn q8_0x4_rows(x4: &[u8]) -> Vec<u8> {
 /// of eight (chunk `i` of 16 from row `i % 8`, bytes `8 (i / 8)..`). `rows` holds whole
 /// groups of eight rows of `n` elements.
 pub fn repack_8x8(rows: &[u8], n: usize) -> Result<Vec<u8>, RefError> {
+    repack_8x8_of(rows, n, MXFP4_BYTES - 16)
+}
+
+/// The 8x8 repacking of rows of 32-element blocks of `scale` scale bytes and 16 quant
+/// bytes (MXFP4: 1, IQ4_NL: 2): per group of eight rows and block, the eight scales, then
+/// the quants in chunks of eight bytes, chunk `i` of 16 from row `i % 8`.
+pub(crate) fn repack_8x8_of(rows: &[u8], n: usize, scale: usize) -> Result<Vec<u8>, RefError> {
     let nb = blocks(n)?;
-    let rb = nb * MXFP4_BYTES;
+    let bytes = scale + 16;
+    let rb = nb * bytes;
     if rows.is_empty() || !rows.len().is_multiple_of(8 * rb) {
         return Err(bad(format!(
             "{} bytes are not groups of eight rows",
@@ -176,14 +184,15 @@ pub fn repack_8x8(rows: &[u8], n: usize) -> Result<Vec<u8>, RefError> {
     let mut out = vec![0u8; rows.len()];
     for (src, dst) in rows.chunks_exact(8 * rb).zip(out.chunks_exact_mut(8 * rb)) {
         for b in 0..nb {
-            let blk = &mut dst[b * 8 * MXFP4_BYTES..(b + 1) * 8 * MXFP4_BYTES];
-            let at = |r: usize| r * rb + b * MXFP4_BYTES;
+            let blk = &mut dst[b * 8 * bytes..(b + 1) * 8 * bytes];
+            let at = |r: usize| r * rb + b * bytes;
             for r in 0..8 {
-                blk[r] = src[at(r)];
+                blk[r * scale..(r + 1) * scale].copy_from_slice(&src[at(r)..at(r) + scale]);
             }
+            let qs = 8 * scale;
             for i in 0..16 {
-                let (r, off) = (i % 8, 8 * (i / 8));
-                blk[8 + 8 * i..16 + 8 * i].copy_from_slice(&src[at(r) + 1 + off..at(r) + 9 + off]);
+                let (r, off) = (i % 8, scale + 8 * (i / 8));
+                blk[qs + 8 * i..qs + 8 * i + 8].copy_from_slice(&src[at(r) + off..at(r) + off + 8]);
             }
         }
     }
@@ -192,11 +201,21 @@ pub fn repack_8x8(rows: &[u8], n: usize) -> Result<Vec<u8>, RefError> {
 
 /// Checks a repacked matrix of `nc` rows of `n` elements; returns `n`'s block count.
 fn check_packed(n: usize, packed: &[u8], nc: usize) -> Result<usize, RefError> {
+    check_packed_of(n, packed, nc, MXFP4_BYTES)
+}
+
+/// [`check_packed`] for blocks of `bytes` bytes.
+pub(crate) fn check_packed_of(
+    n: usize,
+    packed: &[u8],
+    nc: usize,
+    bytes: usize,
+) -> Result<usize, RefError> {
     let nb = blocks(n)?;
     if nc == 0 || !nc.is_multiple_of(8) || nc > c_int::MAX as usize {
         return Err(bad(format!("{nc} rows are not groups of eight")));
     }
-    expect("repacked matrix", nc * nb * MXFP4_BYTES, packed.len())?;
+    expect("repacked matrix", nc * nb * bytes, packed.len())?;
     Ok(nb)
 }
 

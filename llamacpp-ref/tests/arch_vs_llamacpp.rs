@@ -260,6 +260,14 @@ fn qwen3_dense() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4KM, 256);
 }
 
+/// IQ4_NL weights (llama.cpp's IQ4_NL mix: its GQA of 2 keeps attn_v IQ4_NL; the first
+/// of three layers is no eighth, so ffn_down too): the repacked order where the row count
+/// is a multiple of eight, `vec_dot` elsewhere.
+#[test]
+fn qwen3_dense_iq4_nl() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Nl, 256);
+}
+
 #[test]
 fn qwen3_moe() {
     check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);

@@ -105,6 +105,7 @@ pub fn signed_offset(wty: GgmlType) -> i32 {
         GgmlType::Q5_0 => 16,
         GgmlType::Q8_0 => 128,
         GgmlType::MXFP4 => crate::formats::mxfp4::OFFSET,
+        GgmlType::IQ4_NL => crate::formats::iq4_nl::OFFSET,
         _ => 0,
     }
 }

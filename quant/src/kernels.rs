@@ -16,7 +16,7 @@ use crate::contract::{
     activation_scales, fast_offset_sums, offset_sums, ActSide, DotFn, KernelRow, TileFn,
 };
 use crate::formats::{
-    float, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k,
+    float, iq4_nl, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k,
 };
 use crate::isa::{self, Isa};
 use crate::order::DotOrder;
@@ -219,6 +219,9 @@ const SCALAR_ROWS: &[KernelRow] = {
         // MXFP4: ggml's `vec_dot` (matrices not repacked) and the repacked gemv/gemm.
         scalar_row(T::MXFP4, Single, mxfp4::vec_dot_q8_0),
         scalar_row(T::MXFP4, Gemm4, mxfp4::vec_dot_q8_0_repacked),
+        // IQ4_NL: MXFP4's two orders with its own table and an f16 scale.
+        scalar_row(T::IQ4_NL, Single, iq4_nl::vec_dot_q8_0),
+        scalar_row(T::IQ4_NL, Gemm4, iq4_nl::vec_dot_q8_0_repacked),
         scalar_row(T::Q4_0, Fast, q4_0::vec_dot_q8_0_fast),
         scalar_row(T::Q4_1, Fast, q4_1::vec_dot_q8_1_fast),
         scalar_row(T::Q5_0, Fast, q5_0::vec_dot_q8_0_fast),
@@ -257,12 +260,13 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
 /// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
-/// run `vec_dot` (`DotOrder::Single`).
+/// run `vec_dot` (`DotOrder::Single`). IQ4_NL matrices go the same two ways
+/// (`iq4_nl_8x8_q8_0`, the same gemv and gemm templates).
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
         // F32 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` for one.
         GgmlType::F32 if n >= 2 => DotOrder::Tiled,
-        GgmlType::MXFP4 if n_out.is_multiple_of(8) => DotOrder::Gemm4,
+        GgmlType::MXFP4 | GgmlType::IQ4_NL if n_out.is_multiple_of(8) => DotOrder::Gemm4,
         GgmlType::Q4_K if n_out.is_multiple_of(8) => {
             if i < n - n % 4 {
                 DotOrder::Gemm4

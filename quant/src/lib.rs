@@ -43,7 +43,7 @@ pub use order::{DotOrder, F16Order, Flavor};
 pub use types::GgmlType;
 
 use formats::{
-    float, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+    float, iq4_nl, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
 };
 
 /// Errors from the checked entry points.
@@ -102,6 +102,7 @@ fn format_fns(ty: GgmlType) -> Option<FormatFns> {
         T::Q6_K => k(d::<q6_k::BlockQ6K>, q::<q6_k::BlockQ6K>, T::Q8_K),
         T::Q8_K => k(d::<q8_k::BlockQ8K>, q::<q8_k::BlockQ8K>, T::Q8_K),
         T::MXFP4 => k(d::<mxfp4::BlockMxfp4>, q::<mxfp4::BlockMxfp4>, T::Q8_0),
+        T::IQ4_NL => k(d::<iq4_nl::BlockIq4Nl>, q::<iq4_nl::BlockIq4Nl>, T::Q8_0),
         _ => return None,
     })
 }

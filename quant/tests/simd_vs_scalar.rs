@@ -26,8 +26,9 @@ use quant::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 11] = [
+const TYPES: [GgmlType; 12] = [
     GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
@@ -44,8 +45,9 @@ const TYPES: [GgmlType; 11] = [
 /// order and the fast order of the 32-element formats, MXFP4 and the K-quants
 /// (`tests/fast_order.rs` walks their eight-row and packed tiles, `tests/mxfp4.rs`
 /// MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 12] = [
+const ORDERED: [(GgmlType, DotOrder); 13] = [
     (GgmlType::MXFP4, DotOrder::Gemm4),
+    (GgmlType::IQ4_NL, DotOrder::Gemm4),
     (GgmlType::MXFP4, DotOrder::Fast),
     (GgmlType::Q6_K, DotOrder::Tiled),
     (GgmlType::Q4_K, DotOrder::Tiled),
@@ -63,7 +65,7 @@ const ORDERED: [(GgmlType, DotOrder); 12] = [
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType as T;
     match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 => &[0],
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL => &[0],
         T::Q4_1 | T::Q5_1 | T::Q8_1 => &[0, 2],
         T::Q4_K | T::Q5_K => &[0, 2],
         T::Q2_K => &[80, 82],
@@ -366,6 +368,11 @@ fn check_type(ty: GgmlType, seed: u64) {
         nonzero * 10 >= total * 8,
         "{ty}: only {nonzero}/{total} nontrivial dots"
     );
+}
+
+#[test]
+fn iq4_nl_matches_scalar() {
+    check_type(GgmlType::IQ4_NL, 47);
 }
 
 #[test]
@@ -919,5 +926,11 @@ fn dot_order_follows_llama_cpp_kernel_choice() {
     for (n, i) in [(1, 0), (2, 1), (4, 3), (7, 6), (64, 5)] {
         assert_eq!(dot_order_for(mx, 2880, n, i), DotOrder::Gemm4);
         assert_eq!(dot_order_for(mx, 2884, n, i), DotOrder::Single);
+        // IQ4_NL: the same gemv/gemm templates, the same choice.
+        assert_eq!(dot_order_for(GgmlType::IQ4_NL, 2880, n, i), DotOrder::Gemm4);
+        assert_eq!(
+            dot_order_for(GgmlType::IQ4_NL, 2884, n, i),
+            DotOrder::Single
+        );
     }
 }

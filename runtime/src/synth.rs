@@ -43,7 +43,7 @@ pub const WEIGHT_STD: f32 = 0.02;
 pub enum SynthError {
     #[error("unknown shape {0:?} (known: {known})", known = SHAPE_NAMES.join(", "))]
     UnknownShape(String),
-    #[error("unknown quantization {0:?} (known: q4_k_m, q4_0, q8_0, mxfp4_moe)")]
+    #[error("unknown quantization {0:?} (known: q4_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl)")]
     UnknownQuant(String),
     #[error("invalid shape: {0}")]
     InvalidShape(String),
@@ -595,6 +595,10 @@ pub enum SynthQuant {
     Q8_0,
     /// llama.cpp's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0 (gpt-oss).
     Mxfp4Moe,
+    /// llama.cpp's IQ4_NL without an importance matrix: IQ4_NL, with Q6_K for the output,
+    /// Q5_K for attn_v where four or more query heads share a KV head and for ffn_down
+    /// in the first eighth of the layers.
+    Iq4Nl,
 }
 
 impl SynthQuant {
@@ -604,6 +608,7 @@ impl SynthQuant {
             "q4_0" => Ok(SynthQuant::Q4_0),
             "q8_0" => Ok(SynthQuant::Q8_0),
             "mxfp4_moe" | "mxfp4" => Ok(SynthQuant::Mxfp4Moe),
+            "iq4_nl" => Ok(SynthQuant::Iq4Nl),
             _ => Err(SynthError::UnknownQuant(s.to_string())),
         }
     }
@@ -614,6 +619,7 @@ impl SynthQuant {
             SynthQuant::Q4_0 => "q4_0",
             SynthQuant::Q8_0 => "q8_0",
             SynthQuant::Mxfp4Moe => "mxfp4_moe",
+            SynthQuant::Iq4Nl => "iq4_nl",
         }
     }
 
@@ -624,6 +630,7 @@ impl SynthQuant {
             SynthQuant::Q4_0 => 2,
             SynthQuant::Q8_0 => 7,
             SynthQuant::Mxfp4Moe => 38,
+            SynthQuant::Iq4Nl => 25,
         }
     }
 }
@@ -667,13 +674,14 @@ pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
 /// [`use_more_bits`] (counted over the layers, as llama.cpp's `i_attention_wv` /
 /// `i_ffn_down` counters do); a fused attn_qkv Q5_K; every other weight the default Q4_K.
 /// Q4_0 and Q8_0: the default type, except that a Q4_0 file's output is Q6_K.
-/// MXFP4_MOE: the experts MXFP4, every other weight Q8_0. Norms, biases and the router
+/// MXFP4_MOE: the experts MXFP4, every other weight Q8_0. IQ4_NL: see
+/// [`SynthQuant::Iq4Nl`] (`gqa`: query heads per KV head). Norms, biases and the router
 /// stay F32.
 pub fn tensor_type(
     quant: SynthQuant,
     role: Role,
-    layer: usize,
-    n_layer: usize,
+    (layer, n_layer): (usize, usize),
+    gqa: usize,
     tied: bool,
 ) -> GgmlType {
     use GgmlType as T;
@@ -696,6 +704,12 @@ pub fn tensor_type(
         SynthQuant::Mxfp4Moe => match role {
             Role::ExpGate | Role::ExpUp | Role::ExpDown => T::MXFP4,
             _ => T::Q8_0,
+        },
+        SynthQuant::Iq4Nl => match role {
+            _ if output => T::Q6_K,
+            Role::AttnV if gqa >= 4 => T::Q5_K,
+            Role::FfnDown | Role::ExpDown if layer < n_layer / 8 => T::Q5_K,
+            _ => T::IQ4_NL,
         },
     }
 }
@@ -723,7 +737,13 @@ pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
             spec: TensorSpec {
                 name,
                 shape: dims,
-                ty: tensor_type(quant, role, layer, n_layer, f.tied_output),
+                ty: tensor_type(
+                    quant,
+                    role,
+                    (layer, n_layer),
+                    shape.n_head / shape.n_head_kv,
+                    f.tied_output,
+                ),
             },
             role,
         })
@@ -1199,6 +1219,15 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
                 b[2..4].copy_from_slice(&dmin.to_le_bytes());
                 b[4..16].copy_from_slice(&pack_scale_min_k4(&sc, &m));
                 rng.fill(&mut b[16..176]);
+            }
+        }
+        GgmlType::IQ4_NL => {
+            // x = d * v with v uniform over ggml's 16 table values (rms ~67.4), d of
+            // either sign.
+            let base = WEIGHT_STD / 67.4;
+            for b in out.chunks_exact_mut(bs) {
+                b[0..2].copy_from_slice(&signed_jitter(rng, base).to_le_bytes());
+                rng.fill(&mut b[2..18]);
             }
         }
         GgmlType::MXFP4 => {

@@ -15,7 +15,9 @@
 
 pub mod common;
 pub mod float;
+pub mod iq4_nl;
 pub(crate) mod legacy;
+pub mod lut;
 pub mod mxfp4;
 pub mod packed;
 pub mod q2_k;

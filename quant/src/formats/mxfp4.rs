@@ -7,30 +7,17 @@
 //! E8M0 value, `2^(e - 127) / 2`: the product is the format's value, and the dot products
 //! with Q8_0 activations are exact integer sums times one float per block.
 //!
-//! Dot products come in two orders, the two kernels llama.cpp's x86 backend runs for
-//! MXFP4 (`crate::kernels::dot_order_for` says which):
-//!
-//! - [`vec_dot_q8_0`] ([`crate::DotOrder::Single`]): `ggml_vec_dot_mxfp4_q8_0` on AVX2,
-//!   for matrices that are not repacked (a row count that is not a multiple of eight).
-//!   Eight exact i32 lanes per block (elements `4l..4l+4`) fused into eight float lanes,
-//!   even blocks into one accumulator and odd ones into another; the two are added
-//!   lane by lane and folded by `hsum_float_8`; an unpaired last block is added after the
-//!   fold, its whole integer sum times its scale product rounded first (`sumf += d *
-//!   sumi`, which this GCC build of ggml leaves unfused).
-//! - [`vec_dot_q8_0_repacked`] ([`crate::DotOrder::Gemm4`], and the fast order): the
-//!   repacked `ggml_gemv_mxfp4_8x8_q8_0` and `ggml_gemm_mxfp4_8x8_q8_0`, which sum alike:
-//!   one exact integer sum per block, `acc = fma(sumi, e_half * d_y, acc)`. Their
-//!   activations (`quantize_row_q8_0`, and `ggml_quantize_mat_q8_0_4x8` for the gemm's
-//!   groups of four tokens) round identically on x86, so one twin serves every token.
-//!
-//! ggml's generic C dot (`ggml_vec_dot_mxfp4_q8_0_generic`: `sumf += d * sumi` per block,
-//! unfused) is [`vec_dot_q8_0_ref`], kept to prove the integer parts against ggml.
+//! Dot products come in the orders of llama.cpp's x86 backend for MXFP4, written once
+//! for it and IQ4_NL in [`super::lut`]: `vec_dot` for matrices that are not repacked
+//! ([`vec_dot_q8_0`], [`crate::DotOrder::Single`]), the repacked `mxfp4_8x8_q8_0` gemv and
+//! gemm ([`vec_dot_q8_0_repacked`], [`crate::DotOrder::Gemm4`] and the fast order; their
+//! activations, `quantize_row_q8_0` and `ggml_quantize_mat_q8_0_4x8`, round identically
+//! on x86, so one twin serves every token), and ggml's generic C dot
+//! ([`vec_dot_q8_0_ref`]), kept to prove the integer parts against ggml.
 
-use super::common::{check_dot, rd_arr, Block};
+use super::common::{rd_arr, Block};
 use super::legacy::{nibble, pack_q4, QK};
-use super::q8_0::BlockQ8_0;
-use crate::f16::f16_to_f32;
-use crate::order::{hsum_lanes, lanes_add_block};
+use super::lut::{self, Lut32};
 use crate::GgmlType;
 
 /// ggml's `kvalues_mxfp4`: the sixteen E2M1 values, doubled.
@@ -145,68 +132,40 @@ impl Block for BlockMxfp4 {
     }
 }
 
-/// Block `i` of the two rows and its scale product `d_y * e_half`.
-#[inline(always)]
-fn blocks(w: &[u8], a: &[u8], i: usize) -> (BlockMxfp4, BlockQ8_0, f32) {
-    let x = BlockMxfp4::read(&w[i * BlockMxfp4::BYTES..]);
-    let y = BlockQ8_0::read(&a[i * BlockQ8_0::BYTES..]);
-    let d = f16_to_f32(y.d) * e8m0_to_f32_half(x.e);
-    (x, y, d)
-}
-
-/// The exact integer sum of one block's products.
-#[inline(always)]
-fn block_sum(x: &BlockMxfp4, y: &BlockQ8_0) -> i32 {
-    (0..QK).map(|j| x.value(j) * y.qs[j] as i32).sum()
+impl Lut32 for BlockMxfp4 {
+    #[inline(always)]
+    fn value(&self, j: usize) -> i32 {
+        BlockMxfp4::value(self, j)
+    }
+    #[inline(always)]
+    fn scale(&self) -> f32 {
+        e8m0_to_f32_half(self.e)
+    }
 }
 
 /// Dot with a Q8_0 activation row in the order of `ggml_vec_dot_mxfp4_q8_0` on AVX2
 /// ([`crate::DotOrder::Single`]; what [`crate::vec_dot`] computes).
 pub fn vec_dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    let nb = check_dot::<BlockMxfp4, BlockQ8_0>(w, a);
-    let mut acc = [[0.0f32; 8]; 2];
-    let paired = nb - nb % 2;
-    for i in 0..paired {
-        let (x, y, d) = blocks(w, a, i);
-        lanes_add_block(&mut acc[i % 2], d, |j| x.value(j) * y.qs[j] as i32);
-    }
-    let both: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
-    let mut sumf = hsum_lanes(&both);
-    if paired < nb {
-        let (x, y, d) = blocks(w, a, paired);
-        sumf += d * block_sum(&x, &y) as f32;
-    }
-    sumf
+    lut::vec_dot_paired::<BlockMxfp4>(w, a)
 }
 
 /// Dot with a Q8_0 activation row in the order of llama.cpp's repacked MXFP4 kernels
 /// (`gemv`/`gemm_mxfp4_8x8_q8_0`; [`crate::DotOrder::Gemm4`] and the fast order): one
 /// exact integer sum per block, `acc = (e_half * d_y).mul_add(sumi, acc)`.
 pub fn vec_dot_q8_0_repacked(w: &[u8], a: &[u8]) -> f32 {
-    let nb = check_dot::<BlockMxfp4, BlockQ8_0>(w, a);
-    let mut acc = 0.0f32;
-    for i in 0..nb {
-        let (x, y, d) = blocks(w, a, i);
-        acc = d.mul_add(block_sum(&x, &y) as f32, acc);
-    }
-    acc
+    lut::vec_dot_repacked::<BlockMxfp4>(w, a)
 }
 
 /// ggml's generic C `ggml_vec_dot_mxfp4_q8_0_generic`: `sumf += d * sumi` per block,
 /// the product rounded before the sum (as ggml's GCC build computes it).
 pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
-    let nb = check_dot::<BlockMxfp4, BlockQ8_0>(w, a);
-    let mut sumf = 0.0f32;
-    for i in 0..nb {
-        let (x, y, d) = blocks(w, a, i);
-        sumf += d * block_sum(&x, &y) as f32;
-    }
-    sumf
+    lut::vec_dot_generic::<BlockMxfp4>(w, a)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::q8_0::BlockQ8_0;
 
     #[test]
     fn e8m0_half_is_a_power_of_two() {
@@ -258,7 +217,7 @@ mod tests {
         }
         let exact: i32 = (0..3)
             .map(|i| {
-                block_sum(
+                lut::block_sum(
                     &BlockMxfp4::read(&w[i * 17..]),
                     &BlockQ8_0::read(&a[i * 34..]),
                 )

@@ -659,7 +659,10 @@ pub fn ftype_name(ft: i64) -> Option<&'static str> {
         16 => "Q5_K - Small",
         17 => "Q5_K - Medium",
         18 => "Q6_K",
+        25 => "IQ4_NL - 4.5 bpw",
+        30 => "IQ4_XS - 4.25 bpw",
         32 => "BF16",
+        38 => "MXFP4 MoE",
         _ => return None,
     })
 }

@@ -10,6 +10,7 @@ use core::arch::x86_64::*;
 use super::simd::*;
 use crate::contract::{check_tile, ActSide, TILE_MAX_TOKENS};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::iq4_nl::{self, BlockIq4Nl};
 use crate::formats::mxfp4::{self, BlockMxfp4};
 use crate::formats::q4_0::BlockQ4_0;
 use crate::formats::q4_1::BlockQ4_1;
@@ -50,6 +51,10 @@ trait Legacy {
     /// float lanes and odd ones into another, added before the fold, and an unpaired
     /// last block after it (its whole integer sum times its scale, then added).
     const PAIRED: bool = false;
+    /// llama.cpp's repacked order for table formats (IQ4_NL's `iq4_nl_8x8_q8_0` gemv
+    /// and gemm): each block's lanes summed to one exact integer, fused into one float
+    /// accumulator with the block's scale product.
+    const BLOCK_SUM: bool = false;
     /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
     /// when `SIGNED`, else unsigned.
     ///
@@ -64,9 +69,12 @@ trait Legacy {
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i;
 }
 
-/// Q4_0 / Q5_0 / Q8_0 / MXFP4 with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
+/// Q4_0 / Q5_0 / Q8_0 / MXFP4 / IQ4_NL with Q8_0 activations; Q4_1 / Q5_1 with Q8_1.
+/// `Iq4NlRep` is IQ4_NL in llama.cpp's repacked order.
 struct Q4_0;
 struct Mxfp4;
+struct Iq4Nl;
+struct Iq4NlRep;
 struct Q4_1;
 struct Q5_0;
 struct Q5_1;
@@ -195,6 +203,75 @@ impl Legacy for Mxfp4 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
         _mm256_shuffle_epi8(mxfp4_table(true), nibbles32(w.add(1)))
+    }
+}
+
+/// IQ4_NL's table values plus [`iq4_nl::OFFSET`] (`1..=241`, as bytes), for the VNNI
+/// kernels only: `vpdpbusd` sums its four products in 32 bits, where `maddubs` would
+/// saturate a pair of them in 16.
+const IQ4_NL_UNSIGNED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (iq4_nl::KVALUES[i] as i32 + iq4_nl::OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// IQ4_NL's table, unsigned ([`IQ4_NL_UNSIGNED`]) or signed, in both 128-bit halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl_table(unsigned: bool) -> __m256i {
+    let p: *const u8 = if unsigned {
+        IQ4_NL_UNSIGNED.as_ptr()
+    } else {
+        iq4_nl::KVALUES.as_ptr().cast()
+    };
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()))
+}
+
+/// IQ4_NL in ggml's one-row order (`vec_dot`: MXFP4's paired lanes). The AVX2 kernels
+/// take the signed path (`|x|` times `y` signed like `x`: pairs of at most 2 x 127 x 127
+/// fit `maddubs`'s 16 bits); the VNNI ones the unsigned one.
+impl Legacy for Iq4Nl {
+    const WB: usize = BlockIq4Nl::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
+    const OFFSET: i32 = iq4_nl::OFFSET;
+    const LUT: bool = true;
+    const PAIRED: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        _mm256_shuffle_epi8(iq4_nl_table(false), nibbles32(w.add(2)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        _mm256_shuffle_epi8(iq4_nl_table(true), nibbles32(w.add(2)))
+    }
+}
+
+/// IQ4_NL in llama.cpp's repacked order (one integer sum per block).
+impl Legacy for Iq4NlRep {
+    const WB: usize = BlockIq4Nl::BYTES;
+    const AB: usize = BlockQ8_0::BYTES;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
+    const OFFSET: i32 = iq4_nl::OFFSET;
+    const LUT: bool = true;
+    const BLOCK_SUM: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(w: *const u8) -> __m256i {
+        Iq4Nl::unpack(w)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
+        Iq4Nl::unpack_unsigned(w)
     }
 }
 
@@ -365,6 +442,8 @@ macro_rules! legacy_many {
             // product and integer sum.
             let mut acc_odd = [[_mm256_setzero_ps(); N]; R];
             let mut tail = [[(0.0f32, 0i32); N]; R];
+            // `BLOCK_SUM` only: one float accumulator per output.
+            let mut block_acc = [[0.0f32; N]; R];
             let paired = if T::PAIRED { nb - nb % 2 } else { nb };
             let per = if T::SIGNED { 1 } else { 2 };
             for i in 0..nb {
@@ -433,7 +512,10 @@ macro_rules! legacy_many {
                             $isum(u[r], s)
                         };
                         let d = _mm256_mul_ps(dx[r], dy);
-                        if T::PAIRED && i >= paired {
+                        if T::BLOCK_SUM {
+                            block_acc[r][c] =
+                                _mm256_cvtss_f32(d).mul_add(hsum_i32(isum) as f32, block_acc[r][c]);
+                        } else if T::PAIRED && i >= paired {
                             tail[r][c] = (_mm256_cvtss_f32(d), hsum_i32(isum));
                         } else if T::PAIRED && i % 2 == 1 {
                             let p = _mm256_cvtepi32_ps(isum);
@@ -450,7 +532,9 @@ macro_rules! legacy_many {
             }
             for r in 0..R {
                 for c in 0..N {
-                    let h = if T::PAIRED {
+                    let h = if T::BLOCK_SUM {
+                        block_acc[r][c]
+                    } else if T::PAIRED {
                         let h = hsum_ps(_mm256_add_ps(acc[r][c], acc_odd[r][c]));
                         let (d, sumi) = tail[r][c];
                         if paired < nb {
@@ -620,7 +704,44 @@ many_entry!(
     true
 );
 
+many_entry!(
+    iq4_nl_many,
+    Iq4Nl,
+    BlockIq4Nl,
+    BlockQ8_0,
+    legacy_avx2,
+    false
+);
+many_entry!(
+    iq4_nl_many_vnni,
+    Iq4Nl,
+    BlockIq4Nl,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
+many_entry!(
+    iq4_nl_rep_many,
+    Iq4NlRep,
+    BlockIq4Nl,
+    BlockQ8_0,
+    legacy_avx2,
+    false
+);
+many_entry!(
+    iq4_nl_rep_many_vnni,
+    Iq4NlRep,
+    BlockIq4Nl,
+    BlockQ8_0,
+    legacy_vnni,
+    true
+);
+
 single_from_many!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, q4_0_many);
+single_from_many!(iq4_nl_q8_0, BlockIq4Nl, BlockQ8_0, iq4_nl_many);
+single_from_many!(iq4_nl_q8_0_vnni, BlockIq4Nl, BlockQ8_0, iq4_nl_many_vnni);
+single_from_many!(iq4_nl_rep, BlockIq4Nl, BlockQ8_0, iq4_nl_rep_many);
+single_from_many!(iq4_nl_rep_vnni, BlockIq4Nl, BlockQ8_0, iq4_nl_rep_many_vnni);
 single_from_many!(mxfp4_q8_0, BlockMxfp4, BlockQ8_0, mxfp4_many);
 single_from_many!(mxfp4_q8_0_vnni, BlockMxfp4, BlockQ8_0, mxfp4_many_vnni);
 single_from_many!(q4_1_q8_1, BlockQ4_1, BlockQ8_1, q4_1_many);

@@ -255,6 +255,11 @@ pub(crate) const ROWS: &[KernelRow] = {
         // MXFP4: ggml's `vec_dot` on the file's rows (matrices llama.cpp does not repack);
         // its repacked order, which is also its fast order, on the fast order's kernels.
         row(T::MXFP4, Single, Avx2, l::mxfp4_q8_0, Some(l::mxfp4_many), false),
+        // IQ4_NL: ggml's `vec_dot` and the repacked gemv/gemm order, over the file's rows.
+        row(T::IQ4_NL, Single, Avx2, l::iq4_nl_q8_0, Some(l::iq4_nl_many), false),
+        row(T::IQ4_NL, Single, Avx2Vnni, l::iq4_nl_q8_0_vnni, Some(l::iq4_nl_many_vnni), true),
+        row(T::IQ4_NL, Gemm4, Avx2, l::iq4_nl_rep, Some(l::iq4_nl_rep_many), false),
+        row(T::IQ4_NL, Gemm4, Avx2Vnni, l::iq4_nl_rep_vnni, Some(l::iq4_nl_rep_many_vnni), true),
         row(T::MXFP4, Single, Avx2Vnni, l::mxfp4_q8_0_vnni, Some(l::mxfp4_many_vnni), true),
         in_order(fast_row(T::MXFP4, Avx2, l::mxfp4_rep, MXFP4_AVX2, true), Gemm4),
         in_order(fast_row(T::MXFP4, Avx2Vnni, l::mxfp4_rep_vnni, MXFP4_VNNI, true), Gemm4),
