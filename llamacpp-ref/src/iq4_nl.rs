@@ -9,7 +9,8 @@
 use std::ffi::{c_int, c_void};
 
 use crate::mxfp4::{
-    blocks, check_packed_of, enter, expect, repack_8x8_of, Q8_0X4_BYTES, Q8_0_BYTES,
+    blocks, dequantize_row_of, enter, expect, gemm_of, gemv_of, quantize_row_ref_of, repack_8x8_of,
+    vec_dot_generic_of, Fmt,
 };
 use crate::RefError;
 
@@ -56,14 +57,18 @@ extern "C" {
     );
 }
 
+const IQ4_NL: Fmt = Fmt {
+    bytes: IQ4_NL_BYTES,
+    quantize_ref: quantize_row_iq4_nl_ref,
+    dequantize: dequantize_row_iq4_nl,
+    vec_dot_generic: ggml_vec_dot_iq4_nl_q8_0_generic,
+    gemv: ggml_gemv_iq4_nl_8x8_q8_0,
+    gemm: ggml_gemm_iq4_nl_8x8_q8_0,
+};
+
 /// `quantize_row_iq4_nl_ref`: `x` into `out` (`x.len() / 32 * 18` bytes).
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
-    let nb = blocks(x.len())?;
-    expect("quantized row", nb * IQ4_NL_BYTES, out.len())?;
-    enter()?;
-    // SAFETY: `out` holds exactly the blocks of `x.len()` elements.
-    unsafe { quantize_row_iq4_nl_ref(x.as_ptr(), out.as_mut_ptr().cast(), x.len() as i64) };
-    Ok(())
+    quantize_row_ref_of(&IQ4_NL, x, out)
 }
 
 /// `quantize_iq4_nl` of one row without an importance matrix, what `llama-quantize`
@@ -87,36 +92,13 @@ pub fn quantize_row(x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
 
 /// `dequantize_row_iq4_nl`: the blocks of `q` into `out` (32 values per 18 bytes).
 pub fn dequantize_row(q: &[u8], out: &mut [f32]) -> Result<(), RefError> {
-    let nb = blocks(out.len())?;
-    expect("quantized row", nb * IQ4_NL_BYTES, q.len())?;
-    enter()?;
-    // SAFETY: `q` holds exactly the blocks of `out.len()` elements.
-    unsafe { dequantize_row_iq4_nl(q.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
-    Ok(())
+    dequantize_row_of(&IQ4_NL, q, out)
 }
 
 /// `ggml_vec_dot_iq4_nl_q8_0_generic`: ggml's portable C dot of one IQ4_NL row `w` and
 /// one Q8_0 row `a` of `n` elements.
 pub fn vec_dot_generic(n: usize, w: &[u8], a: &[u8]) -> Result<f32, RefError> {
-    let nb = blocks(n)?;
-    expect("weight row", nb * IQ4_NL_BYTES, w.len())?;
-    expect("activation row", nb * Q8_0_BYTES, a.len())?;
-    enter()?;
-    let mut s = 0.0f32;
-    // SAFETY: both rows hold exactly `n` elements; one row, so the strides are unused.
-    unsafe {
-        ggml_vec_dot_iq4_nl_q8_0_generic(
-            n as c_int,
-            &mut s,
-            0,
-            w.as_ptr().cast(),
-            0,
-            a.as_ptr().cast(),
-            0,
-            1,
-        )
-    };
-    Ok(s)
+    vec_dot_generic_of(&IQ4_NL, n, w, a)
 }
 
 /// llama.cpp's repacking of IQ4_NL rows for its x86 kernels (`block_iq4_nlx8`: per group
@@ -128,24 +110,7 @@ pub fn repack_8x8(rows: &[u8], n: usize) -> Result<Vec<u8>, RefError> {
 /// `ggml_gemv_iq4_nl_8x8_q8_0`: the `nc` rows of a matrix repacked by [`repack_8x8`]
 /// against one Q8_0 activation row `a`, into `out[..nc]`.
 pub fn gemv(n: usize, packed: &[u8], nc: usize, a: &[u8], out: &mut [f32]) -> Result<(), RefError> {
-    let nb = check_packed_of(n, packed, nc, IQ4_NL_BYTES)?;
-    expect("activation row", nb * Q8_0_BYTES, a.len())?;
-    expect("outputs", nc, out.len())?;
-    enter()?;
-    // SAFETY: sizes checked above: `packed` holds nc / 8 groups of nb blocks, `a` one row
-    // of nb blocks, `out` nc floats.
-    unsafe {
-        ggml_gemv_iq4_nl_8x8_q8_0(
-            n as c_int,
-            out.as_mut_ptr(),
-            nc,
-            packed.as_ptr().cast(),
-            a.as_ptr().cast(),
-            1,
-            nc as c_int,
-        )
-    };
-    Ok(())
+    gemv_of(&IQ4_NL, n, packed, nc, a, out)
 }
 
 /// `ggml_gemm_iq4_nl_8x8_q8_0`: as [`crate::mxfp4::gemm`], for IQ4_NL rows repacked by
@@ -158,26 +123,5 @@ pub fn gemm(
     nr: usize,
     out: &mut [f32],
 ) -> Result<(), RefError> {
-    let nb = check_packed_of(n, packed, nc, IQ4_NL_BYTES)?;
-    if nr == 0 || !nr.is_multiple_of(4) || nr > c_int::MAX as usize {
-        return Err(RefError::InvalidArgument(format!(
-            "ggml IQ4_NL: {nr} tokens are not groups of four"
-        )));
-    }
-    expect("activations", nr / 4 * nb * Q8_0X4_BYTES, a4.len())?;
-    expect("outputs", nr * nc, out.len())?;
-    enter()?;
-    // SAFETY: sizes checked above; gemm writes s[t * bs + col] for t < nr, col < nc.
-    unsafe {
-        ggml_gemm_iq4_nl_8x8_q8_0(
-            n as c_int,
-            out.as_mut_ptr(),
-            nc,
-            packed.as_ptr().cast(),
-            a4.as_ptr().cast(),
-            nr as c_int,
-            nc as c_int,
-        )
-    };
-    Ok(())
+    gemm_of(&IQ4_NL, (n, packed, nc), a4, nr, out)
 }

@@ -18,8 +18,8 @@ use crate::RefError;
 const QK: usize = 32;
 /// Bytes of a `block_mxfp4`, a `block_q8_0`, a `block_q8_0x4` (four rows interleaved).
 const MXFP4_BYTES: usize = 17;
-pub(crate) const Q8_0_BYTES: usize = 34;
-pub(crate) const Q8_0X4_BYTES: usize = 4 * Q8_0_BYTES;
+const Q8_0_BYTES: usize = 34;
+const Q8_0X4_BYTES: usize = 4 * Q8_0_BYTES;
 
 extern "C" {
     fn quantize_row_mxfp4_ref(x: *const f32, y: *mut c_void, k: i64);
@@ -84,37 +84,86 @@ pub(crate) fn enter() -> Result<(), RefError> {
     Ok(())
 }
 
+/// ggml's C entry points of one 32-element table format (MXFP4 here, IQ4_NL in
+/// [`crate::iq4_nl`]), which the checked wrappers below serve alike.
+pub(crate) struct Fmt {
+    /// Bytes per block.
+    pub bytes: usize,
+    pub quantize_ref: unsafe extern "C" fn(*const f32, *mut c_void, i64),
+    pub dequantize: unsafe extern "C" fn(*const c_void, *mut f32, i64),
+    pub vec_dot_generic: unsafe extern "C" fn(
+        c_int,
+        *mut f32,
+        usize,
+        *const c_void,
+        usize,
+        *const c_void,
+        usize,
+        c_int,
+    ),
+    pub gemv: GemFn,
+    pub gemm: GemFn,
+}
+
+/// ggml's repacked `gemv`/`gemm` signature.
+pub(crate) type GemFn =
+    unsafe extern "C" fn(c_int, *mut f32, usize, *const c_void, *const c_void, c_int, c_int);
+
+const MXFP4: Fmt = Fmt {
+    bytes: MXFP4_BYTES,
+    quantize_ref: quantize_row_mxfp4_ref,
+    dequantize: dequantize_row_mxfp4,
+    vec_dot_generic: ggml_vec_dot_mxfp4_q8_0_generic,
+    gemv: ggml_gemv_mxfp4_8x8_q8_0,
+    gemm: ggml_gemm_mxfp4_8x8_q8_0,
+};
+
 /// `quantize_row_mxfp4_ref`: `x` into `out` (`x.len() / 32 * 17` bytes).
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
+    quantize_row_ref_of(&MXFP4, x, out)
+}
+
+/// `f`'s reference quantizer: `x` into `out` (whole blocks).
+pub(crate) fn quantize_row_ref_of(f: &Fmt, x: &[f32], out: &mut [u8]) -> Result<(), RefError> {
     let nb = blocks(x.len())?;
-    expect("quantized row", nb * MXFP4_BYTES, out.len())?;
+    expect("quantized row", nb * f.bytes, out.len())?;
     enter()?;
     // SAFETY: `out` holds exactly the blocks of `x.len()` elements.
-    unsafe { quantize_row_mxfp4_ref(x.as_ptr(), out.as_mut_ptr().cast(), x.len() as i64) };
+    unsafe { (f.quantize_ref)(x.as_ptr(), out.as_mut_ptr().cast(), x.len() as i64) };
     Ok(())
 }
 
 /// `dequantize_row_mxfp4`: the blocks of `q` into `out` (32 values per 17 bytes).
 pub fn dequantize_row(q: &[u8], out: &mut [f32]) -> Result<(), RefError> {
+    dequantize_row_of(&MXFP4, q, out)
+}
+
+/// `f`'s dequantizer: the blocks of `q` into `out`.
+pub(crate) fn dequantize_row_of(f: &Fmt, q: &[u8], out: &mut [f32]) -> Result<(), RefError> {
     let nb = blocks(out.len())?;
-    expect("quantized row", nb * MXFP4_BYTES, q.len())?;
+    expect("quantized row", nb * f.bytes, q.len())?;
     enter()?;
     // SAFETY: `q` holds exactly the blocks of `out.len()` elements.
-    unsafe { dequantize_row_mxfp4(q.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
+    unsafe { (f.dequantize)(q.as_ptr().cast(), out.as_mut_ptr(), out.len() as i64) };
     Ok(())
 }
 
 /// `ggml_vec_dot_mxfp4_q8_0_generic`: ggml's portable C dot of one MXFP4 row `w` and one
 /// Q8_0 row `a` of `n` elements.
 pub fn vec_dot_generic(n: usize, w: &[u8], a: &[u8]) -> Result<f32, RefError> {
+    vec_dot_generic_of(&MXFP4, n, w, a)
+}
+
+/// `f`'s generic C dot of one row `w` and one Q8_0 row `a` of `n` elements.
+pub(crate) fn vec_dot_generic_of(f: &Fmt, n: usize, w: &[u8], a: &[u8]) -> Result<f32, RefError> {
     let nb = blocks(n)?;
-    expect("weight row", nb * MXFP4_BYTES, w.len())?;
+    expect("weight row", nb * f.bytes, w.len())?;
     expect("activation row", nb * Q8_0_BYTES, a.len())?;
     enter()?;
     let mut s = 0.0f32;
     // SAFETY: both rows hold exactly `n` elements; one row, so the strides are unused.
     unsafe {
-        ggml_vec_dot_mxfp4_q8_0_generic(
+        (f.vec_dot_generic)(
             n as c_int,
             &mut s,
             0,
@@ -199,18 +248,9 @@ pub(crate) fn repack_8x8_of(rows: &[u8], n: usize, scale: usize) -> Result<Vec<u
     Ok(out)
 }
 
-/// Checks a repacked matrix of `nc` rows of `n` elements; returns `n`'s block count.
-fn check_packed(n: usize, packed: &[u8], nc: usize) -> Result<usize, RefError> {
-    check_packed_of(n, packed, nc, MXFP4_BYTES)
-}
-
-/// [`check_packed`] for blocks of `bytes` bytes.
-pub(crate) fn check_packed_of(
-    n: usize,
-    packed: &[u8],
-    nc: usize,
-    bytes: usize,
-) -> Result<usize, RefError> {
+/// Checks a repacked matrix of `nc` rows of `n` elements in blocks of `bytes`; returns
+/// `n`'s block count.
+fn check_packed_of(n: usize, packed: &[u8], nc: usize, bytes: usize) -> Result<usize, RefError> {
     let nb = blocks(n)?;
     if nc == 0 || !nc.is_multiple_of(8) || nc > c_int::MAX as usize {
         return Err(bad(format!("{nc} rows are not groups of eight")));
@@ -222,14 +262,26 @@ pub(crate) fn check_packed_of(
 /// `ggml_gemv_mxfp4_8x8_q8_0`: the `nc` rows of a matrix repacked by [`repack_8x8`]
 /// against one Q8_0 activation row `a`, into `out[..nc]`.
 pub fn gemv(n: usize, packed: &[u8], nc: usize, a: &[u8], out: &mut [f32]) -> Result<(), RefError> {
-    let nb = check_packed(n, packed, nc)?;
+    gemv_of(&MXFP4, n, packed, nc, a, out)
+}
+
+/// `f`'s repacked gemv (see [`gemv`]).
+pub(crate) fn gemv_of(
+    f: &Fmt,
+    n: usize,
+    packed: &[u8],
+    nc: usize,
+    a: &[u8],
+    out: &mut [f32],
+) -> Result<(), RefError> {
+    let nb = check_packed_of(n, packed, nc, f.bytes)?;
     expect("activation row", nb * Q8_0_BYTES, a.len())?;
     expect("outputs", nc, out.len())?;
     enter()?;
     // SAFETY: sizes checked above: `packed` holds nc / 8 groups of nb blocks, `a` one row
     // of nb blocks, `out` nc floats (gemv writes s[x * 8..x * 8 + 8] per group).
     unsafe {
-        ggml_gemv_mxfp4_8x8_q8_0(
+        (f.gemv)(
             n as c_int,
             out.as_mut_ptr(),
             nc,
@@ -254,7 +306,18 @@ pub fn gemm(
     nr: usize,
     out: &mut [f32],
 ) -> Result<(), RefError> {
-    let nb = check_packed(n, packed, nc)?;
+    gemm_of(&MXFP4, (n, packed, nc), a4, nr, out)
+}
+
+/// `f`'s repacked gemm (see [`gemm`]): `(n, packed, nc)` as there.
+pub(crate) fn gemm_of(
+    f: &Fmt,
+    (n, packed, nc): (usize, &[u8], usize),
+    a4: &[u8],
+    nr: usize,
+    out: &mut [f32],
+) -> Result<(), RefError> {
+    let nb = check_packed_of(n, packed, nc, f.bytes)?;
     if nr == 0 || !nr.is_multiple_of(4) || nr > c_int::MAX as usize {
         return Err(bad(format!("{nr} tokens are not groups of four")));
     }
@@ -263,7 +326,7 @@ pub fn gemm(
     enter()?;
     // SAFETY: sizes checked above; gemm writes s[t * bs + col] for t < nr, col < nc.
     unsafe {
-        ggml_gemm_mxfp4_8x8_q8_0(
+        (f.gemm)(
             n as c_int,
             out.as_mut_ptr(),
             nc,

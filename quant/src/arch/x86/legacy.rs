@@ -177,12 +177,18 @@ const MXFP4_UNSIGNED: [i8; 16] = {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mxfp4_table(unsigned: bool) -> __m256i {
-    let v = if unsigned {
+    table16(if unsigned {
         &MXFP4_UNSIGNED
     } else {
         &mxfp4::KVALUES
-    };
-    _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr().cast()))
+    })
+}
+
+/// A 16-entry byte table in both 128-bit halves, for `vpshufb` on nibble indices.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn table16(t: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr().cast()))
 }
 
 impl Legacy for Mxfp4 {
@@ -209,11 +215,11 @@ impl Legacy for Mxfp4 {
 /// IQ4_NL's table values plus [`iq4_nl::OFFSET`] (`1..=241`, as bytes), for the VNNI
 /// kernels only: `vpdpbusd` sums its four products in 32 bits, where `maddubs` would
 /// saturate a pair of them in 16.
-const IQ4_NL_UNSIGNED: [u8; 16] = {
-    let mut t = [0u8; 16];
+const IQ4_NL_UNSIGNED: [i8; 16] = {
+    let mut t = [0i8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] = (iq4_nl::KVALUES[i] as i32 + iq4_nl::OFFSET) as u8;
+        t[i] = (iq4_nl::KVALUES[i] as i32 + iq4_nl::OFFSET) as u8 as i8;
         i += 1;
     }
     t
@@ -223,12 +229,11 @@ const IQ4_NL_UNSIGNED: [u8; 16] = {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq4_nl_table(unsigned: bool) -> __m256i {
-    let p: *const u8 = if unsigned {
-        IQ4_NL_UNSIGNED.as_ptr()
+    table16(if unsigned {
+        &IQ4_NL_UNSIGNED
     } else {
-        iq4_nl::KVALUES.as_ptr().cast()
-    };
-    _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()))
+        &iq4_nl::KVALUES
+    })
 }
 
 /// IQ4_NL in ggml's one-row order (`vec_dot`: MXFP4's paired lanes). The AVX2 kernels
