@@ -541,6 +541,7 @@ fn table_rows_are_exercised() {
         // formats `sdot` speeds up have a dotprod kernel too, run where the CPU has it.
         let dotprod = [
             GgmlType::MXFP4,
+            GgmlType::IQ4_NL,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,

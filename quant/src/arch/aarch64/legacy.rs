@@ -1,11 +1,12 @@
-//! The 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) on NEON, with and without
-//! `sdot`. Twins: `q4_0::vec_dot_q8_0` and the other formats' `vec_dot_*`, which follow
+//! The 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) on NEON, with and
+//! without `sdot`. Twins: `q4_0::vec_dot_q8_0` and the other formats' `vec_dot_*`, which follow
 //! ggml's x86 order: per block eight exact i32 lanes (elements `4l..4l+4`), converted and
 //! fused-multiply-added with the block's scale product into eight float lanes, folded by
 //! `hsum_lanes` at the end (Q4_1/Q5_1 add their `m * s` running sum after the fold;
-//! MXFP4 keeps even and odd blocks in two sets of lanes, see `mxfp4::vec_dot_q8_0`).
-//! MXFP4's repacked order (`mxfp4::vec_dot_q8_0_repacked`: one integer sum and one FMA
-//! per block) puts four weight rows in the lanes of one register ([`rep_tile`]).
+//! MXFP4 and IQ4_NL keep even and odd blocks in two sets of lanes, see
+//! `formats::lut::vec_dot_paired`). Their repacked order (`formats::lut::vec_dot_repacked`:
+//! one integer sum and one FMA per block) puts four weight rows in the lanes of one
+//! register ([`rep_tile`]).
 //!
 //! A block's 32 weights are unpacked once into two signed byte vectors (elements 0..16
 //! and 16..32); two `Level::dot`s against the activation quants give lanes 0..4 and 4..8
@@ -17,6 +18,7 @@ use core::arch::aarch64::*;
 use super::simd::*;
 use crate::contract::{check_tile, ActSide, TILE_MAX_TOKENS};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::iq4_nl::{self, BlockIq4Nl};
 use crate::formats::mxfp4::{self, BlockMxfp4};
 use crate::formats::q4_0::BlockQ4_0;
 use crate::formats::q4_1::BlockQ4_1;
@@ -58,6 +60,7 @@ pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
 pub(super) struct Mxfp4;
+pub(super) struct Iq4Nl;
 
 /// Low nibbles (elements 0..16) and high nibbles (16..32) of the 16 bytes at `p`.
 #[inline(always)]
@@ -146,6 +149,23 @@ impl Legacy for Mxfp4 {
     unsafe fn unpack(w: *const u8) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = nibbles(w.add(1));
         let table = vld1q_s8(mxfp4::KVALUES.as_ptr());
+        (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
+    }
+}
+
+/// IQ4_NL: MXFP4's layout and orders with its own table (values up to 127 in magnitude:
+/// products of two such bytes, and sums of two products, still fit 16 bits) and an f16
+/// scale.
+impl Legacy for Iq4Nl {
+    type W = BlockIq4Nl;
+    type A = BlockQ8_0;
+    const A_QS: usize = 2;
+    const SIGNED: bool = true;
+    const PAIRED: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(w: *const u8) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(w.add(2));
+        let table = vld1q_s8(iq4_nl::KVALUES.as_ptr());
         (vqtbl1q_s8(table, lo), vqtbl1q_s8(table, hi))
     }
 }
@@ -324,7 +344,8 @@ pub(super) fn dot<T: Legacy, D: Level>(w: &[u8], a: &[u8]) -> f32 {
     out[0]
 }
 
-/// MXFP4's repacked order (`mxfp4::vec_dot_q8_0_repacked`) for up to four weight rows
+/// The repacked order of MXFP4 and IQ4_NL (`formats::lut::vec_dot_repacked`) for up to
+/// four weight rows
 /// (`rows`, `wstride` bytes apart; missing rows repeat row 0 and are not stored) against
 /// `N` activation rows: row `r` in lane `r`. Per block and token each row's 32 products
 /// form four exact i32 lanes (two `Level::dot`s), pairwise adds fold the four rows' lanes
@@ -336,7 +357,7 @@ pub(super) fn dot<T: Legacy, D: Level>(w: &[u8], a: &[u8]) -> f32 {
 /// The level is available; every pointer covers what it is said to hold.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn rep_body<D: Level, const N: usize>(
+unsafe fn rep_body<T: Legacy, D: Level, const N: usize>(
     w: *const u8,
     wstride: usize,
     rows: usize,
@@ -347,7 +368,6 @@ unsafe fn rep_body<D: Level, const N: usize>(
     nb: usize,
     out: *mut f32,
 ) {
-    type T = Mxfp4;
     let mut acc = [vdupq_n_f32(0.0); N];
     let zero = vdupq_n_s32(0);
     for i in 0..nb {
@@ -355,7 +375,7 @@ unsafe fn rep_body<D: Level, const N: usize>(
         let mut dxa = [0.0f32; 4];
         for r in 0..4 {
             let rr = if r < rows { r } else { 0 };
-            let wb = w.add(rr * wstride + i * BlockMxfp4::BYTES);
+            let wb = w.add(rr * wstride + i * T::W::BYTES);
             x[r] = T::unpack(wb);
             dxa[r] = T::d(wb);
         }
@@ -383,9 +403,9 @@ unsafe fn rep_body<D: Level, const N: usize>(
     }
 }
 
-/// The tile kernel (`TileFn`) of MXFP4's repacked order at level `D`: up to eight weight
+/// The tile kernel (`TileFn`) of `T`'s repacked order (MXFP4, IQ4_NL) at level `D`: up to eight weight
 /// rows, four per pass, eight activation rows at a time. Offset sums are never read.
-pub(super) fn rep_tile<D: Level>(
+pub(super) fn rep_tile<T: Legacy, D: Level>(
     w: &[u8],
     rows: usize,
     a: &[u8],
@@ -394,7 +414,7 @@ pub(super) fn rep_tile<D: Level>(
     out: &mut [f32],
 ) {
     let side = ActSide { sums: &[], ..side };
-    let k = crate::contract::check_tile_rows::<BlockMxfp4, BlockQ8_0>(
+    let k = crate::contract::check_tile_rows::<T::W, T::A>(
         w,
         rows,
         a,
@@ -415,7 +435,7 @@ pub(super) fn rep_tile<D: Level>(
         macro_rules! go {
             ($n:literal) => {
                 D::run(|| {
-                    rep_body::<D, $n>(wp, k.wstride, nr, ap, stride, dp, k.ad_stride, k.nb, tp)
+                    rep_body::<T, D, $n>(wp, k.wstride, nr, ap, stride, dp, k.ad_stride, k.nb, tp)
                 })
             };
         }
@@ -442,10 +462,10 @@ pub(super) fn rep_tile<D: Level>(
     }
 }
 
-/// The one-row kernel of MXFP4's repacked order: [`rep_tile`]'s one-row instance.
-pub(super) fn rep_dot<D: Level>(w: &[u8], a: &[u8]) -> f32 {
-    check_dot::<BlockMxfp4, BlockQ8_0>(w, a);
+/// The one-row kernel of the repacked order: [`rep_tile`]'s one-row instance.
+pub(super) fn rep_dot<T: Legacy, D: Level>(w: &[u8], a: &[u8]) -> f32 {
+    check_dot::<T::W, T::A>(w, a);
     let mut out = [0.0f32];
-    rep_tile::<D>(w, 1, a, a.len(), ActSide::default(), &mut out);
+    rep_tile::<T, D>(w, 1, a, a.len(), ActSide::default(), &mut out);
     out[0]
 }

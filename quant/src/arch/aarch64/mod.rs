@@ -62,12 +62,12 @@ const fn row(
     }
 }
 
-/// A row of MXFP4's repacked order (`DotOrder::Gemm4`): its tile takes eight weight rows
-/// (four per register) and eight activation rows.
-const fn rep_row(isa: Isa, dot: DotFn, tile: TileFn) -> KernelRow {
+/// A row of the repacked order of MXFP4 or IQ4_NL (`DotOrder::Gemm4`): its tile takes
+/// eight weight rows (four per register) and eight activation rows.
+const fn rep_row(ty: GgmlType, isa: Isa, dot: DotFn, tile: TileFn) -> KernelRow {
     KernelRow {
         tile_rows: crate::contract::TILE_MAX_ROWS,
-        ..row(GgmlType::MXFP4, DotOrder::Gemm4, isa, dot, Some(tile))
+        ..row(ty, DotOrder::Gemm4, isa, dot, Some(tile))
     }
 }
 
@@ -81,7 +81,7 @@ pub(crate) const ROWS: &[KernelRow] = {
     use GgmlType as T;
     use Isa::{Neon, NeonDotprod};
     use kquants::{self as k, ORD_GEMM4, ORD_SINGLE, ORD_TILED};
-    use legacy::{self as l, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+    use legacy::{self as l, Iq4Nl, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use simd::{Dotprod, Plain};
     &[
         row(T::Q4_0, Single, Neon, l::dot::<Q4_0, Plain>, Some(l::tile::<Q4_0, Plain>)),
@@ -90,7 +90,9 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_1, Single, Neon, l::dot::<Q5_1, Plain>, Some(l::tile::<Q5_1, Plain>)),
         row(T::Q8_0, Single, Neon, l::dot::<Q8_0, Plain>, Some(l::tile::<Q8_0, Plain>)),
         row(T::MXFP4, Single, Neon, l::dot::<Mxfp4, Plain>, Some(l::tile::<Mxfp4, Plain>)),
-        rep_row(Neon, l::rep_dot::<Plain>, l::rep_tile::<Plain>),
+        rep_row(T::MXFP4, Neon, l::rep_dot::<Mxfp4, Plain>, l::rep_tile::<Mxfp4, Plain>),
+        row(T::IQ4_NL, Single, Neon, l::dot::<Iq4Nl, Plain>, Some(l::tile::<Iq4Nl, Plain>)),
+        rep_row(T::IQ4_NL, Neon, l::rep_dot::<Iq4Nl, Plain>, l::rep_tile::<Iq4Nl, Plain>),
         row(T::Q4_K, Single, Neon, k::q4_k_dot::<Plain, ORD_SINGLE>, Some(k::q4_k_tile::<Plain, ORD_SINGLE>)),
         row(T::Q4_K, Tiled, Neon, k::q4_k_dot::<Plain, ORD_TILED>, Some(k::q4_k_tile::<Plain, ORD_TILED>)),
         row(T::Q4_K, Gemm4, Neon, k::q4_k_dot::<Plain, ORD_GEMM4>, Some(k::q4_k_tile::<Plain, ORD_GEMM4>)),
@@ -105,7 +107,9 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q5_1, Single, NeonDotprod, l::dot::<Q5_1, Dotprod>, Some(l::tile::<Q5_1, Dotprod>)),
         row(T::Q8_0, Single, NeonDotprod, l::dot::<Q8_0, Dotprod>, Some(l::tile::<Q8_0, Dotprod>)),
         row(T::MXFP4, Single, NeonDotprod, l::dot::<Mxfp4, Dotprod>, Some(l::tile::<Mxfp4, Dotprod>)),
-        rep_row(NeonDotprod, l::rep_dot::<Dotprod>, l::rep_tile::<Dotprod>),
+        rep_row(T::MXFP4, NeonDotprod, l::rep_dot::<Mxfp4, Dotprod>, l::rep_tile::<Mxfp4, Dotprod>),
+        row(T::IQ4_NL, Single, NeonDotprod, l::dot::<Iq4Nl, Dotprod>, Some(l::tile::<Iq4Nl, Dotprod>)),
+        rep_row(T::IQ4_NL, NeonDotprod, l::rep_dot::<Iq4Nl, Dotprod>, l::rep_tile::<Iq4Nl, Dotprod>),
         row(T::Q4_K, Single, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_SINGLE>, Some(k::q4_k_tile::<Dotprod, ORD_SINGLE>)),
         row(T::Q4_K, Tiled, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_TILED>, Some(k::q4_k_tile::<Dotprod, ORD_TILED>)),
         row(T::Q4_K, Gemm4, NeonDotprod, k::q4_k_dot::<Dotprod, ORD_GEMM4>, Some(k::q4_k_tile::<Dotprod, ORD_GEMM4>)),
