@@ -11,32 +11,13 @@ use quant::{kernels, quantize_activations, quantize_row, DotOrder, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+mod common;
+use common::{floats_of, runs_here};
+
 const NL: GgmlType = GgmlType::IQ4_NL;
 
-fn runs_here() -> bool {
-    if let Some(why) = llamacpp_ref::cpu_mismatch() {
-        eprintln!("skipped: {why}");
-        return false;
-    }
-    true
-}
-
-/// Floats of several shapes and magnitudes (spiky ones, exact zeros).
 fn floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    let scale = 10f32.powi(rng.gen_range(-5..4));
-    let spiky = rng.gen_bool(0.3);
-    (0..n)
-        .map(|i| {
-            let x: f32 = rng.gen_range(-1.0..1.0);
-            if i % 13 == 5 && rng.gen_bool(0.2) {
-                0.0
-            } else if spiky && rng.gen_bool(0.03) {
-                x * 40.0 * scale
-            } else {
-                x * scale
-            }
-        })
-        .collect()
+    floats_of(rng, n, false)
 }
 
 fn iq4_row(x: &[f32]) -> Vec<u8> {

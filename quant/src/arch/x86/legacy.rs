@@ -161,28 +161,20 @@ impl Legacy for Q5_1 {
     }
 }
 
-/// MXFP4's table values plus [`mxfp4::OFFSET`] (`0..=24`).
-const MXFP4_UNSIGNED: [i8; 16] = {
-    let mut t = mxfp4::KVALUES;
+/// A value table with `offset` added to every entry, as the bytes the unsigned kernels
+/// take (`vpdpbusd`'s unsigned operand).
+const fn offset_table(t: &[i8; 16], offset: i32) -> [i8; 16] {
+    let mut u = [0i8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] += mxfp4::OFFSET as i8;
+        u[i] = (t[i] as i32 + offset) as u8 as i8;
         i += 1;
     }
-    t
-};
-
-/// MXFP4's table, unsigned ([`MXFP4_UNSIGNED`]) or signed, in both 128-bit halves, for
-/// `vpshufb` on nibble indices.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn mxfp4_table(unsigned: bool) -> __m256i {
-    table16(if unsigned {
-        &MXFP4_UNSIGNED
-    } else {
-        &mxfp4::KVALUES
-    })
+    u
 }
+
+/// MXFP4's table values plus [`mxfp4::OFFSET`] (`0..=24`).
+const MXFP4_UNSIGNED: [i8; 16] = offset_table(&mxfp4::KVALUES, mxfp4::OFFSET);
 
 /// A 16-entry byte table in both 128-bit halves, for `vpshufb` on nibble indices.
 #[inline]
@@ -203,38 +195,19 @@ impl Legacy for Mxfp4 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(mxfp4_table(false), nibbles32(w.add(1)))
+        _mm256_shuffle_epi8(table16(&mxfp4::KVALUES), nibbles32(w.add(1)))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(mxfp4_table(true), nibbles32(w.add(1)))
+        _mm256_shuffle_epi8(table16(&MXFP4_UNSIGNED), nibbles32(w.add(1)))
     }
 }
 
 /// IQ4_NL's table values plus [`iq4_nl::OFFSET`] (`1..=241`, as bytes), for the VNNI
 /// kernels only: `vpdpbusd` sums its four products in 32 bits, where `maddubs` would
 /// saturate a pair of them in 16.
-const IQ4_NL_UNSIGNED: [i8; 16] = {
-    let mut t = [0i8; 16];
-    let mut i = 0;
-    while i < 16 {
-        t[i] = (iq4_nl::KVALUES[i] as i32 + iq4_nl::OFFSET) as u8 as i8;
-        i += 1;
-    }
-    t
-};
-
-/// IQ4_NL's table, unsigned ([`IQ4_NL_UNSIGNED`]) or signed, in both 128-bit halves.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq4_nl_table(unsigned: bool) -> __m256i {
-    table16(if unsigned {
-        &IQ4_NL_UNSIGNED
-    } else {
-        &iq4_nl::KVALUES
-    })
-}
+const IQ4_NL_UNSIGNED: [i8; 16] = offset_table(&iq4_nl::KVALUES, iq4_nl::OFFSET);
 
 /// IQ4_NL in ggml's one-row order (`vec_dot`: MXFP4's paired lanes). The AVX2 kernels
 /// take the signed path (`|x|` times `y` signed like `x`: pairs of at most 2 x 127 x 127
@@ -250,12 +223,12 @@ impl Legacy for Iq4Nl {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(iq4_nl_table(false), nibbles32(w.add(2)))
+        _mm256_shuffle_epi8(table16(&iq4_nl::KVALUES), nibbles32(w.add(2)))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(iq4_nl_table(true), nibbles32(w.add(2)))
+        _mm256_shuffle_epi8(table16(&IQ4_NL_UNSIGNED), nibbles32(w.add(2)))
     }
 }
 
@@ -844,7 +817,7 @@ unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
         t[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
     }
     if T::LUT {
-        let table = mxfp4_table(true);
+        let table = table16(&MXFP4_UNSIGNED);
         for t in &mut t {
             *t = _mm256_shuffle_epi8(table, *t);
         }
