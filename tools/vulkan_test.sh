@@ -79,7 +79,10 @@ export RLLAMA_GGML_DIR="$PWD/target/vulkan/release/ggml"
 [ "$prepare" = 1 ] && { echo "prepared: $RLLAMA_GGML_DIR/libggml-vulkan.so"; exit 0; }
 # ggml-vulkan passes over CPU-type devices unless they are named: lavapipe is device 0.
 export GGML_VK_VISIBLE_DEVICES=0
-cargo build --release --workspace --all-features --bins
+# `cargo test --no-run` builds the binaries as the README's test command does (a `cargo
+# build` would compile runtime, server and bench-cli again: the tests' dev-dependencies
+# change their features), so after that command it compiles nothing.
+cargo test --release --workspace --all-features --no-run
 devices=$(target/release/rllama devices)
 echo "$devices"
 echo "$devices" | grep -Eq '^Vulkan +Vulkan0 ' \
