@@ -80,6 +80,9 @@ fn build() -> Result<(), String> {
         .define("BUILD_SHARED_LIBS", "ON")
         .define("GGML_BACKEND_DL", "ON")
         .define("GGML_CPU", "ON")
+        // The RPC backend (a module like the others): layers on other machines' ggml
+        // devices (`--rpc`), and the server side (`rllama rpc-server`).
+        .define("GGML_RPC", "ON")
         // GGML_NATIVE cannot be combined with GGML_BACKEND_DL: one explicit variant.
         .define("GGML_NATIVE", "OFF")
         .define("GGML_CCACHE", "OFF")
@@ -143,6 +146,7 @@ fn build() -> Result<(), String> {
 
     let (version, api) = versions(&ggml)?;
     println!("cargo:rustc-env=GGML_SYS_VERSION={version}");
+    println!("cargo:rustc-env=GGML_SYS_RPC_PROTO={}", rpc_proto(&ggml)?);
     println!("cargo:rustc-env=GGML_SYS_BACKEND_API={api}");
     println!("cargo:rustc-env=GGML_SYS_SOURCE={}", src.display());
 
@@ -282,6 +286,23 @@ fn versions(ggml: &Path) -> Result<(String, i32), String> {
         .and_then(|v| v.trim().parse::<i32>().ok())
         .ok_or("GGML_BACKEND_API_VERSION not found")?;
     Ok((version, api))
+}
+
+/// `RPC_PROTO_{MAJOR,MINOR,PATCH}_VERSION` from ggml-rpc.h, as `M.m.p`.
+fn rpc_proto(ggml: &Path) -> Result<String, String> {
+    let h = fs::read_to_string(ggml.join("include/ggml-rpc.h")).map_err(|e| e.to_string())?;
+    let part = |key: &str| {
+        h.lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("#define {key}")))
+            .and_then(|v| v.trim().parse::<u8>().ok())
+            .ok_or(format!("{key} not found in ggml-rpc.h"))
+    };
+    Ok(format!(
+        "{}.{}.{}",
+        part("RPC_PROTO_MAJOR_VERSION")?,
+        part("RPC_PROTO_MINOR_VERSION")?,
+        part("RPC_PROTO_PATCH_VERSION")?
+    ))
 }
 
 fn which(cmd: &str) -> Option<PathBuf> {

@@ -1,4 +1,4 @@
-//! `rbench soak` against the real `rserve`: a short soak (about two minutes) with real
+//! `rbench soak` against the real `rserve`: a short soak (80 seconds of load) with real
 //! ShareGPT prompts at concurrency 64, cancels, bursts past the queue and a 5% hostile
 //! share (pathological schemas with adverse logit_bias, slow headers, oversize bodies,
 //! drops), whose accounting, idle KV, flatness and hostile-TPOT checks must pass; and a
@@ -50,11 +50,11 @@ fn short_soak_against_real_rserve() {
         .env("RSERVE_BIN", &bin)
         .args(["soak", "--spawn", "rserve", "--server-threads", "2"])
         .args(["--server-parallel", "8", "--server-ctx", "512"])
-        .args(["--duration", "120s", "--concurrency", "64"])
+        .args(["--duration", "80s", "--concurrency", "64"])
         .args(["--dataset", "sharegpt", "--num-prompts", "300"])
         .args(["--max-prompt-len", "384", "--max-total-len", "480"])
         .args(["--output-len", "32", "--ignore-eos"])
-        .args(["--cancel-fraction", "0.1", "--burst-every", "30s"])
+        .args(["--cancel-fraction", "0.1", "--burst-every", "20s"])
         .args(["--hostile-fraction", "0.05"])
         .args(["--result-file", json.to_str().unwrap()])
         .output()
@@ -109,7 +109,7 @@ fn short_soak_against_real_rserve() {
     // Samples from the start to the end of the load, with /proc and /metrics data.
     let samples = v["samples"].as_array().unwrap();
     assert!(samples.len() >= 15, "{} samples", samples.len());
-    assert_eq!(samples.last().unwrap()["t_s"], 120.0);
+    assert_eq!(samples.last().unwrap()["t_s"], 80.0);
     for s in samples {
         // At t=0 the weights may not be paged in yet; after warm-up they are.
         let floor = if s["t_s"].as_f64().unwrap() >= 40.0 {

@@ -161,11 +161,58 @@ pub fn shared_prefix(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let n_words = corpus_words().len();
     let prefix = text_of_tokens(prefix_tokens, rng.gen_range(0..n_words), count);
+    questions(n, &[prefix], suffix_tokens, output_len, &mut rng, count)
+}
+
+/// `n` requests from `groups` tenants, each tenant with its own `prefix_tokens`-token
+/// system prompt (a multi-tenant load: what a cache-aware router keeps apart). Each
+/// request's tenant is drawn at random, so tenants interleave in arrival order; its
+/// suffix is drawn from `suffix_tokens` as in [`shared_prefix`], which this is with one
+/// group (the same requests for the same seed).
+pub fn shared_prefix_groups(
+    n: usize,
+    prefix_tokens: usize,
+    groups: usize,
+    suffix_tokens: (usize, usize),
+    output_len: usize,
+    seed: u64,
+    count: &dyn Fn(&str) -> usize,
+) -> Vec<SampledRequest> {
+    if groups <= 1 {
+        return shared_prefix(n, prefix_tokens, suffix_tokens, output_len, seed, count);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let n_words = corpus_words().len();
+    let prefixes: Vec<String> = (0..groups)
+        .map(|g| {
+            // The tenant's name first, so no two prefixes share even their first block.
+            let text = text_of_tokens(prefix_tokens, rng.gen_range(0..n_words), count);
+            format!("Tenant {}. {text}", g + 1)
+        })
+        .collect();
+    questions(n, &prefixes, suffix_tokens, output_len, &mut rng, count)
+}
+
+/// `n` questions, each after one of `prefixes` (drawn at random when there are several)
+/// and with a suffix of a length drawn from `suffix_tokens`.
+fn questions(
+    n: usize,
+    prefixes: &[String],
+    suffix_tokens: (usize, usize),
+    output_len: usize,
+    rng: &mut impl Rng,
+    count: &dyn Fn(&str) -> usize,
+) -> Vec<SampledRequest> {
+    let n_words = corpus_words().len();
     (0..n)
         .map(|i| {
+            let g = match prefixes.len() {
+                1 => 0,
+                p => rng.gen_range(0..p),
+            };
             let k = rng.gen_range(suffix_tokens.0..=suffix_tokens.1);
             let suffix = text_of_tokens(k, rng.gen_range(0..n_words), count);
-            let prompt = format!("{prefix}\n\nQuestion {}: {suffix}", i + 1);
+            let prompt = format!("{}\n\nQuestion {}: {suffix}", prefixes[g], i + 1);
             SampledRequest {
                 prompt_len: count(&prompt),
                 prompt,
@@ -271,6 +318,32 @@ mod tests {
 
     fn chars4(s: &str) -> usize {
         s.len().div_ceil(4)
+    }
+
+    #[test]
+    fn shared_prefix_groups_interleave_tenants_with_distinct_prefixes() {
+        let r = shared_prefix_groups(64, 40, 4, (4, 8), 16, 7, &words);
+        assert_eq!(r, shared_prefix_groups(64, 40, 4, (4, 8), 16, 7, &words));
+        let tenant = |p: &str| p.split('.').next().unwrap().to_string();
+        let tenants: Vec<String> = r.iter().map(|q| tenant(&q.prompt)).collect();
+        let distinct: std::collections::BTreeSet<&String> = tenants.iter().collect();
+        assert_eq!(distinct.len(), 4, "{distinct:?}");
+        // Interleaved: the tenant changes between neighbours many times.
+        let changes = tenants.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(changes > 20, "{changes}");
+        // A tenant's requests share its whole prefix; different tenants' differ at once.
+        for (a, b) in r.iter().zip(&r[1..]) {
+            let pa = a.prompt.split("\n\n").next().unwrap();
+            let pb = b.prompt.split("\n\n").next().unwrap();
+            assert_eq!(pa == pb, tenant(&a.prompt) == tenant(&b.prompt));
+            assert!(words(pa) >= 40);
+        }
+        assert!(r.iter().all(|q| q.expected_output_len == 16));
+        // One group is shared_prefix itself.
+        assert_eq!(
+            shared_prefix_groups(8, 40, 1, (4, 8), 16, 7, &words),
+            shared_prefix(8, 40, (4, 8), 16, 7, &words)
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 }
 
+pub mod rpc;
+
 /// The device backends a user may have a library for.
 pub const GPU_BACKENDS: [&str; 3] = ["cuda", "vulkan", "sycl"];
 
@@ -392,34 +394,145 @@ impl Ggml {
         // SAFETY: reg is a live registry entry; names are static strings owned by ggml.
         let name = unsafe { cstr(self.lib.ggml_backend_reg_name(reg)) };
         let n = unsafe { self.lib.ggml_backend_reg_dev_count(reg) };
-        let mut devices = Vec::with_capacity(n);
-        for i in 0..n {
+        let devices = (0..n)
             // SAFETY: i < dev_count; the device outlives the registry entry.
-            let dev = unsafe { self.lib.ggml_backend_reg_dev_get(reg, i) };
-            let (mut free, mut total) = (0usize, 0usize);
-            // SAFETY: dev is valid; the out-pointers point at locals.
-            unsafe { self.lib.ggml_backend_dev_memory(dev, &mut free, &mut total) };
-            let kind = match unsafe { self.lib.ggml_backend_dev_type(dev) } {
-                sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
-                sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
-                sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU => {
-                    DeviceKind::IntegratedGpu
-                }
-                sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_ACCEL => {
-                    DeviceKind::Accelerator
-                }
-                other => DeviceKind::Other(other),
-            };
-            devices.push(DeviceInfo {
-                // SAFETY: dev is valid; its strings are owned by ggml.
-                name: unsafe { cstr(self.lib.ggml_backend_dev_name(dev)) },
-                description: unsafe { cstr(self.lib.ggml_backend_dev_description(dev)) },
-                kind,
-                memory_free: free as u64,
-                memory_total: total as u64,
-            });
-        }
+            .map(|i| self.device_info(unsafe { self.lib.ggml_backend_reg_dev_get(reg, i) }))
+            .collect();
         Ok(LoadedBackend { name, devices })
+    }
+
+    /// What ggml says of one device.
+    #[cfg(ggml_built)]
+    fn device_info(&self, dev: sys::ggml_backend_dev_t) -> DeviceInfo {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: dev is valid; the out-pointers point at locals.
+        unsafe { self.lib.ggml_backend_dev_memory(dev, &mut free, &mut total) };
+        let kind = match unsafe { self.lib.ggml_backend_dev_type(dev) } {
+            sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            other => DeviceKind::Other(other),
+        };
+        DeviceInfo {
+            // SAFETY: dev is valid; its strings are owned by ggml.
+            name: unsafe { cstr(self.lib.ggml_backend_dev_name(dev)) },
+            description: unsafe { cstr(self.lib.ggml_backend_dev_description(dev)) },
+            kind,
+            memory_free: free as u64,
+            memory_total: total as u64,
+        }
+    }
+
+    /// A function the RPC backend module exports through its registry entry.
+    #[cfg(ggml_built)]
+    fn rpc_proc(&self, name: &str) -> Result<*mut c_void, String> {
+        let _ = self.load_backends();
+        let rpc = CString::new("RPC").unwrap();
+        // SAFETY: a NUL-terminated name; NULL when no such backend is registered.
+        let reg = unsafe { self.lib.ggml_backend_reg_by_name(rpc.as_ptr()) };
+        if reg.is_null() {
+            return Err(format!(
+                "this ggml ({}) has no RPC backend (libggml-rpc.so)",
+                self.dir.display()
+            ));
+        }
+        let c = CString::new(name).unwrap();
+        // SAFETY: reg is live; the name is NUL-terminated.
+        let f = unsafe { self.lib.ggml_backend_reg_get_proc_address(reg, c.as_ptr()) };
+        if f.is_null() {
+            return Err(format!("ggml's RPC backend does not export {name}"));
+        }
+        Ok(f)
+    }
+
+    /// Registers a ggml RPC server's devices (named `RPC0`, `RPC1`, ... in the order
+    /// servers are added; described by their endpoint) and returns them. The endpoint is
+    /// checked first ([`rpc::check_endpoint`]): ggml aborts the process on a server it
+    /// cannot reach. Adding one endpoint twice returns its devices again.
+    #[cfg(ggml_built)]
+    pub fn add_rpc_server(
+        &self,
+        endpoint: &str,
+        allow_public: bool,
+    ) -> Result<Vec<DeviceInfo>, String> {
+        static ADDED: Mutex<Vec<(String, Vec<DeviceInfo>)>> = Mutex::new(Vec::new());
+        let mut added = ADDED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = added.iter().find(|(e, _)| e == endpoint) {
+            return Ok(d.clone());
+        }
+        rpc::check_endpoint(endpoint, allow_public, std::time::Duration::from_secs(10))?;
+        let f = self.rpc_proc("ggml_backend_rpc_add_server")?;
+        // SAFETY: ggml_backend_rpc_add_server has this signature (ggml-rpc.h).
+        let add: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t =
+            unsafe { std::mem::transmute(f) };
+        let c = CString::new(endpoint).map_err(|e| e.to_string())?;
+        // SAFETY: a NUL-terminated endpoint, checked reachable above.
+        let reg = unsafe { add(c.as_ptr()) };
+        if reg.is_null() {
+            return Err(format!("RPC server {endpoint:?} reports no device"));
+        }
+        // SAFETY: reg is the live registry entry ggml made for this endpoint; registering
+        // it makes its devices visible to ggml_backend_dev_by_name and friends.
+        unsafe { self.lib.ggml_backend_register(reg) };
+        let n = unsafe { self.lib.ggml_backend_reg_dev_count(reg) };
+        let devices: Vec<DeviceInfo> = (0..n)
+            // SAFETY: i < dev_count.
+            .map(|i| self.device_info(unsafe { self.lib.ggml_backend_reg_dev_get(reg, i) }))
+            .collect();
+        added.push((endpoint.to_string(), devices.clone()));
+        Ok(devices)
+    }
+
+    /// Serves `devices` (ggml device names; e.g. `CPU`) to ggml RPC clients on `endpoint`
+    /// (`HOST:PORT`), with `threads` for a CPU device and `cache_dir` for tensors clients
+    /// send by hash. Returns only when the server could not start (ggml prints why).
+    #[cfg(ggml_built)]
+    pub fn rpc_serve(
+        &self,
+        endpoint: &str,
+        cache_dir: Option<&Path>,
+        threads: usize,
+        devices: &[String],
+    ) -> Result<(), String> {
+        let _ = self.load_backends();
+        let mut devs = Vec::with_capacity(devices.len());
+        for d in devices {
+            let c = CString::new(d.as_str()).map_err(|e| e.to_string())?;
+            // SAFETY: a NUL-terminated name; NULL when there is no such device.
+            let dev = unsafe { self.lib.ggml_backend_dev_by_name(c.as_ptr()) };
+            if dev.is_null() {
+                return Err(format!("no ggml device {d:?} (rllama devices lists them)"));
+            }
+            devs.push(dev);
+        }
+        let f = self.rpc_proc("ggml_backend_rpc_start_server")?;
+        // SAFETY: ggml_backend_rpc_start_server has this signature (ggml-rpc.h).
+        let start: unsafe extern "C" fn(
+            *const c_char,
+            *const c_char,
+            usize,
+            usize,
+            *mut sys::ggml_backend_dev_t,
+        ) = unsafe { std::mem::transmute(f) };
+        let ep = CString::new(endpoint).map_err(|e| e.to_string())?;
+        let cache = cache_dir
+            .map(|p| CString::new(p.as_os_str().as_encoded_bytes()))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        // SAFETY: NUL-terminated strings and a device array that outlive the call.
+        unsafe {
+            start(
+                ep.as_ptr(),
+                cache.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                threads,
+                devs.len(),
+                devs.as_mut_ptr(),
+            )
+        };
+        Err(format!(
+            "the RPC server on {endpoint} stopped (could it bind there? ggml printed why above)"
+        ))
     }
 }
 

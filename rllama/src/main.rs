@@ -46,6 +46,34 @@ enum Cmd {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Also list the devices of these ggml RPC servers (`HOST:PORT,...`).
+        #[arg(long, value_delimiter = ',')]
+        rpc: Vec<String>,
+        /// Allow --rpc servers at public addresses.
+        #[arg(long)]
+        rpc_allow_public: bool,
+    },
+    /// Serve this machine's ggml device to other machines' `--rpc` (ggml's RPC server,
+    /// llama.cpp's `rpc-server`). The protocol has no authentication: bind a loopback or
+    /// private address (the default is loopback).
+    RpcServer {
+        /// The IPv4 address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(short, long, default_value_t = 50052)]
+        port: u16,
+        /// Threads of the CPU device (default: the CPUs this process may use).
+        #[arg(short, long)]
+        threads: Option<usize>,
+        /// The ggml device to serve (`rllama devices` lists them).
+        #[arg(long, default_value = "CPU")]
+        device: String,
+        /// Keep tensors clients send by hash in this directory (ggml's `-c`).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Listen on a public address or on every interface (0.0.0.0) too.
+        #[arg(long)]
+        allow_public: bool,
     },
     /// Show a GGUF file's metadata and tensor table.
     Inspect {
@@ -238,8 +266,33 @@ fn run(cli: Cli) -> Result<()> {
                 writeln!(out, "{:<20} {:<55} {}", m.name, m.description, state)?;
             }
         }
-        Cmd::Devices { ggml_dir, json } => {
-            let report = runtime::offload::probe(ggml_dir.as_deref());
+        Cmd::RpcServer {
+            host,
+            port,
+            threads,
+            device,
+            cache,
+            allow_public,
+        } => {
+            let threads = threads.unwrap_or_else(runtime::options::default_threads);
+            runtime::offload::rpc_serve(
+                &host,
+                port,
+                threads,
+                &device,
+                cache.as_deref(),
+                allow_public,
+            )
+            .map_err(|e| anyhow::anyhow!(e))?;
+        }
+        Cmd::Devices {
+            ggml_dir,
+            json,
+            rpc,
+            rpc_allow_public,
+        } => {
+            let mut report = runtime::offload::probe(ggml_dir.as_deref());
+            runtime::offload::probe_rpc(&mut report, &rpc, rpc_allow_public);
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
             } else {

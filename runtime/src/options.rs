@@ -234,6 +234,16 @@ pub struct RunArgs {
     /// `--n-cpu-moe`), the rest of those layers on the device.
     #[arg(long = "n-cpu-moe", default_value_t = 0)]
     pub n_cpu_moe: usize,
+    /// ggml RPC servers for -ngl (`HOST:PORT,...`, llama.cpp's flag; `rllama rpc-server`
+    /// runs one): their devices join the local ones, and without --device the layers go
+    /// to the first. Loopback and private addresses only, unless --rpc-allow-public.
+    #[arg(long = "rpc", value_delimiter = ',')]
+    pub rpc: Vec<String>,
+    /// Allow --rpc servers at public addresses. ggml's RPC protocol has no authentication
+    /// or encryption: whoever reaches a server can use it, and sees the weights and
+    /// activations sent to it.
+    #[arg(long = "rpc-allow-public")]
+    pub rpc_allow_public: bool,
 }
 
 #[cfg(feature = "cli")]
@@ -250,6 +260,8 @@ impl RunArgs {
             pin: !self.no_pin && !env.no_pin,
             offload: OffloadSpec {
                 n_cpu_moe: self.n_cpu_moe,
+                rpc: self.rpc.clone(),
+                rpc_allow_public: self.rpc_allow_public,
                 ..OffloadSpec::new(n_gpu_layers, self.device.clone())
             },
         }

@@ -223,6 +223,13 @@ pub fn router_with_keys(models: Arc<Models>, limits: Limits, keys: Option<Arc<Ap
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        // What a router asks its workers (SGLang's names, the older ones too: worker_info).
+        .route("/flush_cache", post(reset_prefix_cache))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/get_load", get(get_load))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), guard))
@@ -286,7 +293,15 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
             ));
         }
     }
-    if req.method() == Method::POST {
+    // A router's `POST /flush_cache` has neither a body nor a type (sglang-router's does
+    // not): that one is let through, as harmless as any keyless request (a flush costs
+    // cache hits, and a server with keys still asks for one).
+    let bodiless_flush = path == "/flush_cache"
+        && h.get(header::CONTENT_TYPE).is_none()
+        && h.get(header::TRANSFER_ENCODING).is_none()
+        && h.get(header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() == b"0");
+    if req.method() == Method::POST && !bodiless_flush {
         let json = h
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -1350,6 +1365,46 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Response {
         text,
     )
         .into_response()
+}
+
+/// The engine a router's questions are about: the model, or the first of several (a
+/// worker behind a router serves one model; see `worker_info`).
+fn router_engine(st: &AppState, headers: &HeaderMap) -> Result<Arc<Engine>, ApiError> {
+    st.authorize(headers)?;
+    st.models.slots[0].engine().ok_or_else(|| {
+        ApiError::new(
+            ApiErrorKind::Unavailable { retry_after_s: 5 },
+            "the model is not loaded yet",
+        )
+    })
+}
+
+async fn server_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    let cfg = &st.models.slots[0].cfg;
+    match router_engine(&st, &headers)
+        .and_then(|e| info_of(&e).map(|m| crate::worker_info::server_info(m, cfg)))
+    {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn model_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match router_engine(&st, &headers).and_then(|e| info_of(&e).map(crate::worker_info::model_info))
+    {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_load(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    match router_engine(&st, &headers) {
+        Ok(e) => {
+            let queued = e.shared.queued();
+            Json(crate::worker_info::load(&e.shared.metrics(), queued)).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn reset_prefix_cache(State(st): State<AppState>, headers: HeaderMap) -> Response {

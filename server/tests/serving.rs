@@ -695,3 +695,77 @@ fn kv_exhaustion_preempts_and_recomputes_without_changing_any_output() {
     );
     srv.shutdown();
 }
+
+/// What a router asks a worker (sglang-router's worker protocol): the model's name and
+/// file, the server's sizing, the load as requests and KV tokens, and a bodiless
+/// `POST /flush_cache` that empties the prefix cache (while a form post is still refused).
+#[test]
+fn router_worker_protocol() {
+    let _g = serial();
+    if !model_available() {
+        return;
+    }
+    let srv = start(engine_config());
+    let a = srv.addr;
+    for path in ["/server_info", "/get_server_info"] {
+        let r = get(a, path);
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["served_model_name"], MODEL);
+        let file = std::path::PathBuf::from(v["model_path"].as_str().unwrap());
+        assert!(file.is_absolute() && file.is_file(), "{v}");
+        assert_eq!(v["max_running_requests"], 8);
+        assert_eq!(v["max_total_num_tokens"], 640 * 16);
+        assert_eq!(v["page_size"], 16);
+        assert_eq!(v["chunked_prefill_size"], 256);
+        assert_eq!(v["disable_radix_cache"], false);
+    }
+    for path in ["/model_info", "/get_model_info"] {
+        let v = get(a, path).json();
+        assert_eq!(v["served_model_name"], MODEL);
+        assert_eq!(v["is_generation"], true);
+        assert_eq!(v["context_length"], 2048);
+    }
+    let idle = get(a, "/get_load").json();
+    assert_eq!(idle[0]["num_reqs"], 0, "{idle}");
+    assert_eq!(idle[0]["num_tokens"], 0, "{idle}");
+    // Under load: a long streamed request is counted while it runs.
+    let prompt = words(300, 5);
+    let mut s = Sse::open(
+        a,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 400, "ignore_eos": true, "stream": true}),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    s.next_data().unwrap();
+    let busy = get(a, "/get_load").json();
+    assert_eq!(busy[0]["num_reqs"], 1, "{busy}");
+    assert!(busy[0]["num_tokens"].as_u64().unwrap() >= 300, "{busy}");
+    drop(s);
+    assert!(eventually(Duration::from_secs(30), || {
+        get(a, "/get_load").json()[0]["num_reqs"] == 0
+    }));
+    // The flush a router sends: no body, no type. The cache is empty afterwards.
+    assert!(metric(a, "rserve_kv_blocks_cached") > 0.0);
+    let r = request(a, "POST", "/flush_cache", None, Duration::from_secs(30)).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(eventually(Duration::from_secs(10), || {
+        metric(a, "rserve_kv_blocks_cached") == 0.0
+    }));
+    // A form post (what a cross-site page can send without asking) is still refused.
+    let r = request_with(
+        a,
+        "POST",
+        "/flush_cache",
+        None,
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Content-Length", "0"),
+        ],
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(r.status, 415, "{}", r.text());
+    srv.shutdown();
+}

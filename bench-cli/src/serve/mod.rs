@@ -64,7 +64,8 @@ pub struct ServeArgs {
     /// `sharegpt` (the real ShareGPT V3 file, fetched and cached once), a ShareGPT JSON
     /// file, `sharegpt-synthetic` (a generated stand-in), a preset (baseline,
     /// continuous_batching, paged_attention, chunked_prefill, prefix_caching),
-    /// `fixed:ISL/OSL` or `shared-prefix:K` (N requests sharing a K-token system prompt).
+    /// `fixed:ISL/OSL` or `shared-prefix:K[:GROUPS]` (N requests sharing a K-token system
+    /// prompt; with GROUPS, that many tenants with a prompt each, interleaved).
     #[arg(long, default_value = "sharegpt-synthetic")]
     pub dataset: String,
     #[arg(long, default_value_t = 200)]
@@ -257,11 +258,18 @@ pub fn build_workload(a: &WorkloadOptions, count: &dyn Fn(&str) -> usize) -> Res
         ));
         w.label = format!("fixed:{isl}/{osl}");
         w
-    } else if let Some(k) = d.strip_prefix("shared-prefix:") {
-        let k: usize = k.parse().context("shared-prefix:K")?;
-        let mut w = all(datasets::synthetic::shared_prefix(
+    } else if let Some(rest) = d.strip_prefix("shared-prefix:") {
+        let (k, groups) = rest.split_once(':').unwrap_or((rest, "1"));
+        let k: usize = k.parse().context("shared-prefix:K[:GROUPS]: K")?;
+        let groups: usize = groups
+            .parse()
+            .ok()
+            .filter(|&g| g >= 1)
+            .context("shared-prefix:K[:GROUPS]: GROUPS must be a count of 1 or more")?;
+        let mut w = all(datasets::synthetic::shared_prefix_groups(
             a.num_prompts,
             k,
+            groups,
             (32, 128),
             a.output_len.unwrap_or(256),
             a.seed,
@@ -273,7 +281,7 @@ pub fn build_workload(a: &WorkloadOptions, count: &dyn Fn(&str) -> usize) -> Res
         let Some(path) = runtime::registry::resolve_dataset(d)? else {
             bail!(
                 "--dataset {d:?}: no such file; use a ShareGPT JSON file, sharegpt (the real file, fetched once), \
-                 sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K or one of {:?}",
+                 sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K[:GROUPS] or one of {:?}",
                 datasets::synthetic::PRESETS
             );
         };
@@ -373,7 +381,9 @@ pub fn arrival_offsets(arrival: Arrival, n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-/// Run one sweep point; returns the outputs (in request order) and the duration.
+/// Run one sweep point; returns the outputs (in request order), the duration, and when it
+/// began (seconds since the Unix epoch: `send_offset`s count from it, so events outside
+/// the client, such as a worker killed mid-run, can be placed among the requests).
 pub async fn run_point(
     ep: &Endpoint,
     model: &str,
@@ -382,7 +392,7 @@ pub async fn run_point(
     max_concurrency: Option<usize>,
     seed: u64,
     timeout: Duration,
-) -> (Vec<RequestOutput>, f64) {
+) -> (Vec<RequestOutput>, f64, f64) {
     let max_concurrency = if arrival == Arrival::Sequential {
         Some(1)
     } else {
@@ -393,6 +403,9 @@ pub async fn run_point(
     ));
     let offsets = arrival_offsets(arrival, requests.len(), seed);
     let start = Instant::now();
+    let start_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let mut handles = Vec::with_capacity(requests.len());
     for (r, off) in requests.iter().zip(offsets) {
         tokio::time::sleep_until((start + Duration::from_secs_f64(off)).into()).await;
@@ -424,7 +437,7 @@ pub async fn run_point(
             ..Default::default()
         }));
     }
-    (outs, start.elapsed().as_secs_f64())
+    (outs, start.elapsed().as_secs_f64(), start_unix)
 }
 
 /// Ask `/v1/models` for the first model id, retrying for up to `wait` while the server is
@@ -562,7 +575,7 @@ impl Sweep<'_> {
                 }
             }
         }
-        let (outs, dur) = self.rt.block_on(run_point(
+        let (outs, dur, start_unix) = self.rt.block_on(run_point(
             &t.ep,
             &t.model,
             &self.w.requests,
@@ -580,6 +593,7 @@ impl Sweep<'_> {
             &utc_now(),
             &*self.count,
         );
+        m.insert("start_unix".into(), serde_json::json!(start_unix));
         for (k, v) in t.extra.iter().chain(extra) {
             m.insert(k.to_string(), v.clone());
         }

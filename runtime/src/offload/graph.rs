@@ -181,7 +181,8 @@ impl DeviceLayers {
         let g = Ggml::global().map_err(|e| OffloadError::NoGgml(e.to_string()))?;
         let _ = g.load_backends();
         let l = g.raw();
-        let dev = pick_device(g, device)?;
+        let rpc_device = add_rpc_servers(g, offload)?;
+        let dev = pick_device(g, device.or(rpc_device.as_deref()))?;
         // SAFETY: dev is a registered device; the name is owned by ggml.
         let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
         // The device is asked only when the setting leaves it a say.
@@ -1316,6 +1317,31 @@ fn layer_weight_bytes(w: &LayerW<Weight<'_>, &[f32]>) -> usize {
 
 /// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of
 /// the tests), else the first GPU, integrated GPU or accelerator.
+/// Registers `--rpc` servers' devices with ggml; returns the first one's name (where
+/// the layers go when no `--device` names another). The layers go to one device: several
+/// servers would need the layers split across devices (`--tensor-split`), which this
+/// runtime does not do yet, so they are refused rather than left idle.
+fn add_rpc_servers(g: &Ggml, o: &super::OffloadSpec) -> Result<Option<String>, OffloadError> {
+    let mut first = None;
+    let mut n_devices = 0;
+    for ep in &o.rpc {
+        let devices = g
+            .add_rpc_server(ep, o.rpc_allow_public)
+            .map_err(OffloadError::NoDevice)?;
+        n_devices += devices.len();
+        if first.is_none() {
+            first = devices.first().map(|d| d.name.clone());
+        }
+    }
+    if n_devices > 1 {
+        return Err(OffloadError::NoDevice(format!(
+            "--rpc {}: {n_devices} remote devices, but offloaded layers go to one device here              (splitting them across devices, --tensor-split, is not implemented): give one              server with one device",
+            o.rpc.join(",")
+        )));
+    }
+    Ok(first)
+}
+
 fn pick_device(g: &Ggml, name: Option<&str>) -> Result<sys::ggml_backend_dev_t, OffloadError> {
     let l = g.raw();
     // SAFETY: registry queries on a loaded ggml.

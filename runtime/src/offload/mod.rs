@@ -33,6 +33,12 @@ pub struct OffloadSpec {
     /// The device acts lost from this call on (`RLLAMA_OFFLOAD_FAIL_AT`): for testing what
     /// a lost device does to its callers.
     pub fail_at: Option<usize>,
+    /// ggml RPC servers (`--rpc HOST:PORT,...`, llama.cpp's flag) whose devices join the
+    /// local ones; without `--device`, the layers go to the first of them.
+    pub rpc: Vec<String>,
+    /// Connect to RPC servers at public addresses too (`--rpc-allow-public`; the protocol
+    /// has no authentication).
+    pub rpc_allow_public: bool,
 }
 
 impl OffloadSpec {
@@ -45,6 +51,8 @@ impl OffloadSpec {
             n_cpu_moe: 0,
             mem_limit: env.offload_mem_limit.as_deref().and_then(parse_bytes),
             fail_at: env.offload_fail_at.as_deref().and_then(|v| v.parse().ok()),
+            rpc: Vec::new(),
+            rpc_allow_public: false,
         }
     }
 }
@@ -231,6 +239,18 @@ pub struct Device {
     pub memory_total: u64,
 }
 
+impl From<&ggml_sys::DeviceInfo> for Device {
+    fn from(d: &ggml_sys::DeviceInfo) -> Device {
+        Device {
+            name: d.name.clone(),
+            description: d.description.clone(),
+            kind: d.kind.as_str().to_string(),
+            memory_free: d.memory_free,
+            memory_total: d.memory_total,
+        }
+    }
+}
+
 /// Probes ggml from `dir`, or from the default search path (`$RLLAMA_GGML_DIR`, `ggml/`
 /// beside the binary, the build's output) when `dir` is `None`.
 pub fn probe(dir: Option<&Path>) -> DeviceReport {
@@ -280,16 +300,7 @@ fn entry(l: &BackendLoad) -> BackendEntry {
     let (name, devices, error) = match &l.outcome {
         Ok(b) => (
             Some(b.name.clone()),
-            b.devices
-                .iter()
-                .map(|d| Device {
-                    name: d.name.clone(),
-                    description: d.description.clone(),
-                    kind: d.kind.as_str().to_string(),
-                    memory_free: d.memory_free,
-                    memory_total: d.memory_total,
-                })
-                .collect(),
+            b.devices.iter().map(Device::from).collect(),
             None,
         ),
         Err(e) => (None, Vec::new(), Some(e.clone())),
@@ -300,6 +311,77 @@ fn entry(l: &BackendLoad) -> BackendEntry {
         name,
         devices,
         error,
+    }
+}
+
+/// Adds the devices of ggml RPC servers (`rllama devices --rpc`) to a report, one backend
+/// entry per server (its error where it cannot be used).
+pub fn probe_rpc(r: &mut DeviceReport, endpoints: &[String], allow_public: bool) {
+    for ep in endpoints {
+        let outcome = match Ggml::global() {
+            Err(e) => Err(e.to_string()),
+            #[cfg(ggml)]
+            Ok(g) => g.add_rpc_server(ep, allow_public),
+            #[cfg(not(ggml))]
+            Ok(_) => {
+                let _ = allow_public;
+                Err("this build has no ggml".to_string())
+            }
+        };
+        let (devices, error) = match outcome {
+            Ok(d) => (d, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        r.backends.push(BackendEntry {
+            backend: "rpc".into(),
+            file: PathBuf::from(ep),
+            name: Some(format!("RPC[{ep}]")),
+            devices: devices.iter().map(Device::from).collect(),
+            error,
+        });
+    }
+}
+
+/// `rllama rpc-server`: serves this machine's ggml `device` (`CPU`: ggml's CPU backend
+/// with `threads` threads) to other machines' `--rpc`, on `host:port`, until killed.
+/// ggml's RPC protocol has no authentication, so the address must be loopback or private
+/// (not `0.0.0.0`, which is every interface) unless `allow_public`. `cache`: where tensors
+/// sent by hash are kept (ggml's `-c`).
+pub fn rpc_serve(
+    host: &str,
+    port: u16,
+    threads: usize,
+    device: &str,
+    cache: Option<&Path>,
+    allow_public: bool,
+) -> Result<(), String> {
+    let ip: std::net::IpAddr = host
+        .parse()
+        .map_err(|_| format!("--host {host:?}: an IPv4 address, please (ggml binds one)"))?;
+    if !ip.is_ipv4() {
+        return Err(format!(
+            "--host {host}: ggml's RPC server binds IPv4 addresses only"
+        ));
+    }
+    if !allow_public && !ggml_sys::rpc::is_private(ip) {
+        return Err(format!(
+            "--host {host} is not a loopback or private address: ggml's RPC protocol has no              authentication or encryption, so anyone who can reach the port can run graphs              on this machine and read what it holds. Bind a private address, or pass              --allow-public on a network you trust"
+        ));
+    }
+    let g = Ggml::global().map_err(|e| e.to_string())?;
+    #[cfg(ggml)]
+    {
+        g.rpc_serve(
+            &format!("{host}:{port}"),
+            cache,
+            threads,
+            &[device.to_string()],
+        )
+    }
+    #[cfg(not(ggml))]
+    {
+        let _ = (g, port, threads, device, cache);
+        Err("this build has no ggml".into())
     }
 }
 
