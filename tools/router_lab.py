@@ -71,6 +71,31 @@ def sh(*cmd, check=True, capture=False, timeout=60):
     return r.stdout if capture else r.returncode
 
 
+def rate_bytes(rate):
+    """`1gbit`, `10gbit`, `500mbit` as bytes per second."""
+    m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", rate.lower())
+    if not m:
+        raise ValueError(f"rate {rate!r}: want e.g. 1gbit, 500mbit")
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)] / 8
+
+
+def shape(ns, dev, link):
+    """RATE:DELAY with netem (both on each end of a link); RATE alone with a token bucket,
+    for kernels without sch_netem (this one's has no netem: the delay cannot be added)."""
+    rate, _, delay = link.partition(":")
+    if delay:
+        r = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem",
+                            "delay", delay, "rate", rate], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(
+                f"netem on {dev}: {r.stderr.strip()} (this kernel has no sch_netem: give "
+                f"--link {rate} to shape the rate alone with a token bucket)")
+        return
+    burst = max(int(rate_bytes(rate) / 250), 64 * 1024)
+    sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+       "burst", str(burst), "latency", "10ms")
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -137,10 +162,15 @@ class Lab:
             sh("ip", "-n", self.router_ns, "link", "set", a, "up")
             sh("ip", "-n", ns, "link", "set", b, "up")
             if self.a.link != "none":
-                rate, delay = self.a.link.split(":")
                 for n, dev in ((self.router_ns, a), (ns, b)):
-                    sh("tc", "-n", n, "qdisc", "add", "dev", dev, "root", "netem",
-                       "delay", delay, "rate", rate)
+                    shape(n, dev, self.a.link)
+        # The links' round trip as shaped (a veth pair alone is a few tens of microseconds).
+        self.rtt_ms = None
+        if shutil.which("ping"):
+            out = sh("ip", "netns", "exec", self.router_ns, "ping", "-q", "-c", "50", "-i",
+                     "0.01", self.worker_ip(0), capture=True, check=False) or ""
+            m = re.search(r"= [0-9.]+/([0-9.]+)/", out)
+            self.rtt_ms = float(m.group(1)) if m else None
         # No namespace has a default route: nothing here can reach beyond these links.
         for ns in [self.router_ns] + self.worker_ns:
             routes = sh("ip", "-n", ns, "route", "show", "default", capture=True)
@@ -440,16 +470,18 @@ class Lab:
             return json.loads(out)["text"]
         remote = run(["--rpc", ep])
         local = run(["--device", "CPU"])
-        out = sh("ip", "netns", "exec", self.router_ns, a.rbench, "-m", a.model, "-t",
-                 str(a.rpc_threads), "-ngl", "0,99", "--rpc", ep, "-p", str(a.rpc_pp), "-n",
-                 str(a.rpc_tg), "-r", str(a.reps + 1), "-o", "jsonl",
-                 capture=True, timeout=1800)
+        # Our CPU path, ggml's CPU device here, and ggml's CPU device over there through
+        # the link: the last two differ only by the network.
         rows = []
-        for line in out.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                rows.append({k: r.get(k) for k in ("n_gpu_layers", "backends", "n_prompt",
-                                                   "n_gen", "avg_ts", "stddev_ts", "gpu_info")})
+        for extra in (["-ngl", "0"], ["-ngl", "99", "--device", "CPU"], ["-ngl", "99", "--rpc", ep]):
+            out = sh("ip", "netns", "exec", self.router_ns, a.rbench, "-m", a.model, "-t",
+                     str(a.rpc_threads), *extra, "-p", str(a.rpc_pp), "-n", str(a.rpc_tg),
+                     "-r", str(a.reps + 2), "-o", "jsonl", capture=True, timeout=1800)
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    rows.append({k: r.get(k) for k in ("n_gpu_layers", "backends", "n_prompt",
+                                                       "n_gen", "avg_ts", "stddev_ts")})
         self.stop("rpc-server")
         log(f"rpc: greedy text {'equal' if remote == local else 'DIFFERS'}; rows {rows}")
         return {"endpoint": ep, "link": a.link, "greedy_equal": remote == local,
@@ -458,7 +490,8 @@ class Lab:
 
 def summary_md(res, a):
     lines = [f"# sglang-router in front of {a.workers} rserve workers ({a.model})", "",
-             f"Link: {a.link} (netem on both ends of each veth). Load: `{a.dataset}`, "
+             f"Link: {a.link} (on both ends of each veth: netem for RATE:DELAY, a token bucket for RATE), "
+             f"ping RTT {res.get('link_rtt_ms')} ms. Load: `{a.dataset}`, "
              f"{a.num_prompts} requests, concurrency {a.concurrency}, output {a.output_len} tokens; "
              f"workers `-t {a.threads} --parallel {a.parallel} --kv-blocks {a.kv_blocks} -c {a.ctx}`.", ""]
     if "sweep" in res:
@@ -496,11 +529,12 @@ def summary_md(res, a):
                      f"32 tokens {'equal to' if r['greedy_equal'] else 'DIFFERENT from'} the local "
                      f"ggml CPU device's.")
         lines.append("")
-        lines.append("| ngl | test | t/s | stddev |")
-        lines.append("|---|---|---|---|")
+        lines.append("| backend | ngl | test | t/s | stddev |")
+        lines.append("|---|---|---|---|---|")
         for b in r["bench"]:
             test = f"pp{b['n_prompt']}" if b["n_prompt"] else f"tg{b['n_gen']}"
-            lines.append(f"| {b['n_gpu_layers']} | {test} | {b['avg_ts']:.1f} | {b['stddev_ts']:.1f} |")
+            lines.append(f"| {b['backends']} | {b['n_gpu_layers']} | {test} | {b['avg_ts']:.1f} | "
+                         f"{b['stddev_ts']:.1f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -513,7 +547,8 @@ def main():
     ap.add_argument("--rserve", default=os.environ.get("RSERVE_BIN", "target/release/rserve"))
     ap.add_argument("--rbench", default="target/release/rbench")
     ap.add_argument("--link", default="none", help="RATE:DELAY for netem on each link end "
-                    "(e.g. 1gbit:0.2ms, 10gbit:0.05ms) or none")
+                    "(e.g. 1gbit:0.2ms, 10gbit:0.05ms), RATE alone for a token bucket where "
+                    "the kernel has no netem, or none")
     ap.add_argument("--dataset", default="shared-prefix:256:8")
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--concurrency", type=int, default=4)
@@ -575,6 +610,7 @@ def main():
             lab.start_worker(i)
         code, body = lab.curl("GET", lab.worker_url(0) + "/v1/models")
         lab.model_id = json.loads(body)["data"][0]["id"]
+        res["link_rtt_ms"] = lab.rtt_ms
         for p in phases:
             res[p] = getattr(lab, p)()
     except (Exception, KeyboardInterrupt) as e:
