@@ -75,6 +75,59 @@ fn serves_with_layers_offloaded() {
     }
 }
 
+/// `rserve --rpc`: the layers on a ggml RPC server (ggml's RPC server over the CPU device,
+/// started in this process on loopback, as `rllama rpc-server` does) give the same greedy
+/// texts as the same device in this process: the kernels are the same, only the wire is
+/// new. Concurrent requests run through it too.
+#[test]
+fn serves_with_layers_on_an_rpc_server() {
+    if !model_available() || !ggml_ready() {
+        return;
+    }
+    let _g = serial();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // The server runs until the test process ends.
+    std::thread::spawn(move || {
+        let e = runtime::offload::rpc_serve("127.0.0.1", port, 2, "CPU", None, false);
+        eprintln!("rpc server ended: {e:?}");
+    });
+    let ep = format!("127.0.0.1:{port}");
+    assert!(eventually(Duration::from_secs(30), || {
+        std::net::TcpStream::connect(&ep).is_ok()
+    }));
+
+    let mut local = engine_config();
+    local.run.offload = runtime::offload::OffloadSpec::new(99, Some("CPU".into()));
+    let srv = start(local);
+    let want = texts(srv.addr);
+    drop(srv);
+
+    let mut remote = engine_config();
+    remote.run.offload = runtime::offload::OffloadSpec {
+        rpc: vec![ep.clone()],
+        ..runtime::offload::OffloadSpec::new(99, None)
+    };
+    let srv = start(remote);
+    let addr = srv.addr;
+    assert_eq!(texts(addr), want);
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Request {i}: the weather today is"), "max_tokens": 8, "temperature": 0});
+                post(addr, "/v1/completions", &body)
+            })
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
 #[test]
 fn kv_persist_with_offload_is_refused() {
     if !model_available() || !ggml_ready() {
