@@ -238,12 +238,14 @@ class Lab:
 
     def start_router(self, policy, workers):
         urls = [self.worker_url(i) for i in workers]
-        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
+        cmd = [sys.executable, "-m", f"{self.a.router}_router.launch_router", "--worker-urls", *urls,
                "--policy", policy, "--host", "127.0.0.1", "--port", str(ROUTER_PORT),
-               "--log-level", "warn"] + ROUTER_FAILOVER
-        self.spawn("router", self.router_ns, cmd)
+               "--log-level", "warn" if self.a.router == "sglang" else "warning"] + ROUTER_FAILOVER
+        p = self.spawn("router", self.router_ns, cmd)
 
         def ready():
+            if p.poll() is not None:
+                raise RuntimeError(f"the router exited with status {p.returncode} (router.log)")
             code, body = self.curl("GET", f"http://127.0.0.1:{ROUTER_PORT}/v1/models")
             return code == 200 and self.model_id in body
         self.wait_until(f"the router ({policy})", ready, 60)
@@ -489,7 +491,7 @@ class Lab:
 
 
 def summary_md(res, a):
-    lines = [f"# sglang-router in front of {a.workers} rserve workers ({a.model})", "",
+    lines = [f"# {a.router}-router in front of {a.workers} rserve workers ({a.model})", "",
              f"Link: {a.link} (on both ends of each veth: netem for RATE:DELAY, a token bucket for RATE), "
              f"ping RTT {res.get('link_rtt_ms')} ms. Load: `{a.dataset}`, "
              f"{a.num_prompts} requests, concurrency {a.concurrency}, output {a.output_len} tokens; "
@@ -559,6 +561,8 @@ def main():
     ap.add_argument("--kv-blocks", type=int, default=112)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router", choices=["sglang", "vllm"], default="sglang",
+                    help="sglang-router, or vllm-router (its fork, same launcher flags)")
     ap.add_argument("--policies", default="cache_aware,round_robin")
     ap.add_argument("--phases", default="sweep,cost,kill,persist")
     ap.add_argument("--cost-prompts", type=int, default=16)
@@ -584,9 +588,10 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"router_lab: {tool} is not installed")
     try:
-        import sglang_router  # noqa: F401
+        __import__(f"{a.router}_router")
     except ImportError:
-        sys.exit("router_lab: sglang-router is not installed (pip install sglang-router==0.3.2)")
+        sys.exit(f"router_lab: {a.router}-router is not installed (pip install "
+                 f"{'sglang-router==0.3.2' if a.router == 'sglang' else 'vllm-router'})")
     for b in (a.rserve, a.rbench):
         if not os.access(b, os.X_OK):
             sys.exit(f"router_lab: {b} is not an executable (build with cargo build --release)")
