@@ -37,6 +37,23 @@ fn texts(addr: std::net::SocketAddr) -> Vec<String> {
         .collect()
 }
 
+/// `n` requests at once, each answered in full with generated tokens.
+fn all_complete(addr: std::net::SocketAddr, n: usize, max_tokens: usize) {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Request {i}: the weather today is"), "max_tokens": max_tokens, "temperature": 0});
+                post(addr, "/v1/completions", &body)
+            })
+        })
+        .collect();
+    for h in handles {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    }
+}
+
 #[test]
 fn serves_with_layers_offloaded() {
     if !model_available() || !ggml_ready() {
@@ -60,19 +77,7 @@ fn serves_with_layers_offloaded() {
     assert!(same * 2 >= want.len(), "{got:?} vs {want:?}");
 
     // Concurrent requests, all completed.
-    let handles: Vec<_> = (0..8)
-        .map(|i| {
-            std::thread::spawn(move || {
-                let body = json!({"prompt": format!("Request {i}: the weather today is"), "max_tokens": 16, "temperature": 0});
-                post(addr, "/v1/completions", &body)
-            })
-        })
-        .collect();
-    for h in handles {
-        let r = h.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert!(r.json()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
-    }
+    all_complete(addr, 8, 16);
 }
 
 /// `rserve --rpc`: the layers on a ggml RPC server (ggml's RPC server over the CPU device,
@@ -114,18 +119,7 @@ fn serves_with_layers_on_an_rpc_server() {
     let srv = start(remote);
     let addr = srv.addr;
     assert_eq!(texts(addr), want);
-    let handles: Vec<_> = (0..4)
-        .map(|i| {
-            std::thread::spawn(move || {
-                let body = json!({"prompt": format!("Request {i}: the weather today is"), "max_tokens": 8, "temperature": 0});
-                post(addr, "/v1/completions", &body)
-            })
-        })
-        .collect();
-    for h in handles {
-        let r = h.join().unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-    }
+    all_complete(addr, 4, 8);
 }
 
 #[test]

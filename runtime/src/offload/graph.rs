@@ -1315,8 +1315,6 @@ fn layer_weight_bytes(w: &LayerW<Weight<'_>, &[f32]>) -> usize {
     n.get()
 }
 
-/// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of
-/// the tests), else the first GPU, integrated GPU or accelerator.
 /// Registers `--rpc` servers' devices with ggml; returns the first one's name (where
 /// the layers go when no `--device` names another). The layers go to one device: several
 /// servers would need the layers split across devices (`--tensor-split`), which this
@@ -1335,13 +1333,17 @@ fn add_rpc_servers(g: &Ggml, o: &super::OffloadSpec) -> Result<Option<String>, O
     }
     if n_devices > 1 {
         return Err(OffloadError::NoDevice(format!(
-            "--rpc {}: {n_devices} remote devices, but offloaded layers go to one device here              (splitting them across devices, --tensor-split, is not implemented): give one              server with one device",
+            "--rpc {}: {n_devices} remote devices, but offloaded layers go to one device here \
+             (splitting them across devices, --tensor-split, is not implemented): give one \
+             server with one device",
             o.rpc.join(",")
         )));
     }
     Ok(first)
 }
 
+/// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of
+/// the tests), else the first GPU, integrated GPU or accelerator.
 fn pick_device(g: &Ggml, name: Option<&str>) -> Result<sys::ggml_backend_dev_t, OffloadError> {
     let l = g.raw();
     // SAFETY: registry queries on a loaded ggml.

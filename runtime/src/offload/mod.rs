@@ -355,17 +355,15 @@ pub fn rpc_serve(
     cache: Option<&Path>,
     allow_public: bool,
 ) -> Result<(), String> {
-    let ip: std::net::IpAddr = host
-        .parse()
-        .map_err(|_| format!("--host {host:?}: an IPv4 address, please (ggml binds one)"))?;
-    if !ip.is_ipv4() {
+    let ip: std::net::Ipv4Addr = host.parse().map_err(|_| {
+        format!("--host {host:?}: an IPv4 address, please (ggml's RPC server binds one)")
+    })?;
+    if !allow_public && !ggml_sys::rpc::is_private(ip.into()) {
         return Err(format!(
-            "--host {host}: ggml's RPC server binds IPv4 addresses only"
-        ));
-    }
-    if !allow_public && !ggml_sys::rpc::is_private(ip) {
-        return Err(format!(
-            "--host {host} is not a loopback or private address: ggml's RPC protocol has no              authentication or encryption, so anyone who can reach the port can run graphs              on this machine and read what it holds. Bind a private address, or pass              --allow-public on a network you trust"
+            "--host {host} is not a loopback or private address: ggml's RPC protocol has no \
+             authentication or encryption, so anyone who can reach the port can run graphs \
+             on this machine and read what it holds. Bind a private address, or pass \
+             --allow-public on a network you trust"
         ));
     }
     let g = Ggml::global().map_err(|e| e.to_string())?;
