@@ -5,6 +5,7 @@
 //! (`&dyn Fn(&str) -> usize`), normally the served model's tokenizer, so this crate has no
 //! model dependency and its tests can use a whitespace counter.
 
+pub mod code_edit;
 pub mod fixed;
 pub mod sharegpt;
 pub mod synthetic;

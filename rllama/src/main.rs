@@ -16,6 +16,7 @@ use runtime::pool::ThreadPool;
 use runtime::registry;
 use runtime::runner::{FinishReason, Runner};
 use runtime::sampling::{Sampler, SamplingParams};
+use runtime::speculative::SpecArgs;
 use runtime::synth;
 use runtime::tokenizer::StreamDecoder;
 use runtime::{ContextSize, ModelFile};
@@ -115,8 +116,11 @@ enum Cmd {
     Run {
         #[arg(short, long, default_value = registry::DEFAULT_MODEL)]
         model: String,
-        #[arg(short, long)]
-        prompt: String,
+        #[arg(short, long, required_unless_present = "file", conflicts_with = "file")]
+        prompt: Option<String>,
+        /// Read the prompt from this file (llama.cpp's -f).
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
         /// Tokens to generate.
         #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
         n_predict: usize,
@@ -148,6 +152,8 @@ enum Cmd {
         n_gpu_layers: usize,
         #[command(flatten)]
         run: RunArgs,
+        #[command(flatten)]
+        spec: SpecArgs,
         #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
         ctx: usize,
         #[arg(long)]
@@ -321,6 +327,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Run {
             model,
             prompt,
+            file,
             n_predict,
             temp,
             top_k,
@@ -333,12 +340,23 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             n_gpu_layers,
             run,
+            spec,
             ctx,
             json,
         } => {
+            let prompt = match (prompt, file) {
+                (Some(p), _) => p,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("reading the prompt from {}", f.display()))?,
+                (None, None) => anyhow::bail!("give a prompt (-p) or a prompt file (-f)"),
+            };
+            spec.resolve().map_err(anyhow::Error::msg)?;
             let t_load = Instant::now();
             let opts = run.options(threads.unwrap_or_else(default_threads), n_gpu_layers);
             let l = ModelFile::open(&model)?.load_with(&opts, ContextSize::single(ctx))?;
+            let mut speculator = spec
+                .speculator(&l, &opts, ctx)
+                .map_err(anyhow::Error::msg)?;
             let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
             let text = if chat {
                 let tmpl = ChatTemplate::from_gguf(&l.file);
@@ -387,7 +405,7 @@ fn run(cli: Cli) -> Result<()> {
             let mut first_token_at = None;
             let t0 = Instant::now();
             let mut write_err = None;
-            let (ids, finish) = runner.generate(
+            let (ids, finish, spec_stats) = runner.generate_with(
                 &prompt_ids,
                 n_predict,
                 &mut sampler,
@@ -404,6 +422,7 @@ fn run(cli: Cli) -> Result<()> {
                     }
                     true
                 },
+                speculator.as_mut(),
             )?;
             if let Some(e) = write_err {
                 return Err(e.into());
@@ -437,7 +456,15 @@ fn run(cli: Cli) -> Result<()> {
                         "generated_tokens": ids.len(),
                         "decode_ms": gen_s * 1e3,
                         "decode_tokens_per_s": decode_tps,
-                    }
+                    },
+                    "speculative": speculator.as_ref().map(|s| serde_json::json!({
+                        "mode": spec.resolve().map(|(m, _)| m.name()).unwrap_or("off"),
+                        "draft_max": s.params.n_max,
+                        "drafted": spec_stats.drafted,
+                        "accepted": spec_stats.accepted,
+                        "steps": spec_stats.steps,
+                        "acceptance": spec_stats.acceptance(),
+                    })),
                 });
                 serde_json::to_writer_pretty(&mut out, &v)?;
                 writeln!(out)?;
@@ -451,6 +478,15 @@ fn run(cli: Cli) -> Result<()> {
                     ids.len(),
                     decode_tps
                 );
+                if speculator.is_some() {
+                    eprintln!(
+                        "[speculative: {} drafted, {} accepted ({:.1}%), {} verification steps]",
+                        spec_stats.drafted,
+                        spec_stats.accepted,
+                        100.0 * spec_stats.acceptance(),
+                        spec_stats.steps
+                    );
+                }
             }
         }
         Cmd::Perplexity {

@@ -17,6 +17,7 @@ pub mod reasoning;
 pub mod registry;
 pub mod runner;
 pub mod sampling;
+pub mod speculative;
 pub mod synth;
 pub mod tokenizer;
 pub mod tools;

@@ -268,7 +268,7 @@ impl RunArgs {
     }
 }
 
-/// The llama.cpp spellings of multi-letter flags (`-ngl`, `-dev`, `-np`, `-ncmoe`) in
+/// The llama.cpp spellings of multi-letter flags (`-ngl`, `-dev`, `-np`, `-ncmoe`, `-md`) in
 /// clap's long form, as every binary accepts them.
 pub fn llama_flag_spelling(arg: String) -> String {
     match arg.as_str() {
@@ -276,6 +276,7 @@ pub fn llama_flag_spelling(arg: String) -> String {
         "-dev" => "--device".into(),
         "-np" => "--parallel".into(),
         "-ncmoe" => "--n-cpu-moe".into(),
+        "-md" => "--model-draft".into(),
         _ => arg,
     }
 }

@@ -7,6 +7,7 @@ use crate::kv::{KvCache, SeqId};
 use crate::model::{Logits, Model, ModelError, SeqBatch, UBatch, Workspace};
 use crate::pool::ThreadPool;
 use crate::sampling::Sampler;
+use crate::speculative::{SpecStats, Speculator};
 
 const SEQ: SeqId = 0;
 
@@ -111,31 +112,107 @@ impl Runner {
         is_eog: &dyn Fn(u32) -> bool,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, FinishReason), ModelError> {
+        let (out, finish, _) = self.generate_with(prompt, n, sampler, is_eog, on_token, None)?;
+        Ok((out, finish))
+    }
+
+    /// [`Runner::generate`], with speculative decoding where `spec` is given: the same
+    /// tokens (see [`crate::speculative`]), fewer forward calls when drafts are right.
+    pub fn generate_with(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        sampler: &mut Sampler,
+        is_eog: &dyn Fn(u32) -> bool,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        mut spec: Option<&mut Speculator>,
+    ) -> Result<(Vec<u32>, FinishReason, SpecStats), ModelError> {
         self.clear();
+        if let Some(s) = spec.as_deref_mut() {
+            s.forget(SEQ);
+        }
+        let mut stats = SpecStats::default();
         if prompt.is_empty() {
             return Err(ModelError::Invalid("empty prompt".into()));
         }
         for &t in prompt {
             sampler.accept(t);
         }
+        let nv = self.model.config.n_vocab;
         let mut logits = self.feed(prompt, false)?.to_vec();
         let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let tok = sampler.sample(&mut logits);
-            if is_eog(tok) {
-                return Ok((out, FinishReason::Stop));
+        // The text so far (prompt and output): what prompt lookup searches.
+        let mut history = prompt.to_vec();
+        let mut draft = Vec::new();
+        let mut row = vec![0f32; nv];
+        loop {
+            // `logits` holds rows for the pending token and each draft token after it.
+            let rows = logits.len() / nv;
+            let mut kept = 0;
+            for r in 0..rows {
+                row.copy_from_slice(&logits[r * nv..(r + 1) * nv]);
+                let tok = sampler.sample(&mut row);
+                if r > 0 {
+                    // Reaching row r means draft token r - 1 was the model's own.
+                    stats.accepted += 1;
+                }
+                kept = r + 1;
+                if is_eog(tok) {
+                    return Ok((out, FinishReason::Stop, stats));
+                }
+                sampler.accept(tok);
+                out.push(tok);
+                history.push(tok);
+                if !on_token(tok) || out.len() == n {
+                    return Ok((out, FinishReason::Length, stats));
+                }
+                if r + 1 == rows || draft[r] != tok {
+                    break;
+                }
             }
-            sampler.accept(tok);
-            out.push(tok);
-            if !on_token(tok) || out.len() == n {
-                break;
+            if rows > 1 {
+                // Drop the rejected draft tokens' keys and values: keep the accepted
+                // ones (`kept - 1` of them) after the position before the step.
+                let keep = self.pos() - (rows - kept);
+                self.kv
+                    .truncate(SEQ, keep)
+                    .map_err(|e| ModelError::Invalid(format!("cache: {e}")))?;
             }
             if self.pos() >= self.n_ctx {
-                return Ok((out, FinishReason::Context));
+                return Ok((out, FinishReason::Context, stats));
             }
-            logits.copy_from_slice(self.feed(&[tok], false)?);
+            // The last emitted token is fed next, with a draft after it where one fits.
+            let pending = *out.last().expect("emitted");
+            draft.clear();
+            if let Some(s) = spec.as_deref_mut() {
+                let room = (n - out.len() - 1).min(self.n_ctx - self.pos() - 1);
+                if room > 0 {
+                    s.propose(&self.pool, SEQ, &history, room, &mut draft)?;
+                }
+            }
+            let mut tokens = Vec::with_capacity(1 + draft.len());
+            tokens.push(pending);
+            tokens.extend_from_slice(&draft);
+            let sb = [SeqBatch {
+                seq: SEQ,
+                tokens: &tokens,
+                logits: if draft.is_empty() {
+                    Logits::Last
+                } else {
+                    Logits::All
+                },
+                ubatch: UBatch::Alone,
+            }];
+            let got =
+                self.model
+                    .forward(&sb, &mut self.kv, &mut self.ws, &self.pool, self.n_ctx)?;
+            if !draft.is_empty() {
+                stats.drafted += draft.len() as u64;
+                stats.steps += 1;
+            }
+            logits.clear();
+            logits.extend_from_slice(&self.ws.logits[..got * nv]);
         }
-        Ok((out, FinishReason::Length))
     }
 
     /// Perplexity as llama-perplexity computes it: non-overlapping chunks of `n_ctx`

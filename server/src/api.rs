@@ -69,6 +69,12 @@ pub struct RawRequest {
     pub tool_choice: Option<Value>,
     /// Chat: whether one answer may make several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// Speculative decoding for this request, where the server has it on (`--spec`):
+    /// `false` turns it off, `{"n_max": N}` caps the draft length (0: off).
+    pub speculative: Option<Value>,
+    /// llama-server's spelling of the cap: `"speculative.n_max": N`.
+    #[serde(rename = "speculative.n_max")]
+    pub speculative_n_max: Option<Value>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -881,6 +887,33 @@ pub fn parse_request(
         Some(v) => crate::constrain::Format::from_response_format(v)
             .map_err(|e| bad("response_format", e))?,
     };
+    let cap = |v: &Value, field: &str| {
+        v.as_u64()
+            .filter(|&n| n <= 1 << 16)
+            .map(|n| n as usize)
+            .ok_or_else(|| bad(field, format!("{field} must be a whole number, got {v}")))
+    };
+    let spec_max = match (&r.speculative, &r.speculative_n_max) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "speculative",
+                "give speculative or speculative.n_max, not both",
+            ))
+        }
+        (None | Some(Value::Null), None) => None,
+        (Some(Value::Bool(on)), None) => (!on).then_some(0),
+        (Some(Value::Object(o)), None) => match o.get("n_max") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(cap(v, "speculative.n_max")?),
+        },
+        (Some(_), None) => {
+            return Err(bad(
+                "speculative",
+                "speculative must be true, false or {\"n_max\": N}",
+            ))
+        }
+        (_, Some(v)) => Some(cap(v, "speculative.n_max")?),
+    };
     Ok(Parsed {
         kind,
         prompt,
@@ -894,6 +927,7 @@ pub fn parse_request(
             format,
             special_text: reasoning.is_some_and(|(f, _)| f.needs_special_text()),
             embed: None,
+            spec_max,
         },
         stream: r.stream.unwrap_or(false),
         include_usage: r

@@ -19,6 +19,7 @@ use runtime::kv::{KvCache, SeqId};
 use runtime::model::{Logits, Model, SeqBatch, UBatch, Workspace};
 use runtime::pool::ThreadPool;
 use runtime::sampling::{Sampler, SamplingParams};
+use runtime::speculative::{DraftModel, Proposer, SpecParams, Speculator};
 use runtime::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -62,6 +63,19 @@ pub struct EngineConfig {
     /// How /v1/embeddings pools an input's hidden states, instead of the file's
     /// `pooling_type` (`--pooling`).
     pub pooling: Option<runtime::model::Pooling>,
+    /// Speculative decoding (`--spec`), if on.
+    pub spec: Option<SpecConfig>,
+}
+
+/// How the server drafts (`--spec`, `--model-draft`, `--draft-*`, `--spec-max-running`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpecConfig {
+    pub params: SpecParams,
+    /// A draft model (registry name or path) instead of prompt lookup.
+    pub draft_model: Option<String>,
+    /// Drafting pauses while this many sequences or more are running: a full batch is
+    /// compute-bound, and draft tokens would take compute from other sequences' tokens.
+    pub max_running: usize,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +94,7 @@ impl Default for EngineConfig {
             kv_persist: None,
             chat_template: None,
             pooling: None,
+            spec: None,
         }
     }
 }
@@ -103,6 +118,9 @@ pub struct GenParams {
     /// An embedding request: the prompt is computed and its hidden states pooled this way
     /// (L2-normalized) into one [`Event::Embedding`]; nothing is generated.
     pub embed: Option<runtime::model::Pooling>,
+    /// The most draft tokens per step for this request (`speculative.n_max`; 0: no
+    /// speculative decoding), capped by the server's; None: the server's.
+    pub spec_max: Option<usize>,
 }
 
 pub struct GenRequest {
@@ -399,6 +417,7 @@ struct Prepared {
     kv: KvCache,
     n_ctx: usize,
     sizing: Sizing,
+    spec: Option<Speculator>,
 }
 
 fn mem_available() -> Option<u64> {
@@ -519,6 +538,16 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         threads: cfg.run.threads.max(1),
     };
     let kv = KvCache::new(layout);
+    let spec = match &cfg.spec {
+        None => None,
+        Some(sc) => Some(speculator(
+            sc,
+            &cfg.run,
+            &tokenizer,
+            model.config.n_vocab,
+            n_ctx,
+        )?),
+    };
     let id = if path.to_string_lossy() == cfg.model || cfg.model.ends_with(".gguf") {
         path.file_stem()
             .map_or(cfg.model.clone(), |s| s.to_string_lossy().into_owned())
@@ -546,9 +575,47 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
             kv,
             n_ctx,
             sizing,
+            spec,
         },
         info,
     ))
+}
+
+/// The server's proposer: prompt lookup, or a draft model on the CPU whose cache holds a
+/// context for each sequence that may draft at once.
+fn speculator(
+    sc: &SpecConfig,
+    run: &runtime::RunOptions,
+    tokenizer: &Tokenizer,
+    target_vocab: usize,
+    n_ctx: usize,
+) -> anyhow::Result<Speculator> {
+    let Some(name) = &sc.draft_model else {
+        return Ok(Speculator::lookup(sc.params));
+    };
+    let opts = runtime::RunOptions {
+        offload: runtime::offload::OffloadSpec::new(0, None),
+        ..run.clone()
+    };
+    let d = runtime::ModelFile::open(name)
+        .and_then(|f| f.load_with(&opts, runtime::ContextSize::single(n_ctx)))
+        .map_err(|e| anyhow::anyhow!("draft model {name}: {e}"))?;
+    runtime::speculative::check_draft_vocab(tokenizer, &d.tokenizer).map_err(anyhow::Error::msg)?;
+    let seqs = sc.max_running.saturating_sub(1).max(1);
+    eprintln!(
+        "rserve: draft model {} ({} layers), cache for {seqs} sequences of {n_ctx} tokens",
+        d.path.display(),
+        d.model.config.n_layer
+    );
+    Ok(Speculator {
+        params: sc.params,
+        proposer: Proposer::Model(Box::new(DraftModel::new(
+            d.model,
+            target_vocab,
+            n_ctx,
+            seqs * n_ctx,
+        ))),
+    })
 }
 
 /// Hashes the model file, loads the persisted prefix cache into `kv`, starts the writer.
@@ -579,6 +646,10 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// prompt (its logits, or a last-token embedding), every row of an embedding pooled over
 /// positions.
 fn row_kind(active: &HashMap<SeqId, Active<'_>>, it: &crate::scheduler::PlanItem) -> Logits {
+    if it.draft > 0 {
+        // A decode with a draft: a row for the last sampled token and each draft token.
+        return Logits::All;
+    }
     use runtime::model::Pooling;
     match active
         .get(&it.seq)
@@ -716,6 +787,9 @@ fn engine_main(cfg: EngineConfig, shared: &Arc<Shared>, rx: std_mpsc::Receiver<M
         token_index: None,
         mask: Vec::new(),
         persist,
+        spec: loaded.spec.take(),
+        spec_max_running: cfg.spec.as_ref().map_or(0, |s| s.max_running),
+        draft: Vec::new(),
     };
     shared.set_state(State::Ready);
     run.serve(&rx);
@@ -848,6 +922,12 @@ struct BatchLoop<'a> {
     mask: Vec<u64>,
     /// The on-disk copy of the prefix cache, with --kv-persist.
     persist: Option<crate::persist::Persist>,
+    /// Speculative decoding's proposer, with --spec.
+    spec: Option<Speculator>,
+    /// Drafting pauses from this many running sequences on.
+    spec_max_running: usize,
+    /// Scratch: one sequence's draft.
+    draft: Vec<u32>,
 }
 
 /// Samples from `logits` with every token outside `mask` (a bit per token) removed first,
@@ -1032,6 +1112,9 @@ impl<'a> BatchLoop<'a> {
 
     fn remove(&mut self, id: SeqId, outcome: Outcome) -> Option<(SeqEntry, Active<'a>)> {
         let e = self.sched.remove(id, self.kv);
+        if let Some(s) = self.spec.as_mut() {
+            s.forget(id);
+        }
         let a = self.active.remove(&id)?;
         if !a.admitted {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
@@ -1046,7 +1129,47 @@ impl<'a> BatchLoop<'a> {
         }
     }
 
+    /// Gives each sequence about to decode a draft (speculative decoding), unless the
+    /// batch is full enough that drafts would only slow the others down.
+    fn propose_drafts(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        if self.sched.n_running() >= self.spec_max_running {
+            return;
+        }
+        for id in self.sched.ids() {
+            let (Some(e), Some(a)) = (self.sched.get(id), self.active.get(&id)) else {
+                continue;
+            };
+            let len = e.verified_len();
+            if !self.sched.is_running(id) || e.n_computed + 1 != len || a.embed.is_some() {
+                continue;
+            }
+            // Each step emits at most the draft plus one token; never past max_tokens or
+            // the context.
+            let cap = a.params.spec_max.unwrap_or(usize::MAX);
+            let room = a
+                .params
+                .max_tokens
+                .saturating_sub(a.n_sampled + 1)
+                .min(self.n_ctx.saturating_sub(len))
+                .min(cap);
+            if room == 0 {
+                continue;
+            }
+            let history = &e.tokens[..len];
+            if let Err(err) = spec.propose(self.pool, id, history, room, &mut self.draft) {
+                eprintln!("rserve: draft model failed, drafting stops: {err}");
+                self.spec = None;
+                return;
+            }
+            self.sched.set_draft(id, &self.draft);
+        }
+    }
+
     fn step(&mut self) {
+        self.propose_drafts();
         let plan = self.sched.schedule(self.kv);
         let now = Instant::now();
         {
@@ -1086,7 +1209,8 @@ impl<'a> BatchLoop<'a> {
                     // they were chunked or cached), one micro-batch per generated token:
                     // see SeqBatch::ubatch.
                     ubatch: if it.start >= e.n_prompt {
-                        UBatch::Call
+                        // Alone: a draft's rows are bit for bit plain decoding's.
+                        UBatch::Alone
                     } else {
                         UBatch::Prompt {
                             len: e.n_prompt,
@@ -1128,6 +1252,8 @@ impl<'a> BatchLoop<'a> {
             };
             if self.active.get(&it.seq).is_some_and(|a| a.embed.is_some()) {
                 self.on_hidden(it, r, rows);
+            } else if it.draft > 0 {
+                self.on_draft_logits(it, r);
             } else if rows > 0 {
                 self.on_logits(it.seq, r * nv..(r + 1) * nv);
             }
@@ -1177,11 +1303,65 @@ impl<'a> BatchLoop<'a> {
     }
 
     fn on_logits(&mut self, id: SeqId, rows: std::ops::Range<usize>) {
-        let now = Instant::now();
-        let tok = self.tok;
-        let Some(a) = self.active.get_mut(&id) else {
+        let n_tokens = self.sched.get(id).map_or(0, |e| e.tokens.len()) + 1;
+        if let Some(t) = self.sample_row(id, rows, n_tokens) {
+            self.sched.append_token(id, t);
+        }
+    }
+
+    /// A decode that carried a draft: rows `r..` of the step are the logits after the
+    /// last sampled token and after each draft token. Tokens are drawn row by row, as
+    /// plain decoding would draw them, while they equal the draft; the first that does
+    /// not (or the one after the whole draft) ends the step, and the rejected draft
+    /// tokens leave the sequence and the cache.
+    fn on_draft_logits(&mut self, it: &crate::scheduler::PlanItem, r: usize) {
+        let nv = self.model.config.n_vocab;
+        let id = it.seq;
+        let Some(e) = self.sched.get(id) else {
             return;
         };
+        let verified = e.verified_len();
+        let draft: Vec<u32> = e.tokens[verified..].to_vec();
+        debug_assert_eq!(draft.len(), it.draft);
+        let mut accepted = 0;
+        for k in 0..=draft.len() {
+            let row = (r + k) * nv..(r + k + 1) * nv;
+            // Tokens after this one: the verified ones, the drafts agreed so far, it.
+            let Some(t) = self.sample_row(id, row, verified + k + 1) else {
+                // Finished (stop, length, error): the sequence is gone.
+                self.count_draft(draft.len(), accepted);
+                return;
+            };
+            if k < draft.len() && t == draft[k] {
+                accepted += 1;
+                continue;
+            }
+            self.count_draft(draft.len(), accepted);
+            self.sched.resolve_draft(id, accepted, self.kv);
+            self.sched.append_token(id, t);
+            return;
+        }
+    }
+
+    fn count_draft(&self, drafted: usize, accepted: usize) {
+        let mut m = self.shared.metrics();
+        m.spec_drafts += 1;
+        m.spec_draft_tokens += drafted as u64;
+        m.spec_accepted_tokens += accepted as u64;
+    }
+
+    /// Samples the next token of `id` from the logits `rows`, emits it, and returns it
+    /// when the sequence goes on (the caller records it); None when it finished here.
+    /// `n_tokens` is the sequence's length with this token.
+    fn sample_row(
+        &mut self,
+        id: SeqId,
+        rows: std::ops::Range<usize>,
+        n_tokens: usize,
+    ) -> Option<u32> {
+        let now = Instant::now();
+        let tok = self.tok;
+        let a = self.active.get_mut(&id)?;
         let logits = &mut self.ws.logits[rows];
         // Logprobs are of the model's distribution, before penalties and temperature.
         let raw = a.params.logprobs.map(|_| logits.to_vec());
@@ -1201,7 +1381,7 @@ impl<'a> BatchLoop<'a> {
                         // A top-level number that cannot grow, with ignore_eos: it is done.
                         let (text, _) = a.drain_tail();
                         self.finish(id, FinishReason::Stop, text);
-                        return;
+                        return None;
                     }
                     None => {
                         // Compiled schemas never dead-end; a vocabulary without some
@@ -1214,7 +1394,7 @@ impl<'a> BatchLoop<'a> {
                             ),
                             Outcome::Error,
                         );
-                        return;
+                        return None;
                     }
                 }
             }
@@ -1233,7 +1413,7 @@ impl<'a> BatchLoop<'a> {
         if tok.is_eog(t) && !a.params.ignore_eos {
             let (text, _) = a.drain_tail();
             self.finish(id, FinishReason::Stop, text);
-            return;
+            return None;
         }
         a.sampler.accept(t);
         let mut format_done = false;
@@ -1256,15 +1436,14 @@ impl<'a> BatchLoop<'a> {
         });
         if stopped {
             self.finish(id, FinishReason::Stop, String::new());
-            return;
+            return None;
         }
         if format_done {
             // The response_format value is complete: nothing may follow it.
             let (text, _) = a.drain_tail();
             self.finish(id, FinishReason::Stop, text);
-            return;
+            return None;
         }
-        let n_tokens = self.sched.get(id).map_or(0, |e| e.tokens.len()) + 1;
         let full = n_tokens > self.n_ctx;
         if a.n_sampled >= a.params.max_tokens || full {
             let (text, stopped) = a.drain_tail();
@@ -1276,9 +1455,9 @@ impl<'a> BatchLoop<'a> {
                 FinishReason::Length
             };
             self.finish(id, reason, text);
-            return;
+            return None;
         }
-        self.sched.append_token(id, t);
+        Some(t)
     }
 
     fn finish(&mut self, id: SeqId, reason: FinishReason, text: String) {

@@ -1183,6 +1183,7 @@ async fn embeddings(State(st): State<AppState>, headers: HeaderMap, body: Body) 
             format: None,
             special_text: false,
             embed: Some(pooling),
+            spec_max: Some(0),
         };
         let seqs = req
             .inputs

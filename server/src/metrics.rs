@@ -169,6 +169,11 @@ pub struct Metrics {
     pub prefix_cache_hits: u64,
     pub preemptions: u64,
     pub steps: u64,
+    /// Speculative decoding: draft tokens checked, those the model agreed with, and the
+    /// verification steps that carried them.
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_drafts: u64,
     pub kv_blocks_total: usize,
     pub kv_blocks_used: usize,
     pub kv_blocks_free: usize,
@@ -207,6 +212,9 @@ impl Default for Metrics {
             prefix_cache_hits: 0,
             preemptions: 0,
             steps: 0,
+            spec_draft_tokens: 0,
+            spec_accepted_tokens: 0,
+            spec_drafts: 0,
             kv_blocks_total: 0,
             kv_blocks_used: 0,
             kv_blocks_free: 0,
@@ -315,6 +323,24 @@ impl Metrics {
             "counter",
             "Batches run by the engine.",
             self.steps as f64,
+        );
+        one(
+            "rserve_spec_decode_num_drafts_total",
+            "counter",
+            "Speculative verification steps (a sequence's decode that carried a draft).",
+            self.spec_drafts as f64,
+        );
+        one(
+            "rserve_spec_decode_num_draft_tokens_total",
+            "counter",
+            "Draft tokens checked by the model.",
+            self.spec_draft_tokens as f64,
+        );
+        one(
+            "rserve_spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Draft tokens the model agreed with (tokens gained).",
+            self.spec_accepted_tokens as f64,
         );
         one(
             "rserve_kv_blocks_total",

@@ -14,6 +14,12 @@
 //!    it instead of computing it again (a burst of requests sharing a system prompt costs
 //!    one prefill).
 //!
+//! **Speculative drafts** ride on decodes: a sequence may carry draft tokens after its
+//! last sampled one ([`Scheduler::set_draft`]), computed in the same item when the budget
+//! and the free blocks allow (else dropped, never at another sequence's expense), kept
+//! out of the prefix cache until verified, and cut back to what the model agreed with by
+//! [`Scheduler::resolve_draft`].
+//!
 //! When a decode needs a block and none is free, the newest running sequence is
 //! **preempted**: its blocks are released and it goes back to the front of the queue with
 //! everything it generated, to be recomputed later (bit-identical logits make this
@@ -61,6 +67,8 @@ pub struct SeqEntry {
     /// Never attach cached blocks: every position is computed (an embedding pooled over
     /// every token's hidden state needs them all). Its own blocks are still published.
     pub no_prefix_reuse: bool,
+    /// The last `n_draft` tokens are speculative guesses awaiting verification.
+    pub n_draft: usize,
 }
 
 impl SeqEntry {
@@ -78,6 +86,7 @@ impl SeqEntry {
             root: None,
             tenant: Arc::from("default"),
             no_prefix_reuse: false,
+            n_draft: 0,
         }
     }
 
@@ -100,7 +109,22 @@ impl SeqEntry {
     }
 
     pub fn n_generated(&self) -> usize {
-        self.tokens.len() - self.n_prompt
+        self.verified_len() - self.n_prompt
+    }
+
+    /// Tokens not counting an unverified draft.
+    pub fn verified_len(&self) -> usize {
+        self.tokens.len() - self.n_draft
+    }
+
+    /// Verified tokens not yet in the KV cache (1 for a sequence ready to decode).
+    fn to_compute(&self) -> usize {
+        self.verified_len().saturating_sub(self.n_computed)
+    }
+
+    fn drop_draft(&mut self) {
+        self.tokens.truncate(self.verified_len());
+        self.n_draft = 0;
     }
 }
 
@@ -113,6 +137,8 @@ pub struct PlanItem {
     pub len: usize,
     /// Whether this chunk ends at the last known token, so its logits give the next one.
     pub logits: bool,
+    /// Draft tokens at the end of this decode item: each needs its own logits row.
+    pub draft: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -248,6 +274,38 @@ impl Scheduler {
         s.tokens.push(token);
     }
 
+    /// Gives a running sequence that is ready to decode (one token to compute) these
+    /// draft tokens after it, replacing any draft it had. The next plan computes them with
+    /// the decode where they fit; [`Scheduler::resolve_draft`] then keeps the agreed part.
+    pub fn set_draft(&mut self, id: SeqId, draft: &[u32]) {
+        let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
+            return;
+        };
+        s.drop_draft();
+        if s.to_compute() == 1 {
+            s.tokens.extend_from_slice(draft);
+            s.n_draft = draft.len();
+        }
+    }
+
+    /// After a step that computed a sequence's draft: the first `accepted` draft tokens
+    /// were the model's own; the rest leave the tokens and the cache.
+    pub fn resolve_draft(&mut self, id: SeqId, accepted: usize, kv: &mut KvCache) {
+        let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
+            return;
+        };
+        let accepted = accepted.min(s.n_draft);
+        let keep = s.tokens.len() - (s.n_draft - accepted);
+        s.tokens.truncate(keep);
+        s.n_draft = 0;
+        if s.n_computed > keep {
+            s.n_computed = keep;
+            // Drafts are never published, so the cut is in private blocks: it cannot fail.
+            kv.truncate(id, keep)
+                .expect("cutting unpublished draft positions");
+        }
+    }
+
     /// Removes a sequence wherever it is and releases its blocks.
     pub fn remove(&mut self, id: SeqId, kv: &mut KvCache) -> Option<SeqEntry> {
         kv.remove_seq(id);
@@ -282,12 +340,20 @@ impl Scheduler {
         // 1. Decodes, oldest first; the newest give way when blocks run out.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
-            if self.running[i].remaining() != 1 {
+            if self.running[i].to_compute() != 1 {
                 i += 1;
                 continue;
             }
             let id = self.running[i].id;
-            let need = kv.blocks_needed(id, 1);
+            // A draft rides along only where the budget and the free blocks allow.
+            let d = self.running[i].n_draft;
+            if d > 0
+                && (1 + d > budget || kv.blocks_needed(id, 1 + d) > kv.free_blocks() - reserved)
+            {
+                self.running[i].drop_draft();
+            }
+            let len = 1 + self.running[i].n_draft;
+            let need = kv.blocks_needed(id, len);
             let mut preempted_self = false;
             while need > kv.free_blocks() - reserved {
                 if self.running.len() > i + 1 {
@@ -302,12 +368,13 @@ impl Scheduler {
                 break;
             }
             reserved += need;
-            budget -= 1;
+            budget -= len;
             plan.items.push(PlanItem {
                 seq: id,
                 start: self.running[i].n_computed,
-                len: 1,
+                len,
                 logits: true,
+                draft: len - 1,
             });
             i += 1;
         }
@@ -318,7 +385,7 @@ impl Scheduler {
                 break;
             }
             let s = &self.running[i];
-            if s.remaining() <= 1 {
+            if s.to_compute() <= 1 {
                 continue;
             }
             let Some(item) = self.chunk(s, kv, budget, reserved, plan) else {
@@ -434,6 +501,7 @@ impl Scheduler {
             start: s.n_computed,
             len: n,
             logits: n == rem,
+            draft: 0,
         })
     }
 
@@ -444,7 +512,7 @@ impl Scheduler {
             return set;
         }
         for s in &self.running {
-            if s.remaining() > 1 {
+            if s.to_compute() > 1 {
                 let from = s.n_computed / bs;
                 set.extend(s.hashes.iter().skip(from).copied());
             }
@@ -459,6 +527,7 @@ impl Scheduler {
 
     fn preempt_at(&mut self, i: usize, kv: &mut KvCache, plan: &mut Plan) {
         let mut s = self.running.remove(i);
+        s.drop_draft();
         kv.remove_seq(s.id);
         // Items already planned for it (a prefill chunk) go too.
         plan.items.retain(|it| it.seq != s.id);
@@ -481,7 +550,9 @@ impl Scheduler {
             s.n_computed += item.len;
             debug_assert_eq!(kv.seq_len(s.id), s.n_computed);
             if self.cfg.prefix_caching {
-                extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens[..s.n_computed], bs);
+                // Draft positions wait for their verification.
+                let verified = s.n_computed.min(s.verified_len());
+                extend_block_hashes_from(&mut s.hashes, s.root, &s.tokens[..verified], bs);
                 let n = kv.publish(s.id, &s.hashes, &s.tokens);
                 published += n;
                 if n > 0 {
@@ -572,6 +643,49 @@ mod tests {
             .iter()
             .map(|i| (i.seq, i.start, i.len, i.logits))
             .collect()
+    }
+
+    #[test]
+    fn drafts_ride_on_decodes_and_only_verified_tokens_are_published() {
+        let mut kv = kv(64);
+        let mut s = sched(4, 64);
+        s.add(SeqEntry::new(1, prompt(6, 1)));
+        run(&mut s, &mut kv); // the prompt, then a sampled token: 7 tokens, 6 computed
+        s.set_draft(1, &[10, 11, 12, 13, 14]);
+        let p = s.schedule(&mut kv);
+        assert_eq!(items(&p), vec![(1, 6, 6, true)]);
+        assert_eq!(p.items[0].draft, 5);
+        kv.reserve(1, 6).unwrap();
+        s.complete(&p, &mut kv);
+        // Only the verified tokens' full block is published, not the one with drafts.
+        assert_eq!(kv.published_blocks(), 1);
+        // Two drafts agreed: 9 tokens stay, and the cache is cut to them.
+        s.resolve_draft(1, 2, &mut kv);
+        assert_eq!(kv.seq_len(1), 9);
+        let e = s.get(1).unwrap();
+        assert_eq!((e.tokens.len(), e.n_draft, e.n_computed), (9, 0, 9));
+        assert_eq!(&e.tokens[7..], &[10, 11]);
+        assert_eq!(e.n_generated(), 3);
+        s.append_token(1, 20);
+        kv.check_invariants().unwrap();
+        let p = run(&mut s, &mut kv);
+        assert_eq!(items(&p), vec![(1, 9, 1, true)]);
+        assert_eq!(kv.published_blocks(), 2);
+        // A draft that does not fit the budget is dropped; the decode goes alone.
+        let mut kv2 = super::tests::kv(64);
+        let mut s2 = sched(2, 3);
+        s2.add(SeqEntry::new(5, prompt(2, 9)));
+        run(&mut s2, &mut kv2);
+        s2.set_draft(5, &[1, 2, 3, 4]);
+        let p = run(&mut s2, &mut kv2);
+        assert_eq!(items(&p), vec![(5, 2, 1, true)]);
+        assert_eq!(s2.get(5).unwrap().n_draft, 0);
+        assert_eq!(s2.get(5).unwrap().tokens.len(), 4);
+        // A sequence still in its prompt takes no draft.
+        s2.add(SeqEntry::new(6, prompt(40, 2)));
+        let _ = s2.schedule(&mut kv2);
+        s2.set_draft(6, &[1, 2]);
+        assert_eq!(s2.get(6).unwrap().n_draft, 0);
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub fn load(files: &[PathBuf]) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-const COLS: [&str; 13] = [
+const COLS: [&str; 14] = [
     "file",
     "dataset",
     "concurrency",
@@ -129,6 +129,7 @@ const COLS: [&str; 13] = [
     "ITL p50 ms",
     "ITL p99 ms",
     "E2E p50 / p99 ms",
+    "spec draft / accept",
 ];
 
 fn cells(r: &Row) -> Vec<String> {
@@ -155,6 +156,12 @@ fn cells(r: &Row) -> Vec<String> {
         format!("{:.1}", r.f("median_itl_ms")),
         format!("{:.1}", r.f("p99_itl_ms")),
         format!("{:.0} / {:.0}", r.f("median_e2el_ms"), r.f("p99_e2el_ms")),
+        // Speculative decoding, where the server counted drafts: mean draft length and
+        // the share of draft tokens accepted.
+        match r.v.get("spec_mean_draft_len").and_then(Value::as_f64) {
+            Some(len) => format!("{len:.1} / {:.0}%", 100.0 * r.f("spec_acceptance_rate")),
+            None => "-".into(),
+        },
     ]
 }
 

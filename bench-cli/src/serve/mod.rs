@@ -64,8 +64,10 @@ pub struct ServeArgs {
     /// `sharegpt` (the real ShareGPT V3 file, fetched and cached once), a ShareGPT JSON
     /// file, `sharegpt-synthetic` (a generated stand-in), a preset (baseline,
     /// continuous_batching, paged_attention, chunked_prefill, prefix_caching),
-    /// `fixed:ISL/OSL` or `shared-prefix:K[:GROUPS]` (N requests sharing a K-token system
-    /// prompt; with GROUPS, that many tenants with a prompt each, interleaved).
+    /// `fixed:ISL/OSL`, `shared-prefix:K[:GROUPS]` (N requests sharing a K-token system
+    /// prompt; with GROUPS, that many tenants with a prompt each, interleaved) or
+    /// `code-edit` (Python modules to send back with a function renamed: answers that
+    /// repeat their prompt, as speculative decoding's prompt lookup likes).
     #[arg(long, default_value = "sharegpt-synthetic")]
     pub dataset: String,
     #[arg(long, default_value_t = 200)]
@@ -258,6 +260,21 @@ pub fn build_workload(a: &WorkloadOptions, count: &dyn Fn(&str) -> usize) -> Res
         ));
         w.label = format!("fixed:{isl}/{osl}");
         w
+    } else if d == "code-edit" {
+        // Modules of 4 to 10 functions to send back with one name changed.
+        let mut w = all(datasets::code_edit::code_edit(
+            a.num_prompts,
+            (4, 10),
+            a.seed,
+            count,
+        ));
+        if let Some(n) = a.output_len {
+            w.requests
+                .iter_mut()
+                .for_each(|r| r.expected_output_len = n);
+        }
+        w.label = d.to_string();
+        w
     } else if let Some(rest) = d.strip_prefix("shared-prefix:") {
         let (k, groups) = rest.split_once(':').unwrap_or((rest, "1"));
         let k: usize = k.parse().context("shared-prefix:K[:GROUPS]: K")?;
@@ -281,7 +298,7 @@ pub fn build_workload(a: &WorkloadOptions, count: &dyn Fn(&str) -> usize) -> Res
         let Some(path) = runtime::registry::resolve_dataset(d)? else {
             bail!(
                 "--dataset {d:?}: no such file; use a ShareGPT JSON file, sharegpt (the real file, fetched once), \
-                 sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K[:GROUPS] or one of {:?}",
+                 sharegpt-synthetic, fixed:ISL/OSL, shared-prefix:K[:GROUPS], code-edit or one of {:?}",
                 datasets::synthetic::PRESETS
             );
         };
@@ -440,6 +457,40 @@ pub async fn run_point(
     (outs, start.elapsed().as_secs_f64(), start_unix)
 }
 
+/// The speculative-decoding counters of an rserve's `/metrics` (None: another server,
+/// or none answered).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SpecCounters {
+    drafts: f64,
+    draft_tokens: f64,
+    accepted: f64,
+}
+
+fn spec_counters(ep: &Endpoint) -> Option<SpecCounters> {
+    let (status, body) = spawn::http_get(&ep.host, ep.port, "/metrics", true)?;
+    if status != 200 {
+        return None;
+    }
+    parse_spec_counters(&body)
+}
+
+fn parse_spec_counters(text: &str) -> Option<SpecCounters> {
+    let get = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    Some(SpecCounters {
+        drafts: get("rserve_spec_decode_num_drafts_total")?,
+        draft_tokens: get("rserve_spec_decode_num_draft_tokens_total")?,
+        accepted: get("rserve_spec_decode_num_accepted_tokens_total")?,
+    })
+}
+
 /// Ask `/v1/models` for the first model id, retrying for up to `wait` while the server is
 /// still loading.
 pub async fn first_model(ep: &Endpoint, wait: Duration) -> Option<String> {
@@ -575,6 +626,7 @@ impl Sweep<'_> {
                 }
             }
         }
+        let spec_before = spec_counters(&t.ep);
         let (outs, dur, start_unix) = self.rt.block_on(run_point(
             &t.ep,
             &t.model,
@@ -594,6 +646,30 @@ impl Sweep<'_> {
             &*self.count,
         );
         m.insert("start_unix".into(), serde_json::json!(start_unix));
+        let spec = spec_before
+            .zip(spec_counters(&t.ep))
+            .map(|(b, a)| SpecCounters {
+                drafts: a.drafts - b.drafts,
+                draft_tokens: a.draft_tokens - b.draft_tokens,
+                accepted: a.accepted - b.accepted,
+            })
+            .filter(|d| d.drafts > 0.0);
+        if let Some(d) = &spec {
+            m.insert("spec_drafts".into(), serde_json::json!(d.drafts));
+            m.insert(
+                "spec_draft_tokens".into(),
+                serde_json::json!(d.draft_tokens),
+            );
+            m.insert("spec_accepted_tokens".into(), serde_json::json!(d.accepted));
+            m.insert(
+                "spec_acceptance_rate".into(),
+                serde_json::json!(d.accepted / d.draft_tokens.max(1.0)),
+            );
+            m.insert(
+                "spec_mean_draft_len".into(),
+                serde_json::json!(d.draft_tokens / d.drafts),
+            );
+        }
         for (k, v) in t.extra.iter().chain(extra) {
             m.insert(k.to_string(), v.clone());
         }
@@ -607,6 +683,17 @@ impl Sweep<'_> {
             "{}",
             result::summary_text(&m, &self.percentiles, self.request_rate.is_some())
         );
+        if let Some(d) = &spec {
+            println!(
+                "{:<40}{:<10.2}\n{:<40}{:<10.1}\n{:<40}{:<10.2}",
+                "Spec decode acceptance rate:",
+                d.accepted / d.draft_tokens.max(1.0),
+                "Spec decode mean draft length:",
+                d.draft_tokens / d.drafts,
+                "Spec decode tokens per draft step:",
+                1.0 + d.accepted / d.drafts,
+            );
+        }
         for (i, o) in outs.iter().enumerate() {
             if let Some((k, e)) = &o.error {
                 eprintln!("  request {i} failed ({}): {e}", k.name());
@@ -839,6 +926,25 @@ pub fn run(a: &ServeArgs) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spec_counters_come_from_rserve_metrics_only() {
+        let text = "# HELP x\nrserve_spec_decode_num_drafts_total 4\n\
+                    rserve_spec_decode_num_draft_tokens_total 30\n\
+                    rserve_spec_decode_num_accepted_tokens_total 21\n";
+        assert_eq!(
+            parse_spec_counters(text),
+            Some(SpecCounters {
+                drafts: 4.0,
+                draft_tokens: 30.0,
+                accepted: 21.0
+            })
+        );
+        assert_eq!(
+            parse_spec_counters("llamacpp:tokens_predicted_total 9\n"),
+            None
+        );
+    }
 
     #[test]
     fn concurrency_and_arrivals() {

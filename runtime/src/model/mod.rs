@@ -123,6 +123,10 @@ pub enum UBatch {
     /// `p % size` of micro-batch `p / size`. A server that splits or partly caches a
     /// prompt passes this, so a sequence's results never depend on how it was scheduled.
     Prompt { len: usize, size: usize },
+    /// Every token as if it were decoded alone (a micro-batch of one), however many the
+    /// call holds: speculative verification, whose logits must be plain decoding's bit
+    /// for bit while its products still read each weight once for all the tokens.
+    Alone,
 }
 
 impl UBatch {
@@ -130,6 +134,7 @@ impl UBatch {
     fn place(self, n: usize, j: usize, pos: usize) -> UbPos {
         let (n, i) = match self {
             UBatch::Call => (n, j),
+            UBatch::Alone => (1, 0),
             UBatch::Prompt { len, size } if pos < len && size > 0 => {
                 let start = pos / size * size;
                 (size.min(len - start), pos - start)

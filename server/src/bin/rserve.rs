@@ -42,6 +42,12 @@ struct Args {
     threads: Option<usize>,
     #[command(flatten)]
     run: runtime::options::RunArgs,
+    #[command(flatten)]
+    spec: runtime::speculative::SpecArgs,
+    /// Speculative decoding pauses while this many sequences or more are running (a full
+    /// batch is compute-bound: drafts would take compute from other sequences' tokens).
+    #[arg(long = "spec-max-running", default_value_t = 4)]
+    spec_max_running: usize,
     /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
@@ -230,6 +236,22 @@ fn main() {
         eprintln!("rserve: --kv-persist serves one model; give one -m with it");
         std::process::exit(2);
     }
+    let spec = match a.spec.resolve() {
+        Err(e) => {
+            eprintln!("rserve: {e}");
+            std::process::exit(2);
+        }
+        Ok((runtime::speculative::SpecMode::Off, _)) => None,
+        Ok((_, params)) => Some(server::engine::SpecConfig {
+            params,
+            draft_model: a.spec.model_draft.clone(),
+            max_running: a.spec_max_running,
+        }),
+    };
+    if models.len() > 1 && a.spec.model_draft.is_some() {
+        eprintln!("rserve: --model-draft drafts for one model; give one -m with it");
+        std::process::exit(2);
+    }
     let first = models.remove(0);
     let cfg = ServerConfig {
         host: a.host,
@@ -256,6 +278,7 @@ fn main() {
             }),
             chat_template,
             pooling: a.pooling,
+            spec,
         },
         max_body_bytes: a.max_body,
         drain_timeout: Duration::from_secs(a.drain_timeout),

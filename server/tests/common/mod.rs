@@ -49,6 +49,7 @@ pub fn engine_config() -> EngineConfig {
         kv_persist: None,
         chat_template: None,
         pooling: None,
+        spec: None,
     }
 }
 
