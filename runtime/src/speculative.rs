@@ -45,7 +45,7 @@ pub struct SpecParams {
 impl Default for SpecParams {
     fn default() -> Self {
         SpecParams {
-            n_max: 8,
+            n_max: 16,
             n_min: 1,
             p_min: 0.5,
             ngram_min: 2,
@@ -433,7 +433,7 @@ pub struct SpecArgs {
     #[arg(long = "model-draft")]
     pub model_draft: Option<String>,
     /// The most draft tokens checked per step.
-    #[arg(long = "draft-max", default_value_t = 8)]
+    #[arg(long = "draft-max", default_value_t = 16)]
     pub draft_max: usize,
     /// Shorter drafts are not checked.
     #[arg(long = "draft-min", default_value_t = 1)]

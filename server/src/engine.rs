@@ -1130,12 +1130,14 @@ impl<'a> BatchLoop<'a> {
     }
 
     /// Gives each sequence about to decode a draft (speculative decoding), unless the
-    /// batch is full enough that drafts would only slow the others down.
+    /// batch is full enough that drafts would only slow the others down, or prompt
+    /// tokens are waiting: drafts use spare compute, never a prompt's (time to first
+    /// token stays what it is without them).
     fn propose_drafts(&mut self) {
         let Some(spec) = self.spec.as_mut() else {
             return;
         };
-        if self.sched.n_running() >= self.spec_max_running {
+        if self.sched.n_running() >= self.spec_max_running || self.sched.prefill_pending() {
             return;
         }
         for id in self.sched.ids() {

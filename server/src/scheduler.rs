@@ -274,6 +274,12 @@ impl Scheduler {
         s.tokens.push(token);
     }
 
+    /// Whether prompt tokens wait to be computed: a sequence queued, or a running one
+    /// still in its prompt (or recomputing after preemption).
+    pub fn prefill_pending(&self) -> bool {
+        !self.waiting.is_empty() || self.running.iter().any(|s| s.to_compute() > 1)
+    }
+
     /// Gives a running sequence that is ready to decode (one token to compute) these
     /// draft tokens after it, replacing any draft it had. The next plan computes them with
     /// the decode where they fit; [`Scheduler::resolve_draft`] then keeps the agreed part.

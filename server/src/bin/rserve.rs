@@ -46,7 +46,7 @@ struct Args {
     spec: runtime::speculative::SpecArgs,
     /// Speculative decoding pauses while this many sequences or more are running (a full
     /// batch is compute-bound: drafts would take compute from other sequences' tokens).
-    #[arg(long = "spec-max-running", default_value_t = 4)]
+    #[arg(long = "spec-max-running", default_value_t = 8)]
     spec_max_running: usize,
     /// Per-sequence context (prompt + generated tokens); default: min(training context, 4096).
     #[arg(short = 'c', long = "ctx-size")]
