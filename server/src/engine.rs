@@ -1138,6 +1138,8 @@ impl<'a> BatchLoop<'a> {
             return;
         };
         if self.sched.n_running() >= self.spec_max_running || self.sched.prefill_pending() {
+            // A draft left from a step that could not carry it waits no longer.
+            self.sched.drop_drafts();
             return;
         }
         for id in self.sched.ids() {

@@ -294,6 +294,13 @@ impl Scheduler {
         }
     }
 
+    /// Drops every running sequence's draft not yet computed (drafting paused).
+    pub fn drop_drafts(&mut self) {
+        for s in self.running.iter_mut().filter(|s| s.n_draft > 0) {
+            s.drop_draft();
+        }
+    }
+
     /// After a step that computed a sequence's draft: the first `accepted` draft tokens
     /// were the model's own; the rest leave the tokens and the cache.
     pub fn resolve_draft(&mut self, id: SeqId, accepted: usize, kv: &mut KvCache) {
@@ -685,6 +692,12 @@ mod tests {
         s2.set_draft(5, &[1, 2, 3, 4]);
         let p = run(&mut s2, &mut kv2);
         assert_eq!(items(&p), vec![(5, 2, 1, true)]);
+        assert_eq!(s2.get(5).unwrap().n_draft, 0);
+        assert_eq!(s2.get(5).unwrap().tokens.len(), 4);
+        // A paused server drops drafts it has not computed yet.
+        s2.set_draft(5, &[1, 2]);
+        assert_eq!(s2.get(5).unwrap().n_draft, 2);
+        s2.drop_drafts();
         assert_eq!(s2.get(5).unwrap().n_draft, 0);
         assert_eq!(s2.get(5).unwrap().tokens.len(), 4);
         // A sequence still in its prompt takes no draft.

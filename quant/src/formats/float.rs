@@ -113,10 +113,15 @@ pub(crate) fn vec_dot_f32_finish(fl: Flavor, acc: &mut [[f32; 16]; 4], w: &[u8],
     );
     let mut sum = reduce4(fl, acc);
     // The tail loop `sumf += x[i]*y[i]` as GCC 12 vectorises it in ggml's build: the
-    // products of whole groups of eight, then of four, rounded and added in order; the
-    // last up-to-three fused (read from the object code of the linked llama.cpp).
+    // products of whole groups of eight, then (AVX2 build) of four, rounded and added in
+    // order; the rest fused (read from the object code of the linked llama.cpp for AVX2;
+    // for AVX-512, where the tail is up to 63 long and has no group of four, probed
+    // against the linked ggml for every tail length).
     let tail = n - np;
-    let unfused = tail / 8 * 8 + if tail % 8 >= 4 { 4 } else { 0 };
+    let unfused = match fl {
+        Flavor::Avx512 => tail / 8 * 8,
+        _ => tail / 8 * 8 + if tail % 8 >= 4 { 4 } else { 0 },
+    };
     for i in np..np + unfused {
         sum += wf(i) * af(i);
     }
