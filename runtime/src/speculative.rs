@@ -548,6 +548,7 @@ mod tests {
                 ..Default::default()
             },
             SpecParams {
+                n_max: 8,
                 n_min: 9,
                 ..Default::default()
             },
