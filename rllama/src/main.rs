@@ -350,7 +350,7 @@ fn run(cli: Cli) -> Result<()> {
                     .with_context(|| format!("reading the prompt from {}", f.display()))?,
                 (None, None) => anyhow::bail!("give a prompt (-p) or a prompt file (-f)"),
             };
-            spec.resolve().map_err(anyhow::Error::msg)?;
+            let (spec_mode, _) = spec.resolve().map_err(anyhow::Error::msg)?;
             let t_load = Instant::now();
             let opts = run.options(threads.unwrap_or_else(default_threads), n_gpu_layers);
             let l = ModelFile::open(&model)?.load_with(&opts, ContextSize::single(ctx))?;
@@ -458,7 +458,7 @@ fn run(cli: Cli) -> Result<()> {
                         "decode_tokens_per_s": decode_tps,
                     },
                     "speculative": speculator.as_ref().map(|s| serde_json::json!({
-                        "mode": spec.resolve().map(|(m, _)| m.name()).unwrap_or("off"),
+                        "mode": spec_mode.name(),
                         "draft_max": s.params.n_max,
                         "drafted": spec_stats.drafted,
                         "accepted": spec_stats.accepted,

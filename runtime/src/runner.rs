@@ -144,6 +144,8 @@ impl Runner {
         // The text so far (prompt and output): what prompt lookup searches.
         let mut history = prompt.to_vec();
         let mut draft = Vec::new();
+        // The pending token and its draft: one call's tokens (reused every step).
+        let mut tokens = Vec::new();
         let mut row = vec![0f32; nv];
         loop {
             // `logits` holds rows for the pending token and each draft token after it.
@@ -190,7 +192,7 @@ impl Runner {
                     s.propose(&self.pool, SEQ, &history, room, &mut draft)?;
                 }
             }
-            let mut tokens = Vec::with_capacity(1 + draft.len());
+            tokens.clear();
             tokens.push(pending);
             tokens.extend_from_slice(&draft);
             let sb = [SeqBatch {

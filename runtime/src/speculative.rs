@@ -192,6 +192,11 @@ impl DraftModel {
         }
     }
 
+    /// The draft model's layer count (for logs).
+    pub fn n_layer(&self) -> usize {
+        self.model.config.n_layer
+    }
+
     /// Frees what the draft cache holds for `seq`.
     pub fn forget(&mut self, seq: SeqId) {
         self.kv.remove_seq(seq);
@@ -260,54 +265,50 @@ impl DraftModel {
                 .truncate(seq, common)
                 .map_err(|e| ModelError::Invalid(format!("draft cache: {e}")))?;
         }
-        let mut feed: &[u32] = &history[common..];
-        let mut next;
-        loop {
-            // Chunks of 512, as a prompt; only the last one's logits are wanted.
-            let (chunk, rest) = feed.split_at(feed.len().min(512));
-            self.model.forward(
-                &[SeqBatch {
-                    seq,
-                    tokens: chunk,
-                    logits: if rest.is_empty() {
-                        Logits::Last
-                    } else {
-                        Logits::None
-                    },
-                    ubatch: UBatch::Call,
-                }],
-                &mut self.kv,
-                &mut self.ws,
-                pool,
-                self.n_ctx,
-            )?;
-            self.cached.entry(seq).or_default().extend_from_slice(chunk);
-            feed = rest;
-            if feed.is_empty() {
-                break;
-            }
+        // Chunks of 512, as a prompt; only the last one's logits are wanted.
+        let rest = &history[common..];
+        let n_chunks = rest.len().div_ceil(512);
+        for (i, chunk) in rest.chunks(512).enumerate() {
+            let logits = match i + 1 == n_chunks {
+                true => Logits::Last,
+                false => Logits::None,
+            };
+            self.feed(pool, seq, chunk, logits)?;
         }
-        loop {
-            next = self.pick(p_min);
-            let Some(t) = next else { break };
+        while let Some(t) = self.pick(p_min) {
             out.push(t);
             if out.len() == k {
                 break;
             }
-            self.model.forward(
-                &[SeqBatch {
-                    seq,
-                    tokens: std::slice::from_ref(&t),
-                    logits: Logits::Last,
-                    ubatch: UBatch::Call,
-                }],
-                &mut self.kv,
-                &mut self.ws,
-                pool,
-                self.n_ctx,
-            )?;
-            self.cached.entry(seq).or_default().push(t);
+            self.feed(pool, seq, std::slice::from_ref(&t), Logits::Last)?;
         }
+        Ok(())
+    }
+
+    /// Runs `tokens` of `seq` through the draft model and records them as cached.
+    fn feed(
+        &mut self,
+        pool: &ThreadPool,
+        seq: SeqId,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<(), ModelError> {
+        self.model.forward(
+            &[SeqBatch {
+                seq,
+                tokens,
+                logits,
+                ubatch: UBatch::Call,
+            }],
+            &mut self.kv,
+            &mut self.ws,
+            pool,
+            self.n_ctx,
+        )?;
+        self.cached
+            .entry(seq)
+            .or_default()
+            .extend_from_slice(tokens);
         Ok(())
     }
 
@@ -331,19 +332,33 @@ impl DraftModel {
     }
 }
 
+/// Loads `name` as a draft model for a target with `target`'s tokenizer and
+/// `target_vocab` tokens, on the CPU with `opts`' numerics and packing, its cache
+/// holding `kv_tokens` positions (see [`DraftModel::new`]). Refused with a message when
+/// the vocabularies differ.
+pub fn load_draft_model(
+    name: &str,
+    target: &Tokenizer,
+    target_vocab: usize,
+    opts: &crate::options::RunOptions,
+    n_ctx: usize,
+    kv_tokens: usize,
+) -> Result<DraftModel, String> {
+    let opts = crate::options::RunOptions {
+        offload: crate::offload::OffloadSpec::new(0, None),
+        ..opts.clone()
+    };
+    let d = crate::load::ModelFile::open(name)
+        .and_then(|f| f.load_with(&opts, crate::load::ContextSize::single(n_ctx)))
+        .map_err(|e| format!("draft model {name}: {e}"))?;
+    check_draft_vocab(target, &d.tokenizer)?;
+    Ok(DraftModel::new(d.model, target_vocab, n_ctx, kv_tokens))
+}
+
 /// Where drafts come from.
 pub enum Proposer {
     Lookup,
     Model(Box<DraftModel>),
-}
-
-impl Speculator {
-    /// Frees what the proposer keeps for `seq` (a draft model's cache).
-    pub fn forget(&mut self, seq: SeqId) {
-        if let Proposer::Model(m) = &mut self.proposer {
-            m.forget(seq);
-        }
-    }
 }
 
 /// A proposer with its settings: what a runner or a server sequence drafts with.
@@ -357,6 +372,13 @@ impl Speculator {
         Speculator {
             params,
             proposer: Proposer::Lookup,
+        }
+    }
+
+    /// Frees what the proposer keeps for `seq` (a draft model's cache).
+    pub fn forget(&mut self, seq: SeqId) {
+        if let Proposer::Model(m) = &mut self.proposer {
+            m.forget(seq);
         }
     }
 
@@ -487,23 +509,14 @@ impl SpecArgs {
         let proposer = match mode {
             SpecMode::Off => return Ok(None),
             SpecMode::Lookup => Proposer::Lookup,
-            SpecMode::Draft => {
-                let name = self.model_draft.as_deref().expect("resolved");
-                let opts = crate::options::RunOptions {
-                    offload: crate::offload::OffloadSpec::new(0, None),
-                    ..opts.clone()
-                };
-                let d = crate::load::ModelFile::open(name)
-                    .and_then(|f| f.load_with(&opts, crate::load::ContextSize::single(n_ctx)))
-                    .map_err(|e| format!("draft model {name}: {e}"))?;
-                check_draft_vocab(&target.tokenizer, &d.tokenizer)?;
-                Proposer::Model(Box::new(DraftModel::new(
-                    d.model,
-                    target.model.config.n_vocab,
-                    n_ctx,
-                    n_ctx,
-                )))
-            }
+            SpecMode::Draft => Proposer::Model(Box::new(load_draft_model(
+                self.model_draft.as_deref().expect("resolved"),
+                &target.tokenizer,
+                target.model.config.n_vocab,
+                opts,
+                n_ctx,
+                n_ctx,
+            )?)),
         };
         Ok(Some(Speculator { params, proposer }))
     }

@@ -891,7 +891,22 @@ pub fn parse_request(
         v.as_u64()
             .filter(|&n| n <= 1 << 16)
             .map(|n| n as usize)
-            .ok_or_else(|| bad(field, format!("{field} must be a whole number, got {v}")))
+            .ok_or_else(|| {
+                // Numbers are echoed; anything else only by its kind (a client's value may
+                // be as large as the body).
+                let got = match v {
+                    Value::Number(n) => n.to_string(),
+                    Value::String(_) => "a string".into(),
+                    Value::Array(_) => "an array".into(),
+                    Value::Object(_) => "an object".into(),
+                    Value::Bool(b) => b.to_string(),
+                    Value::Null => "null".into(),
+                };
+                bad(
+                    field,
+                    format!("{field} must be a whole number up to 65536, got {got}"),
+                )
+            })
     };
     let spec_max = match (&r.speculative, &r.speculative_n_max) {
         (Some(_), Some(_)) => {

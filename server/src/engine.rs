@@ -19,7 +19,7 @@ use runtime::kv::{KvCache, SeqId};
 use runtime::model::{Logits, Model, SeqBatch, UBatch, Workspace};
 use runtime::pool::ThreadPool;
 use runtime::sampling::{Sampler, SamplingParams};
-use runtime::speculative::{DraftModel, Proposer, SpecParams, Speculator};
+use runtime::speculative::{Proposer, SpecParams, Speculator};
 use runtime::tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
@@ -593,28 +593,23 @@ fn speculator(
     let Some(name) = &sc.draft_model else {
         return Ok(Speculator::lookup(sc.params));
     };
-    let opts = runtime::RunOptions {
-        offload: runtime::offload::OffloadSpec::new(0, None),
-        ..run.clone()
-    };
-    let d = runtime::ModelFile::open(name)
-        .and_then(|f| f.load_with(&opts, runtime::ContextSize::single(n_ctx)))
-        .map_err(|e| anyhow::anyhow!("draft model {name}: {e}"))?;
-    runtime::speculative::check_draft_vocab(tokenizer, &d.tokenizer).map_err(anyhow::Error::msg)?;
     let seqs = sc.max_running.saturating_sub(1).max(1);
+    let d = runtime::speculative::load_draft_model(
+        name,
+        tokenizer,
+        target_vocab,
+        run,
+        n_ctx,
+        seqs * n_ctx,
+    )
+    .map_err(anyhow::Error::msg)?;
     eprintln!(
-        "rserve: draft model {} ({} layers), cache for {seqs} sequences of {n_ctx} tokens",
-        d.path.display(),
-        d.model.config.n_layer
+        "rserve: draft model {name} ({} layers), cache for {seqs} sequences of {n_ctx} tokens",
+        d.n_layer()
     );
     Ok(Speculator {
         params: sc.params,
-        proposer: Proposer::Model(Box::new(DraftModel::new(
-            d.model,
-            target_vocab,
-            n_ctx,
-            seqs * n_ctx,
-        ))),
+        proposer: Proposer::Model(Box::new(d)),
     })
 }
 

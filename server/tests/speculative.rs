@@ -83,6 +83,17 @@ fn drafts(a: SocketAddr) -> (f64, f64) {
     )
 }
 
+/// What a server without speculative decoding answers to each body, one at a time.
+fn plain_texts(bodies: &[Value]) -> Vec<String> {
+    let plain = start(engine_config());
+    let want = bodies
+        .iter()
+        .map(|b| text_of(plain.addr, b, false))
+        .collect();
+    plain.shutdown();
+    want
+}
+
 #[test]
 fn speculative_outputs_are_plain_outputs() {
     let _g = serial();
@@ -90,12 +101,7 @@ fn speculative_outputs_are_plain_outputs() {
         return;
     }
     let bodies = bodies();
-    let plain = start(engine_config());
-    let want: Vec<String> = bodies
-        .iter()
-        .map(|b| text_of(plain.addr, b, false))
-        .collect();
-    plain.shutdown();
+    let want = plain_texts(&bodies);
 
     for draft_model in [None, Some(common::MODEL)] {
         let label = draft_model.map_or("lookup", |_| "draft model");
@@ -125,6 +131,12 @@ fn speculative_outputs_are_plain_outputs() {
         // A bad opt-out value is the client's error.
         b["speculative"] = json!("yes");
         assert_eq!(post(a, "/v1/completions", &b).status, 400);
+        // A huge bad value is named by its kind, not echoed back.
+        b["speculative"] = json!({"n_max": {"x": "y".repeat(100_000)}});
+        let r = post(a, "/v1/completions", &b);
+        assert_eq!(r.status, 400);
+        assert!(r.text().len() < 1000, "{} bytes", r.text().len());
+        assert!(r.text().contains("got an object"), "{}", r.text());
         assert!(eventually(Duration::from_secs(10), || metric(
             a,
             "rserve_kv_blocks_used"
@@ -144,12 +156,7 @@ fn drafts_survive_preemption_and_pause_in_a_full_batch() {
         return;
     }
     let bodies = bodies();
-    let plain = start(engine_config());
-    let want: Vec<String> = bodies
-        .iter()
-        .map(|b| text_of(plain.addr, b, false))
-        .collect();
-    plain.shutdown();
+    let want = plain_texts(&bodies);
     // A cache too small for the five at once: sequences with drafts get preempted.
     let mut cfg = engine_config();
     cfg.n_ctx = Some(256);
