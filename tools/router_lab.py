@@ -249,6 +249,27 @@ class Lab:
             code, body = self.curl("GET", f"http://127.0.0.1:{ROUTER_PORT}/v1/models")
             return code == 200 and self.model_id in body
         self.wait_until(f"the router ({policy})", ready, 60)
+        for i in workers:
+            self.wait_router_healthy(i)
+
+    def wait_router_healthy(self, i):
+        """A worker restarted under a running router gets no requests until the router's
+        health checks pass again (two in a row, every 2 s): wait for that, or the next run
+        measures a worker the router still routes around."""
+        url = self.worker_url(i)
+
+        def healthy():
+            code, body = self.curl("GET", f"http://127.0.0.1:{ROUTER_PORT}/workers")
+            if code == 404:
+                # A router without the listing: wait out its health checks instead.
+                time.sleep(3 * 2)
+                return True
+            try:
+                ws = json.loads(body).get("workers", [])
+            except ValueError:
+                return False
+            return any(w.get("url") == url and w.get("is_healthy") for w in ws)
+        self.wait_until(f"the router to see worker {i} healthy", healthy, 60)
 
     # ---- measurements ----
     def metrics(self, i):
@@ -436,6 +457,7 @@ class Lab:
                 shutil.rmtree(d)
                 os.makedirs(d)
             self.start_worker(victim, d, kv)
+            self.wait_router_healthy(victim)
             before = self.metrics(victim)
             self.rbench(f"http://127.0.0.1:{ROUTER_PORT}", a.dataset, a.persist_prompts,
                         a.concurrency, a.output_len, f"persist-{mode}-after")
