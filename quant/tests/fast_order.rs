@@ -11,22 +11,27 @@ use quant::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const FAST_TYPES: [GgmlType; 6] = [
+const FAST_TYPES: [GgmlType; 7] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
 ];
 
-/// The sets whose tiles run the fast order's kernels: every fast order, and MXFP4's
-/// repacked order (llama.cpp's `DotOrder::Gemm4` for it, the same arithmetic).
+/// The table formats, whose repacked order (llama.cpp's `DotOrder::Gemm4` for them) is
+/// their fast order's arithmetic; their `vec_dot` order has no packed kernel.
+const LUT_TYPES: [GgmlType; 2] = [GgmlType::MXFP4, GgmlType::IQ4_NL];
+
+/// The sets whose tiles run the fast order's kernels: every fast order, and the table
+/// formats' repacked order.
 fn fast_like() -> impl Iterator<Item = (GgmlType, DotOrder)> {
     FAST_TYPES
         .into_iter()
         .map(|ty| (ty, DotOrder::Fast))
-        .chain([(GgmlType::MXFP4, DotOrder::Gemm4)])
+        .chain(LUT_TYPES.map(|ty| (ty, DotOrder::Gemm4)))
 }
 
 /// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
@@ -203,8 +208,9 @@ fn packed_kernels_match_the_twin() {
     let mut wide_calls = 0;
     let mut stream_calls = 0;
     // Every fast order, and the llama.cpp orders the exact mode reads packed rows in
-    // (the 32-element formats', MXFP4's repacked one and the K-quants'). MXFP4's
-    // `vec_dot` order serves only matrices llama.cpp does not repack: no packed kernel.
+    // (the 32-element formats', the table formats' repacked one and the K-quants'). The
+    // table formats' `vec_dot` order serves only matrices llama.cpp does not repack: no
+    // packed kernel.
     let cases = FAST_TYPES
         .into_iter()
         .chain(K_TYPES)
@@ -212,11 +218,11 @@ fn packed_kernels_match_the_twin() {
         .chain(
             FAST_TYPES
                 .into_iter()
-                .filter(|&ty| ty != GgmlType::MXFP4)
+                .filter(|ty| !LUT_TYPES.contains(ty))
                 .map(|ty| (ty, DotOrder::Single)),
         )
+        .chain(LUT_TYPES.map(|ty| (ty, DotOrder::Gemm4)))
         .chain([
-            (GgmlType::MXFP4, DotOrder::Gemm4),
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),
             (GgmlType::Q6_K, DotOrder::Single),
@@ -389,12 +395,14 @@ fn fast_lookups_stay_on_simd() {
             assert_eq!(k.tile_rows, 8);
         }
     }
-    // The K-quants' and MXFP4's fast orders sum like one of llama.cpp's (Q4_K: gemv, Q6_K:
-    // tiled, MXFP4: its repacked gemv/gemm), with a packed tile on every x86 level.
+    // The K-quants' and the table formats' fast orders sum like one of llama.cpp's (Q4_K:
+    // gemv, Q6_K: tiled, MXFP4 and IQ4_NL: their repacked gemv/gemm), with a packed tile
+    // on every x86 level.
     for (ty, like) in [
         (GgmlType::Q4_K, DotOrder::Single),
         (GgmlType::Q6_K, DotOrder::Tiled),
         (GgmlType::MXFP4, DotOrder::Gemm4),
+        (GgmlType::IQ4_NL, DotOrder::Gemm4),
     ] {
         let twin = kernels::scalar(ty, DotOrder::Fast).unwrap().dot;
         assert_eq!(

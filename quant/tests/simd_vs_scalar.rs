@@ -41,14 +41,15 @@ const TYPES: [GgmlType; 12] = [
     GgmlType::Q2_K,
 ];
 
-/// The orders besides the one-row order: the K-quants' llama.cpp orders, MXFP4's repacked
-/// order and the fast order of the 32-element formats, MXFP4 and the K-quants
-/// (`tests/fast_order.rs` walks their eight-row and packed tiles, `tests/mxfp4.rs`
-/// MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 13] = [
+/// The orders besides the one-row order: the K-quants' llama.cpp orders, the table
+/// formats' repacked order and the fast order of the 32-element formats, the table formats
+/// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
+/// `tests/mxfp4.rs` MXFP4's on every exponent).
+const ORDERED: [(GgmlType, DotOrder); 14] = [
     (GgmlType::MXFP4, DotOrder::Gemm4),
     (GgmlType::IQ4_NL, DotOrder::Gemm4),
     (GgmlType::MXFP4, DotOrder::Fast),
+    (GgmlType::IQ4_NL, DotOrder::Fast),
     (GgmlType::Q6_K, DotOrder::Tiled),
     (GgmlType::Q4_K, DotOrder::Tiled),
     (GgmlType::Q4_K, DotOrder::Gemm4),

@@ -11,7 +11,8 @@
 //! * the quants, already in the kernel's transposed order: for Q8_0 the eight 32-byte
 //!   registers as stored (signed bytes); for the 4-bit formats four 32-byte vectors, vector
 //!   `v` holding register `2v` in its low nibbles and register `2v + 1` in its high ones
-//!   (unsigned stored values, `q + offset` for Q4_0 / Q5_0, MXFP4's table indices);
+//!   (unsigned stored values, `q + offset` for Q4_0 / Q5_0, MXFP4's and IQ4_NL's table
+//!   indices);
 //! * for Q5_0 / Q5_1, 32 bytes of fifth bits: bit `k` of byte `b` is the fifth bit of
 //!   byte `b` of register `k`.
 //!
@@ -40,6 +41,7 @@ pub fn packs(ty: GgmlType) -> bool {
             | GgmlType::Q4_K
             | GgmlType::Q6_K
             | GgmlType::MXFP4
+            | GgmlType::IQ4_NL
     )
 }
 
@@ -64,6 +66,7 @@ fn layout(ty: GgmlType) -> Option<Layout> {
         GgmlType::Q5_1 => (24, 2, 8, Some(4), false),
         GgmlType::Q8_0 => (34, 1, 2, None, true),
         GgmlType::MXFP4 => (17, 1, 1, None, false),
+        GgmlType::IQ4_NL => (18, 1, 2, None, false),
         _ => return None,
     };
     Some(Layout {

@@ -515,17 +515,20 @@ impl Model {
     }
 
     /// The distinct types of the model's matrices with the instruction set and order of the
-    /// kernels that multiply them: the one-row order's set (the other llama.cpp orders of a
-    /// type come from the same table at the same level), or the fast set where the model
-    /// runs `Numerics::Fast` and the type has one; sorted by type id.
+    /// kernels that multiply them: the set of the order llama.cpp gives a decode token's
+    /// product with the type's largest matrix (the repacked order of MXFP4 and IQ4_NL
+    /// matrices, whose kernels may be at another level than their one-row order's), or the
+    /// fast set where the model runs `Numerics::Fast` and the type has one; sorted by type
+    /// id.
     pub fn kernel_isas(&self) -> Vec<(GgmlType, quant::Isa, quant::DotOrder)> {
-        let mut tys: Vec<GgmlType> = self.matrices().map(|m| m.mat.ty).collect();
-        tys.sort_by_key(|&t| t as u32);
-        tys.dedup();
+        let mut tys: Vec<(GgmlType, usize)> =
+            self.matrices().map(|m| (m.mat.ty, m.mat.n_out)).collect();
+        tys.sort_by_key(|&(t, n_out)| (t as u32, std::cmp::Reverse(n_out)));
+        tys.dedup_by_key(|&mut (t, _)| t);
         tys.into_iter()
-            .filter_map(|t| {
+            .filter_map(|(t, n_out)| {
                 let order = match self.numerics() {
-                    Numerics::Exact => quant::DotOrder::Single,
+                    Numerics::Exact => quant::kernels::dot_order_for(t, n_out, 1, 0),
                     Numerics::Fast => quant::DotOrder::Fast,
                 };
                 quant::kernels::kernels(t, order).map(|k| (t, k.isa, k.order))

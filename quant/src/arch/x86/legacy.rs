@@ -47,14 +47,13 @@ trait Legacy {
     /// The nibbles index a value table (MXFP4): `unpack` gives the table's signed values,
     /// `unpack_unsigned` and the packed registers the values plus `OFFSET`.
     const LUT: bool = false;
+    /// With `LUT`: the table's values plus `OFFSET`, as bytes (what `unpack_unsigned`
+    /// gives and the packed registers hold).
+    const UNSIGNED_TABLE: [i8; 16] = [0; 16];
     /// llama.cpp's one-row order (MXFP4's `vec_dot`) sums even blocks into one set of
     /// float lanes and odd ones into another, added before the fold, and an unpaired
     /// last block after it (its whole integer sum times its scale, then added).
     const PAIRED: bool = false;
-    /// llama.cpp's repacked order for table formats (IQ4_NL's `iq4_nl_8x8_q8_0` gemv
-    /// and gemm): each block's lanes summed to one exact integer, fused into one float
-    /// accumulator with the block's scale product.
-    const BLOCK_SUM: bool = false;
     /// The 32 weight quants of the block at `w`, element `j` in byte `j`: signed values
     /// when `SIGNED`, else unsigned.
     ///
@@ -191,6 +190,7 @@ impl Legacy for Mxfp4 {
     const OFFSET: i32 = mxfp4::OFFSET;
     const E8M0: bool = true;
     const LUT: bool = true;
+    const UNSIGNED_TABLE: [i8; 16] = MXFP4_UNSIGNED;
     const PAIRED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -200,7 +200,7 @@ impl Legacy for Mxfp4 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(table16(&MXFP4_UNSIGNED), nibbles32(w.add(1)))
+        _mm256_shuffle_epi8(table16(&Self::UNSIGNED_TABLE), nibbles32(w.add(1)))
     }
 }
 
@@ -219,6 +219,7 @@ impl Legacy for Iq4Nl {
     const SIGNED: bool = true;
     const OFFSET: i32 = iq4_nl::OFFSET;
     const LUT: bool = true;
+    const UNSIGNED_TABLE: [i8; 16] = IQ4_NL_UNSIGNED;
     const PAIRED: bool = true;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -228,11 +229,12 @@ impl Legacy for Iq4Nl {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack_unsigned(w: *const u8) -> __m256i {
-        _mm256_shuffle_epi8(table16(&IQ4_NL_UNSIGNED), nibbles32(w.add(2)))
+        _mm256_shuffle_epi8(table16(&Self::UNSIGNED_TABLE), nibbles32(w.add(2)))
     }
 }
 
-/// IQ4_NL in llama.cpp's repacked order (one integer sum per block).
+/// IQ4_NL in llama.cpp's repacked order (one integer sum per block): the fast order's
+/// kernels (`iq4_nl::vec_dot_q8_0_repacked` is what they compute).
 impl Legacy for Iq4NlRep {
     const WB: usize = BlockIq4Nl::BYTES;
     const AB: usize = BlockQ8_0::BYTES;
@@ -240,7 +242,7 @@ impl Legacy for Iq4NlRep {
     const SIGNED: bool = true;
     const OFFSET: i32 = iq4_nl::OFFSET;
     const LUT: bool = true;
-    const BLOCK_SUM: bool = true;
+    const UNSIGNED_TABLE: [i8; 16] = IQ4_NL_UNSIGNED;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn unpack(w: *const u8) -> __m256i {
@@ -420,8 +422,6 @@ macro_rules! legacy_many {
             // product and integer sum.
             let mut acc_odd = [[_mm256_setzero_ps(); N]; R];
             let mut tail = [[(0.0f32, 0i32); N]; R];
-            // `BLOCK_SUM` only: one float accumulator per output.
-            let mut block_acc = [[0.0f32; N]; R];
             let paired = if T::PAIRED { nb - nb % 2 } else { nb };
             let per = if T::SIGNED { 1 } else { 2 };
             for i in 0..nb {
@@ -490,10 +490,7 @@ macro_rules! legacy_many {
                             $isum(u[r], s)
                         };
                         let d = _mm256_mul_ps(dx[r], dy);
-                        if T::BLOCK_SUM {
-                            block_acc[r][c] =
-                                _mm256_cvtss_f32(d).mul_add(hsum_i32(isum) as f32, block_acc[r][c]);
-                        } else if T::PAIRED && i >= paired {
+                        if T::PAIRED && i >= paired {
                             tail[r][c] = (_mm256_cvtss_f32(d), hsum_i32(isum));
                         } else if T::PAIRED && i % 2 == 1 {
                             let p = _mm256_cvtepi32_ps(isum);
@@ -510,9 +507,7 @@ macro_rules! legacy_many {
             }
             for r in 0..R {
                 for c in 0..N {
-                    let h = if T::BLOCK_SUM {
-                        block_acc[r][c]
-                    } else if T::PAIRED {
+                    let h = if T::PAIRED {
                         let h = hsum_ps(_mm256_add_ps(acc[r][c], acc_odd[r][c]));
                         let (d, sumi) = tail[r][c];
                         if paired < nb {
@@ -698,22 +693,6 @@ many_entry!(
     legacy_vnni,
     true
 );
-many_entry!(
-    iq4_nl_rep_many,
-    Iq4NlRep,
-    BlockIq4Nl,
-    BlockQ8_0,
-    legacy_avx2,
-    false
-);
-many_entry!(
-    iq4_nl_rep_many_vnni,
-    Iq4NlRep,
-    BlockIq4Nl,
-    BlockQ8_0,
-    legacy_vnni,
-    true
-);
 
 single_from_many!(q4_0_q8_0, BlockQ4_0, BlockQ8_0, q4_0_many);
 single_from_many!(iq4_nl_q8_0, BlockIq4Nl, BlockQ8_0, iq4_nl_many);
@@ -817,7 +796,7 @@ unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
         t[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m4);
     }
     if T::LUT {
-        let table = table16(&MXFP4_UNSIGNED);
+        let table = table16(&T::UNSIGNED_TABLE);
         for t in &mut t {
             *t = _mm256_shuffle_epi8(table, *t);
         }
@@ -1629,6 +1608,33 @@ fast_entry!(
     true
 );
 
+// IQ4_NL's repacked order (`gemv`/`gemm_iq4_nl_8x8_q8_0`) is MXFP4's with its own table
+// and an f16 scale: one exact integer sum per block, one FMA with the scale product. Its
+// table values plus 128 reach 241, too large for `maddubs` pairs: AVX2 takes the sign
+// trick (|x| <= 127), VNNI the unsigned values with offset sums.
+fast_entry!(
+    iq4_nl_rep_many,
+    iq4_nl_rep_many_into,
+    iq4_nl_rep_packed_into,
+    Iq4NlRep,
+    BlockIq4Nl,
+    BlockQ8_0,
+    fast_avx2_sign,
+    fast_avx2_sign_decode,
+    false
+);
+fast_entry!(
+    iq4_nl_rep_many_vnni,
+    iq4_nl_rep_many_vnni_into,
+    iq4_nl_rep_packed_vnni_into,
+    Iq4NlRep,
+    BlockIq4Nl,
+    BlockQ8_0,
+    fast_vnni,
+    fast_vnni_decode,
+    true
+);
+
 single_from_many!(q4_0_fast, BlockQ4_0, BlockQ8_0, q4_0_fast_many);
 single_from_many!(mxfp4_rep, BlockMxfp4, BlockQ8_0, mxfp4_rep_many);
 single_from_many!(mxfp4_rep_vnni, BlockMxfp4, BlockQ8_0, mxfp4_rep_many_vnni);
@@ -1942,6 +1948,14 @@ fast_packed512!(
     BlockMxfp4,
     BlockQ8_0,
     mxfp4_rep_packed_vnni_into,
+    true
+);
+fast_packed512!(
+    iq4_nl_rep_packed512_into,
+    Iq4NlRep,
+    BlockIq4Nl,
+    BlockQ8_0,
+    iq4_nl_rep_packed_vnni_into,
     true
 );
 fast_packed512!(

@@ -114,8 +114,8 @@ const fn fast_row512(
     }
 }
 
-/// `r` filed under `order`: MXFP4's repacked order (llama.cpp's `DotOrder::Gemm4` for it)
-/// is the fast order's arithmetic, so the fast kernels serve it.
+/// `r` filed under `order`: MXFP4's and IQ4_NL's repacked order (llama.cpp's
+/// `DotOrder::Gemm4` for them) is the fast order's arithmetic, so the fast kernels serve it.
 const fn in_order(r: KernelRow, order: DotOrder) -> KernelRow {
     KernelRow { order, ..r }
 }
@@ -180,6 +180,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         (l::mxfp4_rep_many_vnni, l::mxfp4_rep_many_vnni_into, l::mxfp4_rep_packed_vnni_into);
     const MXFP4_512: Fast3 =
         (l::mxfp4_rep_many_vnni, l::mxfp4_rep_many_vnni_into, l::mxfp4_rep_packed512_into);
+    const IQ4NL_AVX2: Fast3 =
+        (l::iq4_nl_rep_many, l::iq4_nl_rep_many_into, l::iq4_nl_rep_packed_into);
+    const IQ4NL_VNNI: Fast3 =
+        (l::iq4_nl_rep_many_vnni, l::iq4_nl_rep_many_vnni_into, l::iq4_nl_rep_packed_vnni_into);
+    const IQ4NL_512: Fast3 =
+        (l::iq4_nl_rep_many_vnni, l::iq4_nl_rep_many_vnni_into, l::iq4_nl_rep_packed512_into);
     &[
         // F32 weights (MoE routers; whole f32 files): one row at a time, no tile.
         row(T::F32, Single, Avx2, float::single_avx2, None, false),
@@ -258,8 +264,13 @@ pub(crate) const ROWS: &[KernelRow] = {
         // IQ4_NL: ggml's `vec_dot` and the repacked gemv/gemm order, over the file's rows.
         row(T::IQ4_NL, Single, Avx2, l::iq4_nl_q8_0, Some(l::iq4_nl_many), false),
         row(T::IQ4_NL, Single, Avx2Vnni, l::iq4_nl_q8_0_vnni, Some(l::iq4_nl_many_vnni), true),
-        row(T::IQ4_NL, Gemm4, Avx2, l::iq4_nl_rep, Some(l::iq4_nl_rep_many), false),
-        row(T::IQ4_NL, Gemm4, Avx2Vnni, l::iq4_nl_rep_vnni, Some(l::iq4_nl_rep_many_vnni), true),
+        // Its repacked order, which is also its fast order, on the fast order's kernels.
+        in_order(fast_row(T::IQ4_NL, Avx2, l::iq4_nl_rep, IQ4NL_AVX2, false), Gemm4),
+        in_order(fast_row(T::IQ4_NL, Avx2Vnni, l::iq4_nl_rep_vnni, IQ4NL_VNNI, true), Gemm4),
+        in_order(fast_row512(T::IQ4_NL, l::iq4_nl_rep_vnni, IQ4NL_512, true), Gemm4),
+        fast_row(T::IQ4_NL, Avx2, l::iq4_nl_rep, IQ4NL_AVX2, false),
+        fast_row(T::IQ4_NL, Avx2Vnni, l::iq4_nl_rep_vnni, IQ4NL_VNNI, true),
+        fast_row512(T::IQ4_NL, l::iq4_nl_rep_vnni, IQ4NL_512, true),
         row(T::MXFP4, Single, Avx2Vnni, l::mxfp4_q8_0_vnni, Some(l::mxfp4_many_vnni), true),
         in_order(fast_row(T::MXFP4, Avx2, l::mxfp4_rep, MXFP4_AVX2, true), Gemm4),
         in_order(fast_row(T::MXFP4, Avx2Vnni, l::mxfp4_rep_vnni, MXFP4_VNNI, true), Gemm4),
