@@ -268,6 +268,13 @@ fn qwen3_dense_iq4_nl() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Nl, 256);
 }
 
+/// Q5_K weights (llama.cpp's Q5_K_M mix): ggml's AVX2 `vec_dot` order for the decode
+/// tokens, its tiled GEMM's for the prompt (8 tokens and more); Q6_K where the mix puts it.
+#[test]
+fn qwen3_dense_q5_k_m() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q5KM, 256);
+}
+
 #[test]
 fn qwen3_moe() {
     check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);

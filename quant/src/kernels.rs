@@ -214,6 +214,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q4_K, Tiled, q4_k::vec_dot_q8k_tiled),
         scalar_row(T::Q4_K, Gemm4, q4_k::vec_dot_q8k_gemm4),
         scalar_row(T::Q5_K, Single, q5_k::vec_dot_q8k),
+        scalar_row(T::Q5_K, Tiled, q5_k::vec_dot_q8k_tiled),
         scalar_row(T::Q6_K, Single, q6_k::vec_dot_q8k),
         scalar_row(T::Q6_K, Tiled, q6_k::vec_dot_q8k_tiled),
         // MXFP4: ggml's `vec_dot` (matrices not repacked) and the repacked gemv/gemm.
@@ -254,8 +255,10 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// The kernel llama.cpp's x86 CPU backend (default build, AVX2 or AVX-512) runs for a
 /// token `i` of a micro-batch of `n` tokens multiplied by an `n_out`-row matrix of `ty`:
 /// Q4_K matrices with `n_out % 8 == 0` are repacked and go through `gemm` for the tokens
-/// `0..n - n % 4` and `gemv` for the rest; other Q4_K and Q6_K matrices go through the
-/// tiled GEMM from 8 tokens up (`GGML_CPU_TILED_MM`, on by default). (Un-repacked Q4_K
+/// `0..n - n % 4` and `gemv` for the rest; other Q4_K matrices, and Q5_K and Q6_K ones
+/// (never repacked on x86), go through the tiled GEMM from 8 tokens up
+/// (`GGML_CPU_TILED_MM`, on by default), and below that through ggml's AVX2 `vec_dot`
+/// (Q5_K) or its gemv order (Q6_K). (Un-repacked Q4_K
 /// below 8 tokens runs ggml's AVX2 `vec_dot`, not emulated: it gets the `gemv` order.)
 /// F32 matrices (MoE routers) go through tinyBLAS from two tokens up. MXFP4 matrices
 /// with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
@@ -275,7 +278,7 @@ pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder
                 DotOrder::Single
             }
         }
-        GgmlType::Q4_K | GgmlType::Q6_K if n >= 8 => DotOrder::Tiled,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if n >= 8 => DotOrder::Tiled,
         _ => DotOrder::Single,
     }
 }
@@ -391,6 +394,7 @@ pub fn ggml_generic_dot(ty: GgmlType) -> Option<DotFn> {
         T::Q5_1 => q5_1::vec_dot_q8_1_ref,
         T::Q8_0 => q8_0::vec_dot_q8_0_ref,
         T::Q4_K => q4_k::vec_dot_q8k_ref,
+        T::Q5_K => q5_k::vec_dot_q8k_ref,
         T::Q6_K => q6_k::vec_dot_q8k_ref,
         T::MXFP4 => mxfp4::vec_dot_q8_0_ref,
         _ => return scalar(ty, DotOrder::Single).map(|k| k.dot),

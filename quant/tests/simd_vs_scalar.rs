@@ -41,11 +41,13 @@ const TYPES: [GgmlType; 12] = [
     GgmlType::Q2_K,
 ];
 
-/// The orders besides the one-row order: the K-quants' llama.cpp orders, the table
+/// The orders besides the one-row order: the K-quants' llama.cpp orders (Q5_K's tiled
+/// one among them), the table
 /// formats' repacked order and the fast order of the 32-element formats, the table formats
 /// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
 /// `tests/mxfp4.rs` MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 14] = [
+const ORDERED: [(GgmlType, DotOrder); 15] = [
+    (GgmlType::Q5_K, DotOrder::Tiled),
     (GgmlType::MXFP4, DotOrder::Gemm4),
     (GgmlType::IQ4_NL, DotOrder::Gemm4),
     (GgmlType::MXFP4, DotOrder::Fast),

@@ -166,9 +166,9 @@ enum Cmd {
         /// gpt-oss-20b, phi4-mini, gemma2-2b or smollm3-3b.
         #[arg(long)]
         shape: String,
-        /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q4_0, q8_0, mxfp4_moe
-        /// (MXFP4 experts, Q8_0 elsewhere) or iq4_nl (llama.cpp's IQ4_NL mix) [default:
-        /// mxfp4_moe for gpt-oss-20b, else q4_k_m].
+        /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q5_k_m (its Q5_K_M mix), q4_0,
+        /// q8_0, mxfp4_moe (MXFP4 experts, Q8_0 elsewhere) or iq4_nl (llama.cpp's IQ4_NL
+        /// mix) [default: mxfp4_moe for gpt-oss-20b, else q4_k_m].
         #[arg(long)]
         quant: Option<String>,
         /// Output .gguf file.

@@ -502,7 +502,7 @@ impl Shape {
     /// The block size every row's width must be a multiple of under `quant`.
     fn row_block(&self, quant: SynthQuant) -> usize {
         match quant {
-            SynthQuant::Q4KM => quant::QK_K,
+            SynthQuant::Q4KM | SynthQuant::Q5KM => quant::QK_K,
             _ => 32,
         }
     }
@@ -589,6 +589,9 @@ pub enum SynthQuant {
     /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output, and for attn_v and
     /// ffn_down in the layers `use_more_bits` picks; Q5_K for a fused QKV.
     Q4KM,
+    /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K for the output, a fused QKV, and attn_v
+    /// and ffn_down in the layers `use_more_bits` picks.
+    Q5KM,
     /// Q4_0 everywhere, Q6_K output (llama.cpp's MOSTLY_Q4_0).
     Q4_0,
     /// Q8_0 everywhere (llama.cpp's MOSTLY_Q8_0).
@@ -605,6 +608,7 @@ impl SynthQuant {
     pub fn parse(s: &str) -> Result<SynthQuant, SynthError> {
         match s.to_ascii_lowercase().as_str() {
             "q4_k_m" => Ok(SynthQuant::Q4KM),
+            "q5_k_m" => Ok(SynthQuant::Q5KM),
             "q4_0" => Ok(SynthQuant::Q4_0),
             "q8_0" => Ok(SynthQuant::Q8_0),
             "mxfp4_moe" | "mxfp4" => Ok(SynthQuant::Mxfp4Moe),
@@ -616,6 +620,7 @@ impl SynthQuant {
     pub fn name(self) -> &'static str {
         match self {
             SynthQuant::Q4KM => "q4_k_m",
+            SynthQuant::Q5KM => "q5_k_m",
             SynthQuant::Q4_0 => "q4_0",
             SynthQuant::Q8_0 => "q8_0",
             SynthQuant::Mxfp4Moe => "mxfp4_moe",
@@ -627,6 +632,7 @@ impl SynthQuant {
     pub fn ftype(self) -> u32 {
         match self {
             SynthQuant::Q4KM => 15,
+            SynthQuant::Q5KM => 17,
             SynthQuant::Q4_0 => 2,
             SynthQuant::Q8_0 => 7,
             SynthQuant::Mxfp4Moe => 38,
@@ -673,6 +679,7 @@ pub fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
 /// token_embd) Q6_K; attn_v and ffn_down (the experts' too) Q6_K where
 /// [`use_more_bits`] (counted over the layers, as llama.cpp's `i_attention_wv` /
 /// `i_ffn_down` counters do); a fused attn_qkv Q5_K; every other weight the default Q4_K.
+/// Q5_K_M: the same with Q5_K as the default and a fused attn_qkv Q6_K.
 /// Q4_0 and Q8_0: the default type, except that a Q4_0 file's output is Q6_K.
 /// MXFP4_MOE: the experts MXFP4, every other weight Q8_0. IQ4_NL: see
 /// [`SynthQuant::Iq4Nl`] (`gqa`: query heads per KV head). Norms, biases and the router
@@ -695,6 +702,12 @@ pub fn tensor_type(
             Role::AttnV | Role::FfnDown | Role::ExpDown if use_more_bits(layer, n_layer) => T::Q6_K,
             Role::AttnQkv => T::Q5_K,
             _ => T::Q4_K,
+        },
+        SynthQuant::Q5KM => match role {
+            _ if output => T::Q6_K,
+            Role::AttnV | Role::FfnDown | Role::ExpDown if use_more_bits(layer, n_layer) => T::Q6_K,
+            Role::AttnQkv => T::Q6_K,
+            _ => T::Q5_K,
         },
         SynthQuant::Q4_0 => match role {
             _ if output => T::Q6_K,

@@ -7,6 +7,7 @@ use super::q4_k::generic_scales_mins_dot;
 use super::q8_k::BlockQ8K;
 use super::search::{fit_scales_mins, get_scale_min_k4};
 use crate::f16::f16_to_f32;
+use crate::order::hsum_lanes;
 use crate::GgmlType;
 
 /// `block_q5_K`.
@@ -98,28 +99,104 @@ impl Block for BlockQ5K {
     }
 }
 
-/// `ggml_vec_dot_q5_K_q8_K_generic` (same accumulation shape as Q4_K).
+/// The 5-bit quants of a block, element `e` in `q[e]` (0..=31).
+fn quants(x: &BlockQ5K) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    let mut m = 1u8;
+    for k in 0..4 {
+        for l in 0..32 {
+            let h = if x.qh[l] & m != 0 { 16 } else { 0 };
+            q[64 * k + l] = (x.qs[32 * k + l] & 0x0f) + h;
+        }
+        m <<= 1;
+        for l in 0..32 {
+            let h = if x.qh[l] & m != 0 { 16 } else { 0 };
+            q[64 * k + 32 + l] = (x.qs[32 * k + l] >> 4) + h;
+        }
+        m <<= 1;
+    }
+    q
+}
+
+/// The exact integer parts of a block: per lane `l` of eight, `Σ_b scale[b] · Σ q·y` over
+/// elements `4l..4l+4` of every 32-element sub-block `b`; and `Σ_b min[b] · bsum32[b]`,
+/// the 32-element sums formed as an i16 pair sum (`hadd_epi16`, wrapping; only forged
+/// bsums reach it).
+fn lane_sums(x: &BlockQ5K, y: &BlockQ8K) -> ([i32; 8], i32) {
+    let q = quants(x);
+    let mut lanes = [0i32; 8];
+    let mut mins = 0i32;
+    for b in 0..8 {
+        let (sc, m) = get_scale_min_k4(b, &x.scales);
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let e = 32 * b + 4 * l;
+            let s: i32 = (e..e + 4).map(|e| q[e] as i32 * y.qs[e] as i32).sum();
+            *lane += sc as i32 * s;
+        }
+        mins += m as i32 * y.bsums[2 * b].wrapping_add(y.bsums[2 * b + 1]) as i32;
+    }
+    (lanes, mins)
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's AVX2 `ggml_vec_dot_q5_K_q8_K`,
+/// what llama.cpp's x86 builds (AVX-512 ones too) run for one token
+/// ([`crate::DotOrder::Single`]; x86 never repacks Q5_K): per super-block the eight
+/// integer lanes of [`lane_sums`] fused into eight float lanes, `acc_l = fma(d, f32(s_l),
+/// acc_l)` with `d = y.d · x.d`, and the mins into one float, `summs = fma(dmin, f32(m),
+/// summs)` with `dmin = -y.d · x.dmin` (GCC contracts ggml's `summs += dmin * m`); the
+/// result is the eight lanes summed as `hsum_float_8`, plus `summs`.
 pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ5K, BlockQ8K>(w, a);
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ5K::read(&w[i * BlockQ5K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let (lanes, mins) = lane_sums(&x, &y);
+        let d = y.d * f16_to_f32(x.d);
+        let dmin = -y.d * f16_to_f32(x.dmin);
+        summs = dmin.mul_add(mins as f32, summs);
+        for (acc, s) in acc.iter_mut().zip(lanes) {
+            *acc = d.mul_add(s as f32, *acc);
+        }
+    }
+    hsum_lanes(&acc) + summs
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's tiled GEMM (Q4_K's template,
+/// `q4_k::vec_dot_q8k_tiled`), which llama.cpp runs for Q5_K on micro-batches of 8 or
+/// more tokens ([`crate::DotOrder::Tiled`]): per super-block
+/// `r = fma(-dmin, f32(m), f32(s) · d)`, then `acc = fma(r, y.d, acc)`, with `s` the
+/// scaled quant sum and `m` the mins against the bsums (widened to i32 before pairing).
+pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ5K, BlockQ8K>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ5K::read(&w[i * BlockQ5K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let (lanes, _) = lane_sums(&x, &y);
+        let s: i32 = lanes.iter().sum();
+        let m: i32 = (0..8)
+            .map(|b| {
+                let m = get_scale_min_k4(b, &x.scales).1 as i32;
+                m * (y.bsums[2 * b] as i32 + y.bsums[2 * b + 1] as i32)
+            })
+            .sum();
+        let r = (-f16_to_f32(x.dmin)).mul_add(m as f32, s as f32 * f16_to_f32(x.d));
+        acc = r.mul_add(y.d, acc);
+    }
+    acc
+}
+
+/// `ggml_vec_dot_q5_K_q8_K_generic` (same accumulation shape as Q4_K's).
+pub fn vec_dot_q8k_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ5K, BlockQ8K>(w, a);
     let mut sums = [0.0f32; 8];
     let mut sumf = 0.0f32;
     for i in 0..nb {
         let x = BlockQ5K::read(&w[i * BlockQ5K::BYTES..]);
         let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
-        let mut aux8 = [0i8; QK_K];
-        let mut m = 1u8;
-        for k in 0..4 {
-            for l in 0..32 {
-                let h = if x.qh[l] & m != 0 { 16 } else { 0 };
-                aux8[64 * k + l] = (x.qs[32 * k + l] & 0x0f) as i8 + h;
-            }
-            m <<= 1;
-            for l in 0..32 {
-                let h = if x.qh[l] & m != 0 { 16 } else { 0 };
-                aux8[64 * k + 32 + l] = (x.qs[32 * k + l] >> 4) as i8 + h;
-            }
-            m <<= 1;
-        }
+        let aux8 = quants(&x).map(|q| q as i8);
         generic_scales_mins_dot(&aux8, &x.scales, x.d, x.dmin, &y, &mut sums, &mut sumf);
     }
     for s in sums {

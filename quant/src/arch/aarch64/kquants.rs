@@ -2,13 +2,14 @@
 //! eight Q8_K activation rows) in each of llama.cpp's kernel orders, and Q2_K, with and
 //! without `sdot`; Q3_K and Q5_K one-row on plain NEON. Twins:
 //! `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`,
-//! `q2_k/q3_k/q5_k::vec_dot_q8k`.
+//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`.
 //!
 //! Q4_K, Q6_K's tiled order and Q2_K need only exact integer sums per super-block (or per
-//! 64-element chunk), whatever lanes form them. Q6_K's one-row order keeps eight lanes of
-//! 4-element groups, exactly what `sdot` forms. Q3_K and Q5_K keep ggml's generic order
-//! (integer lane `e % 8` per element, multiply then add into float lanes): widening
-//! multiplies put element `e` in lane `e % 8` directly, so they need no `sdot` variant.
+//! 64-element chunk), whatever lanes form them. Q6_K's and Q5_K's one-row orders keep
+//! eight lanes of 4-element groups, exactly what `sdot` forms (Q5_K forms them with
+//! widening multiplies and pairwise adds). Q3_K keeps ggml's generic order (integer lane
+//! `e % 8` per element, multiply then add into float lanes): widening multiplies put
+//! element `e` in lane `e % 8` directly, so it needs no `sdot` variant.
 //!
 //! Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
 
@@ -463,58 +464,85 @@ unsafe fn q3_k_body(w: *const u8, a: *const u8, nb: usize) -> f32 {
     sumf
 }
 
-/// # Safety
-/// `w` holds `nb` Q5_K blocks and `a` `nb` Q8_K blocks.
+/// `Σ q·y` over each group of four consecutive bytes of `q` (unsigned, at most 31) and
+/// `y`: lanes 0..4 for bytes 0..16 (exact: a widened product is at most 31 · 128).
 #[inline(always)]
-unsafe fn q5_k_body(w: *const u8, a: *const u8, nb: usize) -> f32 {
+unsafe fn sum4_u5(q: uint8x16_t, y: int8x16_t) -> int32x4_t {
+    let q = s8(q);
+    let lo = vpaddlq_s16(vmull_s8(vget_low_s8(q), vget_low_s8(y)));
+    let hi = vpaddlq_s16(vmull_high_s8(q, y));
+    vpaddq_s32(lo, hi)
+}
+
+/// # Safety
+/// `w` holds `nb` Q5_K blocks and `a` `nb` Q8_K blocks. Without `TILED` ggml's AVX2
+/// `vec_dot` order (`q5_k::vec_dot_q8k`): lane `l` of eight sums `scale[b] · Σ q·y` over
+/// elements `4l..4l+4` of every sub-block `b`, fused into float lanes, the mins into one
+/// float, the lanes summed as `hsum_float_8`; with it the tiled GEMM's order
+/// (`q5_k::vec_dot_q8k_tiled`).
+#[inline(always)]
+unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let m4 = vdupq_n_u8(0x0f);
     let bit4 = vdupq_n_u8(0x10);
-    let mut sums = F8::zero();
-    let mut sumf = 0.0f32;
+    let (mut acc_lo, mut acc_hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+    let mut summs = 0.0f32;
+    let mut acc = 0.0f32;
     for i in 0..nb {
         let x = w.add(i * BlockQ5K::BYTES);
         let y = a.add(i * BlockQ8K::BYTES);
         let yq = y.add(Q8K_QS);
         // d, dmin at 0, scales at 4..16, qh at 16..48, qs at 48..176.
         let (sc, mn) = scales_mins(x.add(4));
-        // Each min twice: bsums come in 16-element groups, mins per 32.
-        let m8 = vld1_u8(mn.as_ptr());
-        let mins_a = vreinterpretq_s16_u16(vmovl_u8(vzip1_u8(m8, m8)));
-        let mins_b = vreinterpretq_s16_u16(vmovl_u8(vzip2_u8(m8, m8)));
-        let (bs0, bs1) = bsums(y);
-        let sumi = vaddvq_s32(vaddq_s32(dot_i16(bs0, mins_a), dot_i16(bs1, mins_b)));
         let qh = [ld_u8(x.add(16)), ld_u8(x.add(32))];
-        let mut aux = (vdupq_n_s32(0), vdupq_n_s32(0));
+        let (mut s_lo, mut s_hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
         for k in 0..4 {
             let b = [ld_u8(x.add(48 + 32 * k)), ld_u8(x.add(64 + 32 * k))];
             // Sub-block 2k: low nibbles, fifth bit 2k of qh; 2k + 1: high nibbles, bit
-            // 2k + 1. Four products per i16 lane stay below 4 * 31 * 128 < 2^15.
+            // 2k + 1. Elements 0..16 of a sub-block give lanes 0..4, 16..32 lanes 4..8.
             for s in 0..2 {
                 let bit = vdupq_n_u8(1 << (2 * k + s));
-                let mut p = vdupq_n_s16(0);
-                for half in 0..2 {
+                let v: [uint8x16_t; 2] = core::array::from_fn(|half| {
                     let nib = if s == 0 {
                         vandq_u8(b[half], m4)
                     } else {
                         vshrq_n_u8::<4>(b[half])
                     };
-                    let v = vorrq_u8(nib, vandq_u8(vtstq_u8(qh[half], bit), bit4));
-                    let yv = ld_s8(yq.add(64 * k + 32 * s + 16 * half));
-                    p = prod_e8(p, s8(v), yv);
-                }
-                aux = lanes_e8(aux, p, sc[2 * k + s] as i16);
+                    vorrq_u8(nib, vandq_u8(vtstq_u8(qh[half], bit), bit4))
+                });
+                let sb = yq.add(64 * k + 32 * s);
+                let scale = sc[2 * k + s] as i32;
+                s_lo = vmlaq_n_s32(s_lo, sum4_u5(v[0], ld_s8(sb)), scale);
+                s_hi = vmlaq_n_s32(s_hi, sum4_u5(v[1], ld_s8(sb.add(16))), scale);
             }
         }
         let yd = f32_at(y);
-        let dd = f16_at(x) * yd;
-        sums = sums.mul_add_unfused(dd, aux.0, aux.1);
-        let dm = f16_at(x.add(2)) * yd;
-        sumf -= dm * sumi as f32;
+        let (xd, xdmin) = (f16_at(x), f16_at(x.add(2)));
+        let bsum = |j: usize| y.add(Q8K_BSUMS + 2 * j).cast::<i16>().read_unaligned();
+        if TILED {
+            let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
+            let m: i32 = (0..8)
+                .map(|j| mn[j] as i32 * (bsum(2 * j) as i32 + bsum(2 * j + 1) as i32))
+                .sum();
+            let r = (-xdmin).mul_add(m as f32, s as f32 * xd);
+            acc = r.mul_add(yd, acc);
+        } else {
+            let d = vdupq_n_f32(yd * xd);
+            acc_lo = vfmaq_f32(acc_lo, vcvtq_f32_s32(s_lo), d);
+            acc_hi = vfmaq_f32(acc_hi, vcvtq_f32_s32(s_hi), d);
+            // The 32-element sums as an i16 pair sum (wrapping), as the twin.
+            let m: i32 = (0..8)
+                .map(|j| mn[j] as i32 * bsum(2 * j).wrapping_add(bsum(2 * j + 1)) as i32)
+                .sum();
+            summs = (-yd * xdmin).mul_add(m as f32, summs);
+        }
     }
-    for s in sums.to_array() {
-        sumf += s;
+    if TILED {
+        return acc;
     }
-    sumf
+    let mut l = [0.0f32; 8];
+    vst1q_f32(l.as_mut_ptr(), acc_lo);
+    vst1q_f32(l.as_mut_ptr().add(4), acc_hi);
+    crate::order::hsum_lanes(&l) + summs
 }
 
 /// The one-row Q3_K kernel (plain NEON).
@@ -525,9 +553,10 @@ pub(super) fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
     unsafe { q3_k_body(w.as_ptr(), a.as_ptr(), nb) }
 }
 
-/// The one-row Q5_K kernel (plain NEON).
-pub(super) fn q5_k_dot(w: &[u8], a: &[u8]) -> f32 {
+/// The one-row Q5_K kernel (plain NEON) in its one-token order, or with `TILED` in the
+/// tiled GEMM's.
+pub(super) fn q5_k_dot<const TILED: bool>(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ5K, BlockQ8K>(w, a);
     // SAFETY: as `q3_k_dot`.
-    unsafe { q5_k_body(w.as_ptr(), a.as_ptr(), nb) }
+    unsafe { q5_k_body::<TILED>(w.as_ptr(), a.as_ptr(), nb) }
 }

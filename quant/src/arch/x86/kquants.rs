@@ -1,8 +1,8 @@
-//! The K-quants on AVX2: Q4_K and Q6_K as tiles (one weight row against up to eight Q8_K
-//! activation rows) in each of llama.cpp's kernel orders, and one-row Q2_K, Q3_K and
-//! Q5_K in ggml's generic order (lane `e % 8` per element, multiply then add, reproduced
-//! with byte shuffles). Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`,
-//! `q6_k::vec_dot_q8k{,_tiled}`, `q2_k/q3_k/q5_k::vec_dot_q8k`.
+//! The K-quants on AVX2: Q4_K, Q5_K and Q6_K as tiles (one weight row against up to eight
+//! Q8_K activation rows) in each of llama.cpp's x86 kernel orders for them (Q5_K: ggml's
+//! AVX2 `vec_dot` and the tiled GEMM), and one-row Q2_K and Q3_K in ggml's generic order
+//! (lane `e % 8` per element, multiply then add, reproduced with byte shuffles). Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`,
+//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`.
 
 use core::arch::x86_64::*;
 
@@ -36,7 +36,6 @@ macro_rules! safe_entry {
 
 safe_entry!(q2_k_q8_k, BlockQ2K, BlockQ8K, q2_k_impl);
 safe_entry!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_impl);
-safe_entry!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_impl);
 
 // ---------------------------------------------------------------------------------------
 // Q4_K and Q6_K, one weight row against up to eight Q8_K activation rows, in ggml's AVX2
@@ -238,6 +237,97 @@ unsafe fn q6_k_many<const N: usize, const ORD: u8>(
     }
 }
 
+/// # Safety
+/// As [`q4_k_many`], with Q5_K weights. `ORD` picks the twin: `q5_k::vec_dot_q8k` (ggml's
+/// AVX2 `vec_dot`: eight integer lanes of four-element groups fused into float lanes,
+/// the mins into one float, the lanes summed as `hsum_float_8`) or `vec_dot_q8k_tiled`
+/// (the tiled GEMM: Q4_K's with a fifth bit).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_k_many<const N: usize, const ORD: u8>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let mut acc8 = [_mm256_setzero_ps(); N];
+    let mut summs = [0.0f32; N];
+    let mut acc = [0.0f32; N];
+    for i in 0..nb {
+        // d, dmin at 0, scales at 4..16, qh at 16..48, qs at 48..176.
+        let x = w.add(i * BlockQ5K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ5K::BYTES);
+        }
+        let xb = std::slice::from_raw_parts(x, BlockQ5K::BYTES);
+        let (xd, xdmin) = f16x2_at(xb, 0);
+        let (scl, mnl) = scales_mins_lanes(&xb[4..16]);
+        let mins16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mnl as i64));
+        let qh = ld256(x.add(16));
+        let mut q5 = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let bits = ld256(x.add(48 + 32 * j));
+            // Bit 2j of qh[l] is the fifth bit of element l of sub-block 2j, bit 2j + 1
+            // that of sub-block 2j + 1 (a 16-bit shift, then a mask per byte).
+            let h = |bit: usize| {
+                let b = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(bit as i32));
+                _mm256_slli_epi16::<4>(_mm256_and_si256(b, one))
+            };
+            q5[2 * j] = _mm256_or_si256(_mm256_and_si256(bits, m4), h(2 * j));
+            q5[2 * j + 1] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h(2 * j + 1));
+        }
+        for (b, sc) in sc.iter_mut().enumerate() {
+            *sc = _mm256_set1_epi16(((scl >> (8 * b)) & 0xff) as i16);
+        }
+        // Tiled: each min as an i16 pair (m, m), so one madd with the raw bsums gives
+        // `m[j] * (bsums[2j] + bsums[2j+1])` widened to i32 before the pair sum.
+        let mins_pairs = if ORD == ORD_TILED {
+            let m32 = _mm256_cvtepu16_epi32(mins16);
+            _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+        } else {
+            _mm256_setzero_si256()
+        };
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let q8sums = ld256(y.add(Q8K_BSUMS));
+            let mut sumi = _mm256_setzero_si256();
+            for b in 0..8 {
+                let q8 = ld256(y.add(Q8K_QS + 32 * b));
+                let p = _mm256_madd_epi16(sc[b], _mm256_maddubs_epi16(q5[b], q8));
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            if ORD == ORD_TILED {
+                let s2 = hsum_i32(_mm256_madd_epi16(q8sums, mins_pairs));
+                let r = (-xdmin).mul_add(s2 as f32, hsum_i32(sumi) as f32 * xd);
+                acc[c] = r.mul_add(yd, acc[c]);
+                continue;
+            }
+            // The 32-element sums as i16 pair sums (`hadd_epi16`, wrapping).
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(q8sums),
+                _mm256_extracti128_si256::<1>(q8sums),
+            );
+            let m = hsum_i32x4(_mm_madd_epi16(mins16, q8s));
+            acc8[c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * xd), _mm256_cvtepi32_ps(sumi), acc8[c]);
+            summs[c] = (-yd * xdmin).mul_add(m as f32, summs[c]);
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = if ORD == ORD_TILED {
+            acc[c]
+        } else {
+            let mut l = [0.0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), acc8[c]);
+            crate::order::hsum_lanes(&l) + summs[c]
+        };
+    }
+}
+
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel in order `$ord`.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident, $ord:expr) => {
@@ -277,43 +367,22 @@ many_entry_k!(q4_k_tiled_many_entry, BlockQ4K, q4_k_many, ORD_TILED);
 many_entry_k!(q4_k_gemm4_many_entry, BlockQ4K, q4_k_many, ORD_GEMM4);
 many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many, ORD_SINGLE);
 many_entry_k!(q6_k_tiled_many_entry, BlockQ6K, q6_k_many, ORD_TILED);
+many_entry_k!(q5_k_many_entry, BlockQ5K, q5_k_many, ORD_SINGLE);
+many_entry_k!(q5_k_tiled_many_entry, BlockQ5K, q5_k_many, ORD_TILED);
 
 single_from_many!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_many_entry);
 single_from_many!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_many_entry);
 single_from_many!(q4_k_q8_k_tiled, BlockQ4K, BlockQ8K, q4_k_tiled_many_entry);
 single_from_many!(q4_k_q8_k_gemm4, BlockQ4K, BlockQ8K, q4_k_gemm4_many_entry);
 single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
+single_from_many!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_many_entry);
+single_from_many!(q5_k_q8_k_tiled, BlockQ5K, BlockQ8K, q5_k_tiled_many_entry);
 
 // ---------------------------------------------------------------------------------------
 // K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
 
 const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
-
-/// `sum_j bsums[j] * mins[j / 2]` for Q4_K/Q5_K (`mins` as 8 byte lanes).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bsums_times_mins8(y: *const u8, mins: u64) -> i32 {
-    let m = _mm_cvtsi64_si128(mins as i64);
-    let m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
-    hsum_i32(_mm256_madd_epi16(ld256(y.add(Q8K_BSUMS)), m16))
-}
-
-/// The four i16 scale-pair vectors for sub-blocks `(2k, 2k+1)`, `k = 0..4`, from eight
-/// byte scales (Q4_K/Q5_K: one scale per 32-element sub-block, both halves alike).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pairs_32(scales: u64) -> [__m256i; 4] {
-    // i16 lanes [s0..s8]; as i32 lanes, element k is the pair (s_2k, s_2k+1).
-    let s16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales as i64));
-    let b = _mm256_broadcastsi128_si256(s16);
-    [
-        _mm256_shuffle_epi32::<0x00>(b),
-        _mm256_shuffle_epi32::<0x55>(b),
-        _mm256_shuffle_epi32::<0xaa>(b),
-        _mm256_shuffle_epi32::<0xff>(b),
-    ]
-}
 
 /// The four i16 scale-pair vectors for 16-element sub-blocks (Q3_K, Q6_K): for half `h`
 /// of the super-block and vector pair `c` (vectors `2c`, `2c+1`, each covering two
@@ -338,67 +407,6 @@ unsafe fn scale_pairs_16(sc16: __m256i) -> [__m256i; 4] {
         _mm256_shuffle_epi8(b1, m01),
         _mm256_shuffle_epi8(b1, m23),
     ]
-}
-
-/// Q4_K and Q5_K share everything but the high bit; `qh` is `Some(offset)` for Q5_K.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q45_k_impl<const WB: usize, const QS: usize, const QH: usize, const HAS_QH: bool>(
-    w: &[u8],
-    a: &[u8],
-    nb: usize,
-) -> f32 {
-    let perm = lane_pairs();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let bit4 = _mm256_set1_epi8(0x10);
-    let mut sums = _mm256_setzero_ps();
-    let mut sumf = 0.0f32;
-    for i in 0..nb {
-        let x = &w[i * WB..(i + 1) * WB];
-        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let (sc, mn) = scales_mins_lanes(&x[4..16]);
-        let sumi = bsums_times_mins8(yp, mn);
-        let s = scale_pairs_32(sc);
-        let mut hv = if HAS_QH {
-            _mm256_shuffle_epi8(ld256(xp.add(QH)), perm)
-        } else {
-            _mm256_setzero_si256()
-        };
-        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for (k, &s) in s.iter().enumerate() {
-            let q = _mm256_shuffle_epi8(ld256(xp.add(QS + 32 * k)), perm);
-            let mut lo = _mm256_and_si256(q, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            if HAS_QH {
-                // Bit 2k of qh[l] is the fifth bit of sub-block 2k, bit 2k+1 of 2k+1.
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
-                hv = _mm256_srli_epi16::<1>(hv);
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(hv), bit4));
-                hv = _mm256_srli_epi16::<1>(hv);
-            }
-            let y0 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k)), perm);
-            let y1 = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 64 * k + 32)), perm);
-            let p0 = _mm256_maddubs_epi16(lo, y0);
-            let p1 = _mm256_maddubs_epi16(hi, y1);
-            acc = scale_pairs(acc, p0, p1, s);
-        }
-        let yd = f32_at(y, 0);
-        let (xd, xdmin) = f16x2_at(x, 0);
-        let d = xd * yd;
-        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
-        let dmin = xdmin * yd;
-        sumf -= dmin * sumi as f32;
-    }
-    for s in lanes_array(sums) {
-        sumf += s;
-    }
-    sumf
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
-    q45_k_impl::<{ BlockQ5K::BYTES }, 48, 16, true>(w, a, nb)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

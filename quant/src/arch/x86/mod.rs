@@ -233,7 +233,8 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, &p::Q6_K_TILED),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
-        row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, None, false),
+        row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, Some(k::q5_k_many_entry), false),
+        row(T::Q5_K, Tiled, Avx2, k::q5_k_q8_k_tiled, Some(k::q5_k_tiled_many_entry), false),
         // The fast order: eight weight rows in the lanes of a register.
         fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true),
         fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into, l::q4_1_fast_packed_into), false),
