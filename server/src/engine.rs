@@ -1241,6 +1241,10 @@ impl<'a> BatchLoop<'a> {
         if let Some(p) = self.persist.as_mut() {
             p.published(published);
         }
+        // The load a router reads (`/get_load`, `/metrics`) as of this step's cache, before
+        // its tokens reach the clients: a client that saw its first token and then asked
+        // read the previous step's count (a 300-token prompt's first chunk of 256).
+        self.update_gauges();
         let nv = self.model.config.n_vocab;
         let mut r = 0;
         for it in &plan.items {
