@@ -98,7 +98,10 @@ fn vec_dot_matches_ggml() {
             let mut yy = vec![0.0f32; n];
             quant::dequantize_row(Q5K, &w, &mut x).unwrap();
             quant::dequantize_row(GgmlType::Q8_K, &a, &mut yy).unwrap();
-            x.iter().zip(&yy).map(|(&p, &q)| (p as f64 * q as f64).abs()).sum()
+            x.iter()
+                .zip(&yy)
+                .map(|(&p, &q)| (p as f64 * q as f64).abs())
+                .sum()
         };
         for (name, v) in [("single", single), ("tiled", vec_dot_q8k_tiled(&w, &a))] {
             assert!(
@@ -109,5 +112,8 @@ fn vec_dot_matches_ggml() {
     }
     // The generic order is another order: it must differ somewhere, or this test could
     // not tell the two apart.
-    assert!(differ_generic > 0, "the AVX2 and generic orders never differed");
+    assert!(
+        differ_generic > 0,
+        "the AVX2 and generic orders never differed"
+    );
 }

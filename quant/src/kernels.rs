@@ -231,6 +231,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         // The K-quants' fast orders are orders llama.cpp has: the one whose integer sums
         // per super-block let rows sit in register lanes.
         scalar_row(T::Q4_K, Fast, q4_k::vec_dot_q8k),
+        scalar_row(T::Q5_K, Fast, q5_k::vec_dot_q8k_tiled),
         scalar_row(T::Q6_K, Fast, q6_k::vec_dot_q8k_tiled),
         // MXFP4's and IQ4_NL's repacked order already forms one integer sum per block.
         scalar_row(T::MXFP4, Fast, mxfp4::vec_dot_q8_0_repacked),

@@ -35,7 +35,7 @@ fn fast_like() -> impl Iterator<Item = (GgmlType, DotOrder)> {
 }
 
 /// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
-const K_TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+const K_TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 fn floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
     let spike = rng.gen_bool(0.3);
@@ -61,7 +61,7 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, n: usize, raw: bool) -> Vec<u8> {
     }
     rng.fill(&mut out[..]);
     let fields: &[usize] = match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::MXFP4 => &[],
         _ => &[0],
@@ -225,6 +225,8 @@ fn packed_kernels_match_the_twin() {
         .chain([
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),
+            (GgmlType::Q5_K, DotOrder::Single),
+            (GgmlType::Q5_K, DotOrder::Tiled),
             (GgmlType::Q6_K, DotOrder::Single),
             (GgmlType::Q6_K, DotOrder::Tiled),
         ]);
@@ -400,6 +402,7 @@ fn fast_lookups_stay_on_simd() {
     // on every x86 level.
     for (ty, like) in [
         (GgmlType::Q4_K, DotOrder::Single),
+        (GgmlType::Q5_K, DotOrder::Tiled),
         (GgmlType::Q6_K, DotOrder::Tiled),
         (GgmlType::MXFP4, DotOrder::Gemm4),
         (GgmlType::IQ4_NL, DotOrder::Gemm4),

@@ -46,8 +46,9 @@ const TYPES: [GgmlType; 12] = [
 /// formats' repacked order and the fast order of the 32-element formats, the table formats
 /// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
 /// `tests/mxfp4.rs` MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 15] = [
+const ORDERED: [(GgmlType, DotOrder); 16] = [
     (GgmlType::Q5_K, DotOrder::Tiled),
+    (GgmlType::Q5_K, DotOrder::Fast),
     (GgmlType::MXFP4, DotOrder::Gemm4),
     (GgmlType::IQ4_NL, DotOrder::Gemm4),
     (GgmlType::MXFP4, DotOrder::Fast),

@@ -16,8 +16,9 @@
 //! * for Q5_0 / Q5_1, 32 bytes of fifth bits: bit `k` of byte `b` is the fifth bit of
 //!   byte `b` of register `k`.
 //!
-//! The K-quants Q4_K and Q6_K are packed the same way per 256-element super-block, with
-//! their sub-block scales unpacked and transposed too ([`pack8`] documents the layouts).
+//! The K-quants Q4_K, Q5_K and Q6_K are packed the same way per 256-element super-block,
+//! with their sub-block scales unpacked and transposed too ([`pack8`] documents the
+//! layouts).
 //!
 //! A block of a group is exactly eight blocks' bytes, so a group occupies the bytes of its
 //! eight rows and row offsets keep their meaning (an MXFP4 block of a group: 8 + 128 =
@@ -39,6 +40,7 @@ pub fn packs(ty: GgmlType) -> bool {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::Q4_K
+            | GgmlType::Q5_K
             | GgmlType::Q6_K
             | GgmlType::MXFP4
             | GgmlType::IQ4_NL
@@ -113,6 +115,9 @@ fn elements(l: &Layout, b: &[u8]) -> [u8; 32] {
 ///   bytes of the mins' low nibbles (entry `i = 8b + r` in byte `i % 32`, high nibble for
 ///   `i >= 32`); then per sub-block `b` (32 elements, registers 0..8 of it) 128 bytes of
 ///   quants, four vectors as for Q4_0.
+/// * Q5_K (8 x 176 bytes): Q4_K's head (128 bytes), then per sub-block `b` 160 bytes: its
+///   128 bytes of nibbles as Q4_K's, then 32 bytes of fifth bits, bit `k` of byte
+///   `4r + e` the fifth bit of register `k`'s element `e` of row `r`.
 /// * Q6_K (8 x 210 bytes): the rows' `d` (f16 x 8); 128 bytes of signed scales, byte
 ///   `8s + r` for 16-element sub-block `s`; then eight units of 192 bytes, unit `j` holding
 ///   registers `8j..8j+8` of the unsigned 6-bit quants (`q + 32`): four vectors of low
@@ -122,7 +127,7 @@ fn elements(l: &Layout, b: &[u8]) -> [u8; 32] {
 ///   prefetchers see one ascending stream (two interleaved ones halved decode's
 ///   bandwidth).
 pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
     let l = match layout(ty) {
         Some(l) => l,
         None if k_quant => Layout {
@@ -163,10 +168,10 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
                 let out = &mut gd[i * PACK_ROWS * l.wb..(i + 1) * PACK_ROWS * l.wb];
                 out.fill(0);
                 let block = |r: usize| &gs[r * rb + i * l.wb..r * rb + (i + 1) * l.wb];
-                if ty == GgmlType::Q4_K {
-                    pack_q4_k(block, out);
-                } else {
-                    pack_q6_k(block, out);
+                match ty {
+                    GgmlType::Q4_K => pack_q45_k(block, out, false),
+                    GgmlType::Q5_K => pack_q45_k(block, out, true),
+                    _ => pack_q6_k(block, out),
                 }
             }
             continue;
@@ -216,31 +221,39 @@ fn or_u32(out: &mut [u8], at: usize, v: u32) {
     *o = (u32::from_le_bytes(*o) | v).to_le_bytes();
 }
 
-/// One super-block of a Q4_K group (`block(r)`: row `r`'s source block) into `out`.
-fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
-    use super::common::Block;
-    use super::q4_k::BlockQ4K;
+/// One super-block of a Q4_K group (`block(r)`: row `r`'s source block) into `out`; with
+/// `five`, of a Q5_K group: the same head, and each sub-block's 128 bytes of nibbles
+/// followed by its 32 bytes of fifth bits (bit `k` of byte `4r + e` is register `k`'s
+/// element `e` of row `r`), a sub-block every 160 bytes instead of 128.
+fn pack_q45_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8], five: bool) {
     use super::search::get_scale_min_k4;
+    let unit = if five { 160 } else { 128 };
     for r in 0..PACK_ROWS {
-        let b = BlockQ4K::read(block(r));
-        out[2 * r..2 * r + 2].copy_from_slice(&b.d.to_le_bytes());
-        out[16 + 2 * r..18 + 2 * r].copy_from_slice(&b.dmin.to_le_bytes());
+        let src = block(r);
+        // Both blocks start d, dmin, scales[12]; Q5_K's qh (32 bytes) comes before its qs.
+        let scales: [u8; 12] = src[4..16].try_into().expect("12 scale bytes");
+        let qs = &src[if five { 48 } else { 16 }..];
+        out[2 * r..2 * r + 2].copy_from_slice(&src[0..2]);
+        out[16 + 2 * r..18 + 2 * r].copy_from_slice(&src[2..4]);
         for s in 0..8 {
-            let (sc, mn) = get_scale_min_k4(s, &b.scales);
+            let (sc, mn) = get_scale_min_k4(s, &scales);
             let i = 8 * s + r;
             out[32 + i] = sc | ((mn >> 4) << 6);
             out[96 + i % 32] |= (mn & 0x0f) << (4 * (i / 32));
             // Sub-block s: low nibbles of qs[32(s/2)..] for even s, high ones for odd; four
             // elements (one register's bytes of this row) at a time.
-            let q = &b.qs[32 * (s / 2)..32 * (s / 2) + 32];
+            let q = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+            let base = 128 + unit * s;
             for k in 0..8 {
                 let w = u32::from_le_bytes([q[4 * k], q[4 * k + 1], q[4 * k + 2], q[4 * k + 3]]);
                 let v = (w >> (4 * (s % 2))) & 0x0f0f_0f0f;
-                or_u32(
-                    out,
-                    128 + 128 * s + 32 * (k / 2) + 4 * r,
-                    v << (4 * (k % 2)),
-                );
+                or_u32(out, base + 32 * (k / 2) + 4 * r, v << (4 * (k % 2)));
+                if five {
+                    // Bit s of qh[4k + e] is the fifth bit of element 4k + e of sub-block s.
+                    let qh = &src[16 + 4 * k..16 + 4 * k + 4];
+                    let f = u32::from_le_bytes(std::array::from_fn(|e| (qh[e] >> s) & 1));
+                    or_u32(out, base + 128 + 4 * r, f << k);
+                }
             }
         }
     }

@@ -28,6 +28,7 @@ use super::simd::{arr, ld128, ld256, prefetch_lines};
 use crate::contract::{check_tile_rows, ActSide, TileIntoFn, FAST_TILE_TOKENS};
 use crate::formats::common::Block;
 use crate::formats::q4_k::BlockQ4K;
+use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
 use crate::isa::Isa;
@@ -406,10 +407,10 @@ unsafe fn pair16(lo: __m256i, hi: __m256i) -> __m256i {
 }
 
 /// Float accumulators per token: Q4_K keeps the mins apart (2), Q6_K's `Single` order
-/// has ggml's eight lanes (8).
-const ACC: usize = 8;
+/// has ggml's eight lanes (8), Q5_K's those and its mins (9).
+const ACC: usize = 9;
 
-/// Registers per unit: a Q4_K sub-block, two Q6_K sub-blocks.
+/// Registers per unit: a Q4_K or Q5_K sub-block, two Q6_K sub-blocks.
 const UNIT: usize = 8;
 /// Units per super-block.
 const UNITS: usize = REGS / UNIT;
@@ -448,7 +449,53 @@ trait KFormat {
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F;
 }
 
+/// The head of a Q4_K or Q5_K super-block of a group (at `off` in each group; the same
+/// layout for both): the rows' `d` and `dmin`, the scales as [`Rows::scale`] wants them
+/// (`ALT`: [`Rows::scale16`]), and the mins as i16 pairs: those of 64-element chunk `k` in
+/// `pairs[k]`, or (`PER_SUB`) sub-block `b`'s min twice in `pairs[b]`.
+#[inline(always)]
+unsafe fn k45_head<V: Rows, const ALT: bool, const PER_SUB: bool>(
+    w: *const u8,
+    group: usize,
+    off: usize,
+) -> Head<V> {
+    let at = |g: usize| w.add(g * group + off);
+    let sc = |g: usize, b: usize| bytes8::<false>(at(g).add(32 + 8 * b));
+    let mins = |g: usize, b: usize| {
+        let lo = bytes8::<false>(at(g).add(96 + 8 * (b % 4)));
+        let lo = if b >= 4 {
+            _mm256_srli_epi32::<4>(lo)
+        } else {
+            lo
+        };
+        let lo = _mm256_and_si256(lo, _mm256_set1_epi32(0x0f));
+        let hi = _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(sc(g, b)));
+        _mm256_or_si256(lo, hi)
+    };
+    let mut h = Head {
+        sc: [V::zero(); 16],
+        pairs: [V::zero(); 8],
+        d: V::gather_f(|g| halfs8(at(g))),
+        dmin: V::gather_f(|g| halfs8(at(g).add(16))),
+    };
+    for b in 0..8 {
+        let raw = V::gather(|g| _mm256_and_si256(sc(g, b), _mm256_set1_epi32(0x3f)));
+        h.sc[b] = if ALT { V::scale16(raw) } else { V::scale(raw) };
+    }
+    if PER_SUB {
+        for b in 0..8 {
+            h.pairs[b] = V::gather(|g| pair16(mins(g, b), mins(g, b)));
+        }
+    } else {
+        for k in 0..4 {
+            h.pairs[k] = V::gather(|g| pair16(mins(g, 2 * k), mins(g, 2 * k + 1)));
+        }
+    }
+    h
+}
+
 struct Q4K;
+struct Q5K;
 struct Q6K;
 
 impl KFormat for Q4K {
@@ -470,34 +517,7 @@ impl KFormat for Q4K {
 
     #[inline(always)]
     unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
-        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
-        let sc = |g: usize, b: usize| bytes8::<false>(at(g).add(32 + 8 * b));
-        let mins = |g: usize, b: usize| {
-            let lo = bytes8::<false>(at(g).add(96 + 8 * (b % 4)));
-            let lo = if b >= 4 {
-                _mm256_srli_epi32::<4>(lo)
-            } else {
-                lo
-            };
-            let lo = _mm256_and_si256(lo, _mm256_set1_epi32(0x0f));
-            let hi = _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(sc(g, b)));
-            _mm256_or_si256(lo, hi)
-        };
-        let mut h = Head {
-            sc: [V::zero(); 16],
-            pairs: [V::zero(); 8],
-            d: V::gather_f(|g| halfs8(at(g))),
-            dmin: V::gather_f(|g| halfs8(at(g).add(16))),
-        };
-        for b in 0..8 {
-            h.sc[b] = V::scale(V::gather(|g| {
-                _mm256_and_si256(sc(g, b), _mm256_set1_epi32(0x3f))
-            }));
-        }
-        for k in 0..4 {
-            h.pairs[k] = V::gather(|g| pair16(mins(g, 2 * k), mins(g, 2 * k + 1)));
-        }
-        h
+        k45_head::<V, false, false>(w, group, i * 8 * <Self::Block as Block>::BYTES)
     }
 
     #[inline(always)]
@@ -552,6 +572,118 @@ impl KFormat for Q4K {
     #[inline(always)]
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         V::sub_f(acc[0], acc[1])
+    }
+}
+
+/// Q5_K: Q4_K's head, and per sub-block `b` (unit `b`, at `128 + 160b`) its 128 bytes of
+/// nibbles as Q4_K's, then 32 bytes of fifth bits (bit `k` of byte `4r + e`: register
+/// `k`'s element `e` of row `r`). `ALT` is ggml's AVX2 `vec_dot` order (`Single`), the
+/// other the tiled GEMM's (`Tiled`, also Q5_K's fast order).
+impl KFormat for Q5K {
+    type Block = BlockQ5K;
+
+    #[inline(always)]
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
+        let base =
+            |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 128 + 160 * b);
+        let bit4 = _mm256_set1_epi8(0x10);
+        arr(|k| {
+            V::gather(|g| {
+                let q = ld256(base(g).add(32 * (k / 2)));
+                let nb = if k % 2 == 0 {
+                    nib::<false>(q)
+                } else {
+                    nib::<true>(q)
+                };
+                // Bit k of each byte to bit 4: a 16-bit shift whose spill into the
+                // neighbouring byte stays away from bit 4.
+                let f = ld256(base(g).add(128));
+                let h = match k {
+                    0 => _mm256_slli_epi16::<4>(f),
+                    1 => _mm256_slli_epi16::<3>(f),
+                    2 => _mm256_slli_epi16::<2>(f),
+                    3 => _mm256_slli_epi16::<1>(f),
+                    4 => f,
+                    5 => _mm256_srli_epi16::<1>(f),
+                    6 => _mm256_srli_epi16::<2>(f),
+                    _ => _mm256_srli_epi16::<3>(f),
+                };
+                _mm256_or_si256(nb, _mm256_and_si256(h, bit4))
+            })
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
+        k45_head::<V, ALT, true>(w, group, i * 8 * <Self::Block as Block>::BYTES)
+    }
+
+    #[inline(always)]
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; ACC]; Q],
+    ) {
+        let qs = ys.map(|y| y.add(Y_QS));
+        let bsum = |y: *const u8, j: usize| y.add(Y_BSUMS + 2 * j).cast::<i16>().read_unaligned();
+        let yd = ys.map(|y| y.cast::<f32>().read_unaligned());
+        if ALT {
+            // ggml's lane l of eight: register l of every sub-block (elements 4l..4l+4),
+            // each times its sub-block's scale.
+            let mut il = [[V::zero(); 8]; Q];
+            for b in 0..UNITS {
+                let r = t(b);
+                for l in 0..8 {
+                    for q in 0..Q {
+                        il[q][l] =
+                            V::scaled_dot4(il[q][l], r[l], qs[q].add(32 * b + 4 * l), h.sc[b]);
+                    }
+                }
+            }
+            for q in 0..Q {
+                let d = V::mul(V::set1_ps(yd[q]), h.d);
+                for l in 0..8 {
+                    acc[q][l] = V::fmadd(d, V::cvt(il[q][l]), acc[q][l]);
+                }
+                // The mins against the 32-element sums, each an i16 pair sum (wrapping).
+                let mut m = V::zero();
+                for b in 0..8 {
+                    let s = bsum(ys[q], 2 * b).wrapping_add(bsum(ys[q], 2 * b + 1));
+                    m = V::add(m, V::madd(h.pairs[b], V::set1(s as u16 as i32)));
+                }
+                let dmin = V::mul(V::set1_ps(-yd[q]), h.dmin);
+                acc[q][8] = V::fmadd(dmin, V::cvt(m), acc[q][8]);
+            }
+            return;
+        }
+        let mut s1 = [V::zero(); Q];
+        for b in 0..UNITS {
+            let y: [*const u8; Q] = qs.map(|p| p.add(32 * b));
+            V::sub_sums::<Q, 8, 5>(&t(b), y, h.sc[b], &mut s1);
+        }
+        let neg_dmin = V::mul(h.dmin, V::set1_ps(-1.0));
+        for q in 0..Q {
+            // The mins against the bsums, widened to i32 before the pair sum.
+            let mut m = V::zero();
+            for b in 0..8 {
+                let pair = ys[q].add(Y_BSUMS + 4 * b).cast::<i32>().read_unaligned();
+                m = V::add(m, V::madd(h.pairs[b], V::set1(pair)));
+            }
+            let r = V::fmadd(neg_dmin, V::cvt(m), V::mul(V::cvt(s1[q]), h.d));
+            acc[q][0] = V::fmadd(r, V::set1_ps(yd[q]), acc[q][0]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
+        if ALT {
+            // `hsum_float_8` across the lane accumulators, then the mins.
+            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
+            V::add_f(V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3])), acc[8])
+        } else {
+            acc[0]
+        }
     }
 }
 
@@ -900,6 +1032,9 @@ impl Tiles {
 /// Q4_K in its `Single` order (also its fast order) and its `Gemm4` order.
 pub(super) const Q4_K_SINGLE: Tiles = Tiles::of::<Q4K, false>();
 pub(super) const Q4_K_GEMM4: Tiles = Tiles::of::<Q4K, true>();
+/// Q5_K in its `Tiled` order (also its fast order) and its `Single` order.
+pub(super) const Q5_K_TILED: Tiles = Tiles::of::<Q5K, false>();
+pub(super) const Q5_K_SINGLE: Tiles = Tiles::of::<Q5K, true>();
 /// Q6_K in its `Tiled` order (also its fast order) and its `Single` order.
 pub(super) const Q6_K_TILED: Tiles = Tiles::of::<Q6K, false>();
 pub(super) const Q6_K_SINGLE: Tiles = Tiles::of::<Q6K, true>();

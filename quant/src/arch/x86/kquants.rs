@@ -277,8 +277,10 @@ unsafe fn q5_k_many<const N: usize, const ORD: u8>(
                 _mm256_slli_epi16::<4>(_mm256_and_si256(b, one))
             };
             q5[2 * j] = _mm256_or_si256(_mm256_and_si256(bits, m4), h(2 * j));
-            q5[2 * j + 1] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4), h(2 * j + 1));
+            q5[2 * j + 1] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
+                h(2 * j + 1),
+            );
         }
         for (b, sc) in sc.iter_mut().enumerate() {
             *sc = _mm256_set1_epi16(((scl >> (8 * b)) & 0xff) as i16);

@@ -160,7 +160,7 @@ const fn packed_row_k(
 }
 
 /// The x86 rows of the kernel table. Formats missing at a level fall back to the level
-/// below (`Isa::fallbacks`): Q2_K, Q3_K and Q5_K have AVX2 rows only, which every level
+/// below (`Isa::fallbacks`): Q2_K and Q3_K have AVX2 rows only, which every level
 /// above runs, and the AVX-VNNI level has rows for four formats' exact packed kernels.
 #[rustfmt::skip]
 pub(crate) const ROWS: &[KernelRow] = {
@@ -173,6 +173,8 @@ pub(crate) const ROWS: &[KernelRow] = {
     const Q4K_GEMM4: (DotFn, TileFn) = (k::q4_k_q8_k_gemm4, k::q4_k_gemm4_many_entry);
     const Q6K_TILED: (DotFn, TileFn) = (k::q6_k_q8_k_tiled, k::q6_k_tiled_many_entry);
     const Q6K_SINGLE: (DotFn, TileFn) = (k::q6_k_q8_k, k::q6_k_many_entry);
+    const Q5K_SINGLE: (DotFn, TileFn) = (k::q5_k_q8_k, k::q5_k_many_entry);
+    const Q5K_TILED: (DotFn, TileFn) = (k::q5_k_q8_k_tiled, k::q5_k_tiled_many_entry);
     use legacy as l;
     type Fast3 = (TileFn, TileIntoFn, TileIntoFn);
     const MXFP4_AVX2: Fast3 = (l::mxfp4_rep_many, l::mxfp4_rep_many_into, l::mxfp4_rep_packed_into);
@@ -233,8 +235,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, &p::Q6_K_TILED),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
         row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
-        row(T::Q5_K, Single, Avx2, k::q5_k_q8_k, Some(k::q5_k_many_entry), false),
-        row(T::Q5_K, Tiled, Avx2, k::q5_k_q8_k_tiled, Some(k::q5_k_tiled_many_entry), false),
+        packed_row_k((T::Q5_K, Single, Avx2), Q5K_SINGLE, &p::Q5_K_SINGLE),
+        packed_row_k((T::Q5_K, Single, Avx2Vnni), Q5K_SINGLE, &p::Q5_K_SINGLE),
+        packed_row_k((T::Q5_K, Single, Avx512), Q5K_SINGLE, &p::Q5_K_SINGLE),
+        packed_row_k((T::Q5_K, Tiled, Avx2), Q5K_TILED, &p::Q5_K_TILED),
+        packed_row_k((T::Q5_K, Tiled, Avx2Vnni), Q5K_TILED, &p::Q5_K_TILED),
+        packed_row_k((T::Q5_K, Tiled, Avx512), Q5K_TILED, &p::Q5_K_TILED),
         // The fast order: eight weight rows in the lanes of a register.
         fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true),
         fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into, l::q4_1_fast_packed_into), false),
@@ -252,10 +258,13 @@ pub(crate) const ROWS: &[KernelRow] = {
         fast_row512(T::Q5_0, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed512_into), true),
         fast_row512(T::Q5_1, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed512_into), false),
         fast_row512(T::Q8_0, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed512_into), true),
-        // The K-quants' fast orders (Q4_K: `Single`, Q6_K: `Tiled`) on packed rows.
+        // The K-quants' fast orders (Q4_K: `Single`, Q5_K and Q6_K: `Tiled`) on packed rows.
         packed_row_k((T::Q4_K, Fast, Avx2), Q4K_SINGLE, &p::Q4_K_SINGLE),
         packed_row_k((T::Q4_K, Fast, Avx2Vnni), Q4K_SINGLE, &p::Q4_K_SINGLE),
         packed_row_k((T::Q4_K, Fast, Avx512), Q4K_SINGLE, &p::Q4_K_SINGLE),
+        packed_row_k((T::Q5_K, Fast, Avx2), Q5K_TILED, &p::Q5_K_TILED),
+        packed_row_k((T::Q5_K, Fast, Avx2Vnni), Q5K_TILED, &p::Q5_K_TILED),
+        packed_row_k((T::Q5_K, Fast, Avx512), Q5K_TILED, &p::Q5_K_TILED),
         packed_row_k((T::Q6_K, Fast, Avx2), Q6K_TILED, &p::Q6_K_TILED),
         packed_row_k((T::Q6_K, Fast, Avx2Vnni), Q6K_TILED, &p::Q6_K_TILED),
         packed_row_k((T::Q6_K, Fast, Avx512), Q6K_TILED, &p::Q6_K_TILED),
