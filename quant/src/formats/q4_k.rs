@@ -158,17 +158,30 @@ pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
         let x = BlockQ4K::read(&w[i * BlockQ4K::BYTES..]);
         let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
         let s1: i32 = chunk_sums(&x, &y).iter().map(|c| c.0).sum();
-        // The tiled kernel widens the bsums to i32 before pairing them.
-        let s2: i32 = (0..8)
-            .map(|b| {
-                let m = get_scale_min_k4(b, &x.scales).1 as i32;
-                m * (y.bsums[2 * b] as i32 + y.bsums[2 * b + 1] as i32)
-            })
-            .sum();
-        let r = (-f16_to_f32(x.dmin)).mul_add(s2 as f32, s1 as f32 * f16_to_f32(x.d));
-        acc = r.mul_add(y.d, acc);
+        let s2 = tiled_mins(&x.scales, &y.bsums);
+        acc = tiled_step(s1, s2, f16_to_f32(x.d), f16_to_f32(x.dmin), y.d, acc);
     }
     acc
+}
+
+/// The mins term of a Q4_K/Q5_K super-block in ggml's tiled GEMM: `Σ_b min[b] ·
+/// (bsums[2b] + bsums[2b+1])`, the bsums widened to i32 before they are paired.
+pub(crate) fn tiled_mins(scales: &[u8; 12], bsums: &[i16; QK_K / 16]) -> i32 {
+    (0..8)
+        .map(|b| {
+            let m = get_scale_min_k4(b, scales).1 as i32;
+            m * (bsums[2 * b] as i32 + bsums[2 * b + 1] as i32)
+        })
+        .sum()
+}
+
+/// The float step of a Q4_K/Q5_K super-block in ggml's tiled GEMM (the twins and every
+/// kernel of that order): from the scaled quant sum `s1` and the mins term `s2`,
+/// `r = fma(-dmin, f32(s2), f32(s1) · d)`, then `fma(r, y.d, acc)`.
+#[inline(always)]
+pub(crate) fn tiled_step(s1: i32, s2: i32, d: f32, dmin: f32, yd: f32, acc: f32) -> f32 {
+    let r = (-dmin).mul_add(s2 as f32, s1 as f32 * d);
+    r.mul_add(yd, acc)
 }
 
 /// `ggml_vec_dot_q4_K_q8_K_generic`: integer products accumulated in 8 lanes per block,

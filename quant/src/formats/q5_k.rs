@@ -3,7 +3,7 @@
 //! bit of element `l` of sub-block `2k`, bit `2k+1` that of sub-block `2k+1`.
 
 use super::common::{check_dot, rd_arr, rd_u16, Block, QK_K};
-use super::q4_k::generic_scales_mins_dot;
+use super::q4_k::{generic_scales_mins_dot, tiled_mins, tiled_step};
 use super::q8_k::BlockQ8K;
 use super::search::{fit_scales_mins, get_scale_min_k4};
 use crate::f16::f16_to_f32;
@@ -176,14 +176,8 @@ pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
         let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
         let (lanes, _) = lane_sums(&x, &y);
         let s: i32 = lanes.iter().sum();
-        let m: i32 = (0..8)
-            .map(|b| {
-                let m = get_scale_min_k4(b, &x.scales).1 as i32;
-                m * (y.bsums[2 * b] as i32 + y.bsums[2 * b + 1] as i32)
-            })
-            .sum();
-        let r = (-f16_to_f32(x.dmin)).mul_add(m as f32, s as f32 * f16_to_f32(x.d));
-        acc = r.mul_add(y.d, acc);
+        let m = tiled_mins(&x.scales, &y.bsums);
+        acc = tiled_step(s, m, f16_to_f32(x.d), f16_to_f32(x.dmin), y.d, acc);
     }
     acc
 }

@@ -20,7 +20,7 @@ use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
 use crate::formats::q2_k::BlockQ2K;
 use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
-use crate::formats::q4_k::{scales_mins_lanes, BlockQ4K};
+use crate::formats::q4_k::{scales_mins_lanes, tiled_step, BlockQ4K};
 use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
@@ -126,8 +126,7 @@ unsafe fn q4_k_body<D: Level, const N: usize, const ORD: u8>(
                 let m_b = vmovl_high_s16(mins);
                 let s2 = vaddvq_s32(vmlaq_s32(vmulq_s32(pairs_a, m_a), pairs_b, m_b));
                 let s1 = vaddvq_s32(vaddq_s32(t_a, t_b));
-                let r = (-xdmin).mul_add(s2 as f32, s1 as f32 * xd);
-                acc[c] = r.mul_add(yd, acc[c]);
+                acc[c] = tiled_step(s1, s2, xd, xdmin, yd, acc[c]);
                 continue;
             }
             // The bsums of each 32-element sub-block, added in i16 (wrapping, as ggml's
@@ -523,8 +522,7 @@ unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) ->
             let m: i32 = (0..8)
                 .map(|j| mn[j] as i32 * (bsum(2 * j) as i32 + bsum(2 * j + 1) as i32))
                 .sum();
-            let r = (-xdmin).mul_add(m as f32, s as f32 * xd);
-            acc = r.mul_add(yd, acc);
+            acc = tiled_step(s, m, xd, xdmin, yd, acc);
         } else {
             let d = vdupq_n_f32(yd * xd);
             acc_lo = vfmaq_f32(acc_lo, vcvtq_f32_s32(s_lo), d);

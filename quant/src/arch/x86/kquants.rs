@@ -11,7 +11,7 @@ use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
 use crate::formats::q2_k::BlockQ2K;
 use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
-use crate::formats::q4_k::{scales_mins_lanes, BlockQ4K};
+use crate::formats::q4_k::{scales_mins_lanes, tiled_step, BlockQ4K};
 use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
 use crate::formats::q8_k::BlockQ8K;
@@ -55,6 +55,16 @@ unsafe fn scale_bcast_k4(k: i8) -> __m256i {
 const ORD_SINGLE: u8 = 0;
 const ORD_TILED: u8 = 1;
 const ORD_GEMM4: u8 = 2;
+
+/// The tiled GEMM's mins of a Q4_K/Q5_K super-block (eight i16) as i16 pairs `(m, m)`,
+/// so that one `madd` with the raw bsums gives `m[j] * (bsums[2j] + bsums[2j+1])` widened
+/// to i32 before the pair sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiled_mins_pairs(mins16: __m128i) -> __m256i {
+    let m32 = _mm256_cvtepu16_epi32(mins16);
+    _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+}
 
 /// # Safety
 /// AVX2/FMA/F16C; `w` holds `nb` Q4_K blocks, `a` `N` rows of `nb` Q8_K blocks `stride`
@@ -100,11 +110,8 @@ unsafe fn q4_k_many<const N: usize, const ORD: u8>(
             sc[2 * j] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8));
             sc[2 * j + 1] = _mm256_shuffle_epi8(scales, scale_bcast_k4(2 * j as i8 + 1));
         }
-        // Tiled: each min as an i16 pair (m, m), so one madd with the raw bsums gives
-        // `m[j] * (bsums[2j] + bsums[2j+1])` widened to i32 before the pair sum.
         let mins_pairs = if ORD == ORD_TILED {
-            let m32 = _mm256_cvtepu16_epi32(mins16);
-            _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+            tiled_mins_pairs(mins16)
         } else {
             _mm256_setzero_si256()
         };
@@ -121,8 +128,7 @@ unsafe fn q4_k_many<const N: usize, const ORD: u8>(
                     sumi = _mm256_add_epi32(sumi, p(b));
                 }
                 let s1 = hsum_i32(sumi);
-                let r = (-xdmin).mul_add(s2 as f32, s1 as f32 * xd);
-                acc[c] = r.mul_add(yd, acc[c]);
+                acc[c] = tiled_step(s1, s2, xd, xdmin, yd, acc[c]);
                 continue;
             }
             let q8s = _mm_hadd_epi16(
@@ -285,11 +291,8 @@ unsafe fn q5_k_many<const N: usize, const ORD: u8>(
         for (b, sc) in sc.iter_mut().enumerate() {
             *sc = _mm256_set1_epi16(((scl >> (8 * b)) & 0xff) as i16);
         }
-        // Tiled: each min as an i16 pair (m, m), so one madd with the raw bsums gives
-        // `m[j] * (bsums[2j] + bsums[2j+1])` widened to i32 before the pair sum.
         let mins_pairs = if ORD == ORD_TILED {
-            let m32 = _mm256_cvtepu16_epi32(mins16);
-            _mm256_or_si256(m32, _mm256_slli_epi32::<16>(m32))
+            tiled_mins_pairs(mins16)
         } else {
             _mm256_setzero_si256()
         };
@@ -305,8 +308,7 @@ unsafe fn q5_k_many<const N: usize, const ORD: u8>(
             }
             if ORD == ORD_TILED {
                 let s2 = hsum_i32(_mm256_madd_epi16(q8sums, mins_pairs));
-                let r = (-xdmin).mul_add(s2 as f32, hsum_i32(sumi) as f32 * xd);
-                acc[c] = r.mul_add(yd, acc[c]);
+                acc[c] = tiled_step(hsum_i32(sumi), s2, xd, xdmin, yd, acc[c]);
                 continue;
             }
             // The 32-element sums as i16 pair sums (`hadd_epi16`, wrapping).

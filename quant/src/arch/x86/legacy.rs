@@ -802,23 +802,10 @@ unsafe fn packed_regs<T: Legacy>(q: *const u8) -> [__m256i; 8] {
         }
     }
     if T::FIFTH_BIT {
-        // Bit k of each byte is register k's fifth bit: moved to bit 4 with a 16-bit
-        // shift, whose spill into the neighbouring byte stays below (left shifts) or above
-        // (right shifts) bit 4.
+        // Bit k of each byte is register k's fifth bit.
         let h = ld256(q.add(128));
-        let b = _mm256_set1_epi8(0x10);
-        let hs = [
-            _mm256_slli_epi16::<4>(h),
-            _mm256_slli_epi16::<3>(h),
-            _mm256_slli_epi16::<2>(h),
-            _mm256_slli_epi16::<1>(h),
-            h,
-            _mm256_srli_epi16::<1>(h),
-            _mm256_srli_epi16::<2>(h),
-            _mm256_srli_epi16::<3>(h),
-        ];
-        for (t, hs) in t.iter_mut().zip(hs) {
-            *t = _mm256_or_si256(*t, _mm256_and_si256(hs, b));
+        for (k, t) in t.iter_mut().enumerate() {
+            *t = _mm256_or_si256(*t, bit_to_4(h, k));
         }
     }
     t

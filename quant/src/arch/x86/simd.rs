@@ -66,6 +66,26 @@ pub(super) unsafe fn bits_to_bytes(bits: u32) -> __m256i {
 }
 
 /// Sum of the eight i32 lanes (wrapping, so exact whatever the order).
+/// Bit `k` of every byte of `v` moved to bit 4, every other bit cleared: the fifth bits
+/// of the packed Q5_0/Q5_1/Q5_K layouts, where bit `k` of a byte belongs to register `k`.
+/// A 16-bit shift, whose spill into the neighbouring byte stays below (left shifts) or
+/// above (right shifts) bit 4, then a mask.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn bit_to_4(v: __m256i, k: usize) -> __m256i {
+    let h = match k {
+        0 => _mm256_slli_epi16::<4>(v),
+        1 => _mm256_slli_epi16::<3>(v),
+        2 => _mm256_slli_epi16::<2>(v),
+        3 => _mm256_slli_epi16::<1>(v),
+        4 => v,
+        5 => _mm256_srli_epi16::<1>(v),
+        6 => _mm256_srli_epi16::<2>(v),
+        _ => _mm256_srli_epi16::<3>(v),
+    };
+    _mm256_and_si256(h, _mm256_set1_epi8(0x10))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
