@@ -24,7 +24,7 @@
 use core::arch::x86_64::*;
 
 use super::legacy::bcast4;
-use super::simd::{arr, bit_to_4, ld128, ld256, prefetch_lines};
+use super::simd::{arr, ld128, ld256, prefetch_lines};
 use crate::contract::{check_tile_rows, ActSide, TileIntoFn, FAST_TILE_TOKENS};
 use crate::formats::common::Block;
 use crate::formats::q4_k::BlockQ4K;
@@ -494,34 +494,6 @@ unsafe fn k45_head<V: Rows, const ALT: bool, const PER_SUB: bool>(
     h
 }
 
-/// The registers of a Q4_K or Q5_K sub-block of a group (at `off` in each group): four
-/// vectors of nibbles, register `k` in the low (even `k`) or high nibbles of vector
-/// `k / 2`; with `FIVE` the 32 bytes after them hold the fifth bits (bit `k` of a byte:
-/// register `k`).
-#[inline(always)]
-unsafe fn k45_unit<V: Rows, const FIVE: bool>(
-    w: *const u8,
-    group: usize,
-    off: usize,
-) -> [V::I; UNIT] {
-    let base = |g: usize| w.add(g * group + off);
-    arr(|k| {
-        V::gather(|g| {
-            let q = ld256(base(g).add(32 * (k / 2)));
-            let nb = if k % 2 == 0 {
-                nib::<false>(q)
-            } else {
-                nib::<true>(q)
-            };
-            if FIVE {
-                _mm256_or_si256(nb, bit_to_4(ld256(base(g).add(128)), k))
-            } else {
-                nb
-            }
-        })
-    })
-}
-
 struct Q4K;
 struct Q5K;
 struct Q6K;
@@ -531,11 +503,16 @@ impl KFormat for Q4K {
 
     #[inline(always)]
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
-        k45_unit::<V, false>(
-            w,
-            group,
-            i * 8 * <Self::Block as Block>::BYTES + 128 + 128 * b,
-        )
+        let q = |g: usize, v: usize| {
+            ld256(w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 128 + 128 * b + 32 * v))
+        };
+        arr(|k| {
+            if k % 2 == 0 {
+                V::gather(|g| nib::<false>(q(g, k / 2)))
+            } else {
+                V::gather(|g| nib::<true>(q(g, k / 2)))
+            }
+        })
     }
 
     #[inline(always)]
@@ -607,11 +584,33 @@ impl KFormat for Q5K {
 
     #[inline(always)]
     unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
-        k45_unit::<V, true>(
-            w,
-            group,
-            i * 8 * <Self::Block as Block>::BYTES + 128 + 160 * b,
-        )
+        let base =
+            |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 128 + 160 * b);
+        let bit4 = _mm256_set1_epi8(0x10);
+        arr(|k| {
+            V::gather(|g| {
+                let q = ld256(base(g).add(32 * (k / 2)));
+                let nb = if k % 2 == 0 {
+                    nib::<false>(q)
+                } else {
+                    nib::<true>(q)
+                };
+                // Bit k of each byte to bit 4: a 16-bit shift whose spill into the
+                // neighbouring byte stays away from bit 4.
+                let f = ld256(base(g).add(128));
+                let h = match k {
+                    0 => _mm256_slli_epi16::<4>(f),
+                    1 => _mm256_slli_epi16::<3>(f),
+                    2 => _mm256_slli_epi16::<2>(f),
+                    3 => _mm256_slli_epi16::<1>(f),
+                    4 => f,
+                    5 => _mm256_srli_epi16::<1>(f),
+                    6 => _mm256_srli_epi16::<2>(f),
+                    _ => _mm256_srli_epi16::<3>(f),
+                };
+                _mm256_or_si256(nb, _mm256_and_si256(h, bit4))
+            })
+        })
     }
 
     #[inline(always)]
