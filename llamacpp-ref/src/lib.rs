@@ -31,6 +31,7 @@ use quant::GgmlType;
 #[cfg(feature = "chat")]
 pub mod chat;
 pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod mxfp4;
 
 /// Errors from the reference engine.

@@ -275,6 +275,13 @@ fn qwen3_dense_q5_k_m() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q5KM, 256);
 }
 
+/// IQ4_XS weights (llama.cpp's IQ4_XS mix, IQ4_NL's with IQ4_XS as the default type):
+/// ggml's AVX2 `vec_dot` order for the decode tokens, the tiled GEMM's for the prompt.
+#[test]
+fn qwen3_dense_iq4_xs() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Xs, 256);
+}
+
 #[test]
 fn qwen3_moe() {
     check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);

@@ -16,7 +16,7 @@ use crate::contract::{
     activation_scales, fast_offset_sums, offset_sums, ActSide, DotFn, KernelRow, TileFn,
 };
 use crate::formats::{
-    float, iq4_nl, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k,
+    float, iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_k,
 };
 use crate::isa::{self, Isa};
 use crate::order::DotOrder;
@@ -223,6 +223,9 @@ const SCALAR_ROWS: &[KernelRow] = {
         // IQ4_NL: MXFP4's two orders with its own table and an f16 scale.
         scalar_row(T::IQ4_NL, Single, iq4_nl::vec_dot_q8_0),
         scalar_row(T::IQ4_NL, Gemm4, iq4_nl::vec_dot_q8_0_repacked),
+        // IQ4_XS: ggml's AVX2 `vec_dot` and the tiled GEMM (never repacked on x86).
+        scalar_row(T::IQ4_XS, Single, iq4_xs::vec_dot_q8k),
+        scalar_row(T::IQ4_XS, Tiled, iq4_xs::vec_dot_q8k_tiled),
         scalar_row(T::Q4_0, Fast, q4_0::vec_dot_q8_0_fast),
         scalar_row(T::Q4_1, Fast, q4_1::vec_dot_q8_1_fast),
         scalar_row(T::Q5_0, Fast, q5_0::vec_dot_q8_0_fast),
@@ -233,6 +236,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q4_K, Fast, q4_k::vec_dot_q8k),
         scalar_row(T::Q5_K, Fast, q5_k::vec_dot_q8k_tiled),
         scalar_row(T::Q6_K, Fast, q6_k::vec_dot_q8k_tiled),
+        scalar_row(T::IQ4_XS, Fast, iq4_xs::vec_dot_q8k_tiled),
         // MXFP4's and IQ4_NL's repacked order already forms one integer sum per block.
         scalar_row(T::MXFP4, Fast, mxfp4::vec_dot_q8_0_repacked),
         scalar_row(T::IQ4_NL, Fast, iq4_nl::vec_dot_q8_0_repacked),
@@ -266,7 +270,8 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
 /// run `vec_dot` (`DotOrder::Single`). IQ4_NL matrices go the same two ways
-/// (`iq4_nl_8x8_q8_0`, the same gemv and gemm templates).
+/// (`iq4_nl_8x8_q8_0`, the same gemv and gemm templates). IQ4_XS matrices are never
+/// repacked: ggml's AVX2 `vec_dot` below 8 tokens, the tiled GEMM from 8 up.
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
         // F32 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` for one.
@@ -279,7 +284,9 @@ pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder
                 DotOrder::Single
             }
         }
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if n >= 8 => DotOrder::Tiled,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS if n >= 8 => {
+            DotOrder::Tiled
+        }
         _ => DotOrder::Single,
     }
 }
@@ -398,6 +405,7 @@ pub fn ggml_generic_dot(ty: GgmlType) -> Option<DotFn> {
         T::Q5_K => q5_k::vec_dot_q8k_ref,
         T::Q6_K => q6_k::vec_dot_q8k_ref,
         T::MXFP4 => mxfp4::vec_dot_q8_0_ref,
+        T::IQ4_XS => iq4_xs::vec_dot_q8k_ref,
         _ => return scalar(ty, DotOrder::Single).map(|k| k.dot),
     })
 }

@@ -43,7 +43,8 @@ pub use order::{DotOrder, F16Order, Flavor};
 pub use types::GgmlType;
 
 use formats::{
-    float, iq4_nl, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1, q8_k,
+    float, iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, q8_1,
+    q8_k,
 };
 
 /// Errors from the checked entry points.
@@ -103,6 +104,7 @@ fn format_fns(ty: GgmlType) -> Option<FormatFns> {
         T::Q8_K => k(d::<q8_k::BlockQ8K>, q::<q8_k::BlockQ8K>, T::Q8_K),
         T::MXFP4 => k(d::<mxfp4::BlockMxfp4>, q::<mxfp4::BlockMxfp4>, T::Q8_0),
         T::IQ4_NL => k(d::<iq4_nl::BlockIq4Nl>, q::<iq4_nl::BlockIq4Nl>, T::Q8_0),
+        T::IQ4_XS => k(d::<iq4_xs::BlockIq4Xs>, q::<iq4_xs::BlockIq4Xs>, T::Q8_K),
         _ => return None,
     })
 }
@@ -257,6 +259,7 @@ mod tests {
         check::<q6_k::BlockQ6K>();
         check::<q8_k::BlockQ8K>();
         check::<mxfp4::BlockMxfp4>();
+        check::<iq4_xs::BlockIq4Xs>();
     }
 
     #[test]
@@ -326,6 +329,7 @@ mod tests {
             (T::Q5_K, T::Q8_K),
             (T::Q6_K, T::Q8_K),
             (T::IQ4_NL, T::Q8_0),
+            (T::IQ4_XS, T::Q8_K),
             (T::MXFP4, T::Q8_0),
         ] {
             assert_eq!(vec_dot_type(w), a, "{w}");

@@ -26,7 +26,7 @@ use quant::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const TYPES: [GgmlType; 12] = [
+const TYPES: [GgmlType; 13] = [
     GgmlType::MXFP4,
     GgmlType::IQ4_NL,
     GgmlType::Q4_1,
@@ -39,6 +39,7 @@ const TYPES: [GgmlType; 12] = [
     GgmlType::Q5_K,
     GgmlType::Q3_K,
     GgmlType::Q2_K,
+    GgmlType::IQ4_XS,
 ];
 
 /// The orders besides the one-row order: the K-quants' llama.cpp orders (Q5_K's tiled
@@ -46,8 +47,10 @@ const TYPES: [GgmlType; 12] = [
 /// formats' repacked order and the fast order of the 32-element formats, the table formats
 /// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
 /// `tests/mxfp4.rs` MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 16] = [
+const ORDERED: [(GgmlType, DotOrder); 18] = [
     (GgmlType::Q5_K, DotOrder::Tiled),
+    (GgmlType::IQ4_XS, DotOrder::Tiled),
+    (GgmlType::IQ4_XS, DotOrder::Fast),
     (GgmlType::Q5_K, DotOrder::Fast),
     (GgmlType::MXFP4, DotOrder::Gemm4),
     (GgmlType::IQ4_NL, DotOrder::Gemm4),
@@ -69,7 +72,7 @@ const ORDERED: [(GgmlType, DotOrder); 16] = [
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     use GgmlType as T;
     match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL => &[0],
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::IQ4_XS => &[0],
         T::Q4_1 | T::Q5_1 | T::Q8_1 => &[0, 2],
         T::Q4_K | T::Q5_K => &[0, 2],
         T::Q2_K => &[80, 82],
@@ -417,6 +420,11 @@ fn q5_1_matches_scalar() {
 #[test]
 fn q5_k_matches_scalar() {
     check_type(GgmlType::Q5_K, 5);
+}
+
+#[test]
+fn iq4_xs_matches_scalar() {
+    check_type(GgmlType::IQ4_XS, 47);
 }
 
 #[test]

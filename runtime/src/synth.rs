@@ -43,7 +43,9 @@ pub const WEIGHT_STD: f32 = 0.02;
 pub enum SynthError {
     #[error("unknown shape {0:?} (known: {known})", known = SHAPE_NAMES.join(", "))]
     UnknownShape(String),
-    #[error("unknown quantization {0:?} (known: q4_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl)")]
+    #[error(
+        "unknown quantization {0:?} (known: q4_k_m, q5_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl, iq4_xs)"
+    )]
     UnknownQuant(String),
     #[error("invalid shape: {0}")]
     InvalidShape(String),
@@ -602,6 +604,9 @@ pub enum SynthQuant {
     /// Q5_K for attn_v where four or more query heads share a KV head and for ffn_down
     /// in the first eighth of the layers.
     Iq4Nl,
+    /// llama.cpp's IQ4_XS without an importance matrix: IQ4_NL's mix with IQ4_XS as the
+    /// default type (IQ4_NL for rows that are no whole number of 256-element blocks).
+    Iq4Xs,
 }
 
 impl SynthQuant {
@@ -613,6 +618,7 @@ impl SynthQuant {
             "q8_0" => Ok(SynthQuant::Q8_0),
             "mxfp4_moe" | "mxfp4" => Ok(SynthQuant::Mxfp4Moe),
             "iq4_nl" => Ok(SynthQuant::Iq4Nl),
+            "iq4_xs" => Ok(SynthQuant::Iq4Xs),
             _ => Err(SynthError::UnknownQuant(s.to_string())),
         }
     }
@@ -625,6 +631,7 @@ impl SynthQuant {
             SynthQuant::Q8_0 => "q8_0",
             SynthQuant::Mxfp4Moe => "mxfp4_moe",
             SynthQuant::Iq4Nl => "iq4_nl",
+            SynthQuant::Iq4Xs => "iq4_xs",
         }
     }
 
@@ -637,6 +644,7 @@ impl SynthQuant {
             SynthQuant::Q8_0 => 7,
             SynthQuant::Mxfp4Moe => 38,
             SynthQuant::Iq4Nl => 25,
+            SynthQuant::Iq4Xs => 30,
         }
     }
 }
@@ -718,12 +726,31 @@ pub fn tensor_type(
             Role::ExpGate | Role::ExpUp | Role::ExpDown => T::MXFP4,
             _ => T::Q8_0,
         },
-        SynthQuant::Iq4Nl => match role {
+        SynthQuant::Iq4Nl | SynthQuant::Iq4Xs => match role {
             _ if output => T::Q6_K,
             Role::AttnV if gqa >= 4 => T::Q5_K,
             Role::FfnDown | Role::ExpDown if layer < n_layer / 8 => T::Q5_K,
+            _ if quant == SynthQuant::Iq4Xs => T::IQ4_XS,
             _ => T::IQ4_NL,
         },
+    }
+}
+
+/// The type llama.cpp's quantizer falls back to when rows of `ncols` elements are no whole
+/// number of `ty`'s blocks (its table in `llama_tensor_get_type`): a 32-element type of
+/// about the same size.
+pub fn whole_blocks(ty: GgmlType, ncols: u64) -> GgmlType {
+    use GgmlType as T;
+    if ncols.is_multiple_of(ty.block_size() as u64) {
+        return ty;
+    }
+    match ty {
+        T::IQ4_XS => T::IQ4_NL,
+        T::Q2_K | T::Q3_K => T::Q4_0,
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        other => other,
     }
 }
 
@@ -749,14 +776,17 @@ pub fn plan(shape: &Shape, quant: SynthQuant, n_vocab: usize) -> Vec<Planned> {
         out.push(Planned {
             spec: TensorSpec {
                 name,
-                shape: dims,
-                ty: tensor_type(
-                    quant,
-                    role,
-                    (layer, n_layer),
-                    shape.n_head / shape.n_head_kv,
-                    f.tied_output,
+                ty: whole_blocks(
+                    tensor_type(
+                        quant,
+                        role,
+                        (layer, n_layer),
+                        shape.n_head / shape.n_head_kv,
+                        f.tied_output,
+                    ),
+                    dims[0],
                 ),
+                shape: dims,
             },
             role,
         })
@@ -1241,6 +1271,15 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
             for b in out.chunks_exact_mut(bs) {
                 b[0..2].copy_from_slice(&signed_jitter(rng, base).to_le_bytes());
                 rng.fill(&mut b[2..18]);
+            }
+        }
+        GgmlType::IQ4_XS => {
+            // x = d * (ls - 32) * v with v uniform over the 16 table values (rms ~67.4)
+            // and the 6-bit sub-block scales uniform (ls - 32 on -32..32, rms ~18.5).
+            let base = WEIGHT_STD / (67.4 * 18.5);
+            for b in out.chunks_exact_mut(bs) {
+                b[0..2].copy_from_slice(&signed_jitter(rng, base).to_le_bytes());
+                rng.fill(&mut b[2..136]);
             }
         }
         GgmlType::MXFP4 => {

@@ -27,7 +27,7 @@ pub const KVALUES: [i8; 16] = [
 pub const OFFSET: i32 = 128;
 
 /// ggml's `GROUP_MAX_EPS`: a block whose largest magnitude is below it has scale 0.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// `block_iq4_nl`: the f16 scale, then 16 bytes of 4-bit indices.
 #[repr(C)]
@@ -41,7 +41,7 @@ const _: () = assert!(std::mem::size_of::<BlockIq4Nl>() == 18);
 /// ggml's `best_index_int8`: the table entry nearest to `x` by bisection (ties to the
 /// upper entry, as its last comparison is strict).
 #[inline]
-fn best_index(x: f32) -> u8 {
+pub(crate) fn best_index(x: f32) -> u8 {
     let v = |i: usize| KVALUES[i] as f32;
     if x <= v(0) {
         return 0;
@@ -65,12 +65,12 @@ fn best_index(x: f32) -> u8 {
     }
 }
 
-/// `quantize_row_iq4_nl_impl` for one 32-element block without an importance matrix
-/// (weights `x^2`): `ntry` 7 is `quantize_iq4_nl`'s search, -1 the reference's single
-/// scale. The indices of a block below [`GROUP_MAX_EPS`] are ggml's for `ntry > 0`; the
-/// reference leaves them to whatever its buffer held, so they are zero here (its scale
-/// is 0 either way).
-fn quantize_impl(x: &[f32], ntry: i32) -> BlockIq4Nl {
+/// The per-block part of `quantize_row_iq4_nl_impl` without an importance matrix
+/// (weights `x^2`), shared with IQ4_XS's 32-element sub-blocks: the best scale of the
+/// block and the indices found along the way, or None for a block below
+/// [`GROUP_MAX_EPS`]. `ntry` 7 is `quantize_iq4_nl`'s (and `quantize_iq4_xs`'s) search,
+/// -1 the reference's single scale.
+pub(crate) fn search_block(x: &[f32], ntry: i32) -> Option<(f32, [u8; QK])> {
     let x = &x[..QK];
     let weight: [f32; QK] = std::array::from_fn(|j| x[j] * x[j]);
     let (mut amax, mut max) = (0.0f32, 0.0f32);
@@ -81,40 +81,47 @@ fn quantize_impl(x: &[f32], ntry: i32) -> BlockIq4Nl {
             max = v;
         }
     }
+    if amax < GROUP_MAX_EPS {
+        return None;
+    }
     let v0 = KVALUES[0] as f32;
     let mut l = [0u8; QK];
-    let scale = if amax < GROUP_MAX_EPS {
-        0.0
-    } else {
-        let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
-        let id = 1.0 / d;
+    let mut d = if ntry > 0 { -max / v0 } else { max / v0 };
+    let id = 1.0 / d;
+    let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+    for j in 0..QK {
+        let li = best_index(id * x[j]);
+        l[j] = li;
+        let q = KVALUES[li as usize] as f32;
+        let w = weight[j];
+        sumqx += w * q * x[j];
+        sumq2 += w * q * q;
+    }
+    d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for itry in -ntry..=ntry {
+        let id = (itry + KVALUES[0] as i32) as f32 / max;
         let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
         for j in 0..QK {
-            let li = best_index(id * x[j]);
-            l[j] = li;
-            let q = KVALUES[li as usize] as f32;
+            let q = KVALUES[best_index(id * x[j]) as usize] as f32;
             let w = weight[j];
             sumqx += w * q * x[j];
             sumq2 += w * q * q;
         }
-        d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
-        let mut best = d * sumqx;
-        for itry in -ntry..=ntry {
-            let id = (itry + KVALUES[0] as i32) as f32 / max;
-            let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
-            for j in 0..QK {
-                let q = KVALUES[best_index(id * x[j]) as usize] as f32;
-                let w = weight[j];
-                sumqx += w * q * x[j];
-                sumq2 += w * q * q;
-            }
-            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
         }
-        d
-    };
+    }
+    Some((d, l))
+}
+
+/// `quantize_row_iq4_nl_impl` for one 32-element block without an importance matrix
+/// ([`search_block`]). The indices of a block below [`GROUP_MAX_EPS`] are ggml's for
+/// `ntry > 0`; the reference leaves them to whatever its buffer held, so they are zero
+/// here (its scale is 0 either way).
+fn quantize_impl(x: &[f32], ntry: i32) -> BlockIq4Nl {
+    let (scale, mut l) = search_block(x, ntry).unwrap_or((0.0, [0; QK]));
     if ntry > 0 {
         let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         for j in 0..QK {

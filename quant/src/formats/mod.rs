@@ -16,6 +16,7 @@
 pub mod common;
 pub mod float;
 pub mod iq4_nl;
+pub mod iq4_xs;
 pub(crate) mod legacy;
 pub mod lut;
 pub mod mxfp4;

@@ -1,14 +1,16 @@
-//! The K-quants on AVX2: Q4_K, Q5_K and Q6_K as tiles (one weight row against up to eight
+//! The K-quants on AVX2: Q4_K, Q5_K, Q6_K and IQ4_XS as tiles (one weight row against up to eight
 //! Q8_K activation rows) in each of llama.cpp's x86 kernel orders for them (Q5_K: ggml's
 //! AVX2 `vec_dot` and the tiled GEMM), and one-row Q2_K and Q3_K in ggml's generic order
 //! (lane `e % 8` per element, multiply then add, reproduced with byte shuffles). Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`,
-//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`.
+//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`, `iq4_xs::vec_dot_q8k{,_tiled}`.
 
 use core::arch::x86_64::*;
 
 use super::simd::*;
 use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::iq4_nl::KVALUES;
+use crate::formats::iq4_xs::BlockIq4Xs;
 use crate::formats::q2_k::BlockQ2K;
 use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
 use crate::formats::q4_k::{scales_mins_lanes, tiled_step, BlockQ4K};
@@ -332,6 +334,69 @@ unsafe fn q5_k_many<const N: usize, const ORD: u8>(
     }
 }
 
+/// # Safety
+/// As [`q4_k_many`], with IQ4_XS weights. `ORD` picks the twin: `iq4_xs::vec_dot_q8k`
+/// (ggml's AVX2 `vec_dot`: eight integer lanes of four-element groups fused into float
+/// lanes, `hsum_float_8` at the end) or `vec_dot_q8k_tiled` (the tiled GEMM: one integer
+/// sum and two float steps per super-block). The products are ggml's `mul_add_epi8`
+/// (`|w|` times `y` with `w`'s sign): pairs of table values (`|w| <= 127`) with
+/// activations fit an i16.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_xs_many<const N: usize, const ORD: u8>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let table = _mm256_broadcastsi128_si256(ld128(KVALUES.as_ptr().cast()));
+    let mut acc8 = [_mm256_setzero_ps(); N];
+    let mut acc = [0.0f32; N];
+    for i in 0..nb {
+        // d at 0, scales_h at 2, scales_l at 4..8, qs at 8..136 (16 bytes per sub-block).
+        let x = w.add(i * BlockIq4Xs::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockIq4Xs::BYTES);
+        }
+        let xb = std::slice::from_raw_parts(x, BlockIq4Xs::BYTES);
+        let xd = f16_at(xb, 0);
+        let sh = u16::from_le_bytes([xb[2], xb[3]]);
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut aq = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for b in 0..8 {
+            q[b] = _mm256_shuffle_epi8(table, nibbles32(x.add(8 + 16 * b)));
+            aq[b] = _mm256_sign_epi8(q[b], q[b]);
+            let lo = (xb[4 + b / 2] >> (4 * (b % 2))) & 0x0f;
+            let hi = ((sh >> (2 * b)) & 3) as u8;
+            sc[b] = _mm256_set1_epi16((lo | (hi << 4)) as i16 - 32);
+        }
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let mut sumi = _mm256_setzero_si256();
+            for b in 0..8 {
+                let sy = _mm256_sign_epi8(ld256(y.add(Q8K_QS + 32 * b)), q[b]);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[b], sy), sc[b]);
+                sumi = _mm256_add_epi32(sumi, p);
+            }
+            if ORD == ORD_TILED {
+                acc[c] = (hsum_i32(sumi) as f32 * xd).mul_add(yd, acc[c]);
+            } else {
+                acc8[c] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(xd * yd), _mm256_cvtepi32_ps(sumi), acc8[c]);
+            }
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = if ORD == ORD_TILED {
+            acc[c]
+        } else {
+            hsum_ps(acc8[c])
+        };
+    }
+}
+
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel in order `$ord`.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident, $ord:expr) => {
@@ -373,6 +438,8 @@ many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many, ORD_SINGLE);
 many_entry_k!(q6_k_tiled_many_entry, BlockQ6K, q6_k_many, ORD_TILED);
 many_entry_k!(q5_k_many_entry, BlockQ5K, q5_k_many, ORD_SINGLE);
 many_entry_k!(q5_k_tiled_many_entry, BlockQ5K, q5_k_many, ORD_TILED);
+many_entry_k!(iq4_xs_many_entry, BlockIq4Xs, iq4_xs_many, ORD_SINGLE);
+many_entry_k!(iq4_xs_tiled_many_entry, BlockIq4Xs, iq4_xs_many, ORD_TILED);
 
 single_from_many!(q4_k_q8_k, BlockQ4K, BlockQ8K, q4_k_many_entry);
 single_from_many!(q6_k_q8_k, BlockQ6K, BlockQ8K, q6_k_many_entry);
@@ -381,6 +448,13 @@ single_from_many!(q4_k_q8_k_gemm4, BlockQ4K, BlockQ8K, q4_k_gemm4_many_entry);
 single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
 single_from_many!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_many_entry);
 single_from_many!(q5_k_q8_k_tiled, BlockQ5K, BlockQ8K, q5_k_tiled_many_entry);
+single_from_many!(iq4_xs_q8_k, BlockIq4Xs, BlockQ8K, iq4_xs_many_entry);
+single_from_many!(
+    iq4_xs_q8_k_tiled,
+    BlockIq4Xs,
+    BlockQ8K,
+    iq4_xs_tiled_many_entry
+);
 
 // ---------------------------------------------------------------------------------------
 // K-quants. Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.

@@ -241,6 +241,9 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q5_K, Tiled, Avx2), Q5K_TILED, &p::Q5_K_TILED),
         packed_row_k((T::Q5_K, Tiled, Avx2Vnni), Q5K_TILED, &p::Q5_K_TILED),
         packed_row_k((T::Q5_K, Tiled, Avx512), Q5K_TILED, &p::Q5_K_TILED),
+        // IQ4_XS: ggml's AVX2 `vec_dot` and the tiled GEMM's order over the file's rows.
+        row(T::IQ4_XS, Single, Avx2, k::iq4_xs_q8_k, Some(k::iq4_xs_many_entry), false),
+        row(T::IQ4_XS, Tiled, Avx2, k::iq4_xs_q8_k_tiled, Some(k::iq4_xs_tiled_many_entry), false),
         // The fast order: eight weight rows in the lanes of a register.
         fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true),
         fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into, l::q4_1_fast_packed_into), false),
