@@ -282,6 +282,13 @@ fn qwen3_dense_iq4_xs() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Xs, 256);
 }
 
+/// Q3_K weights (llama.cpp's Q3_K_M mix: Q4_K and Q5_K where it puts them): ggml's AVX2
+/// `vec_dot` order for the decode tokens, the tiled GEMM's for the prompt.
+#[test]
+fn qwen3_dense_q3_k_m() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q3KM, 256);
+}
+
 #[test]
 fn qwen3_moe() {
     check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);

@@ -210,6 +210,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q8_0, Single, q8_0::vec_dot_q8_0),
         scalar_row(T::Q2_K, Single, q2_k::vec_dot_q8k),
         scalar_row(T::Q3_K, Single, q3_k::vec_dot_q8k),
+        scalar_row(T::Q3_K, Tiled, q3_k::vec_dot_q8k_tiled),
         scalar_row(T::Q4_K, Single, q4_k::vec_dot_q8k),
         scalar_row(T::Q4_K, Tiled, q4_k::vec_dot_q8k_tiled),
         scalar_row(T::Q4_K, Gemm4, q4_k::vec_dot_q8k_gemm4),
@@ -237,6 +238,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::Q5_K, Fast, q5_k::vec_dot_q8k_tiled),
         scalar_row(T::Q6_K, Fast, q6_k::vec_dot_q8k_tiled),
         scalar_row(T::IQ4_XS, Fast, iq4_xs::vec_dot_q8k_tiled),
+        scalar_row(T::Q3_K, Fast, q3_k::vec_dot_q8k_tiled),
         // MXFP4's and IQ4_NL's repacked order already forms one integer sum per block.
         scalar_row(T::MXFP4, Fast, mxfp4::vec_dot_q8_0_repacked),
         scalar_row(T::IQ4_NL, Fast, iq4_nl::vec_dot_q8_0_repacked),
@@ -271,7 +273,8 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
 /// run `vec_dot` (`DotOrder::Single`). IQ4_NL matrices go the same two ways
 /// (`iq4_nl_8x8_q8_0`, the same gemv and gemm templates). IQ4_XS matrices are never
-/// repacked: ggml's AVX2 `vec_dot` below 8 tokens, the tiled GEMM from 8 up.
+/// repacked, and neither are Q3_K ones: ggml's AVX2 `vec_dot` below 8 tokens, the tiled GEMM
+/// from 8 up.
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
         // F32 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` for one.
@@ -284,7 +287,9 @@ pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder
                 DotOrder::Single
             }
         }
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS if n >= 8 => {
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+            if n >= 8 =>
+        {
             DotOrder::Tiled
         }
         _ => DotOrder::Single,
@@ -406,6 +411,7 @@ pub fn ggml_generic_dot(ty: GgmlType) -> Option<DotFn> {
         T::Q6_K => q6_k::vec_dot_q8k_ref,
         T::MXFP4 => mxfp4::vec_dot_q8_0_ref,
         T::IQ4_XS => iq4_xs::vec_dot_q8k_ref,
+        T::Q3_K => q3_k::vec_dot_q8k_ref,
         _ => return scalar(ty, DotOrder::Single).map(|k| k.dot),
     })
 }

@@ -35,7 +35,13 @@ fn fast_like() -> impl Iterator<Item = (GgmlType, DotOrder)> {
 }
 
 /// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
-const K_TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const K_TYPES: [GgmlType; 5] = [
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::IQ4_XS,
+];
 
 fn floats(rng: &mut StdRng, n: usize) -> Vec<f32> {
     let spike = rng.gen_bool(0.3);
@@ -63,6 +69,7 @@ fn weight_row(rng: &mut StdRng, ty: GgmlType, n: usize, raw: bool) -> Vec<u8> {
     let fields: &[usize] = match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::Q3_K => &[108],
         GgmlType::MXFP4 => &[],
         _ => &[0],
     };
@@ -229,6 +236,10 @@ fn packed_kernels_match_the_twin() {
             (GgmlType::Q5_K, DotOrder::Tiled),
             (GgmlType::Q6_K, DotOrder::Single),
             (GgmlType::Q6_K, DotOrder::Tiled),
+            (GgmlType::IQ4_XS, DotOrder::Single),
+            (GgmlType::IQ4_XS, DotOrder::Tiled),
+            (GgmlType::Q3_K, DotOrder::Single),
+            (GgmlType::Q3_K, DotOrder::Tiled),
         ]);
     for (ty, order) in cases {
         assert!(quant::packs(ty));
@@ -404,6 +415,8 @@ fn fast_lookups_stay_on_simd() {
         (GgmlType::Q4_K, DotOrder::Single),
         (GgmlType::Q5_K, DotOrder::Tiled),
         (GgmlType::Q6_K, DotOrder::Tiled),
+        (GgmlType::IQ4_XS, DotOrder::Tiled),
+        (GgmlType::Q3_K, DotOrder::Tiled),
         (GgmlType::MXFP4, DotOrder::Gemm4),
         (GgmlType::IQ4_NL, DotOrder::Gemm4),
     ] {

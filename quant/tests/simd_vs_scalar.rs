@@ -47,8 +47,10 @@ const TYPES: [GgmlType; 13] = [
 /// formats' repacked order and the fast order of the 32-element formats, the table formats
 /// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
 /// `tests/mxfp4.rs` MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 18] = [
+const ORDERED: [(GgmlType, DotOrder); 20] = [
     (GgmlType::Q5_K, DotOrder::Tiled),
+    (GgmlType::Q3_K, DotOrder::Tiled),
+    (GgmlType::Q3_K, DotOrder::Fast),
     (GgmlType::IQ4_XS, DotOrder::Tiled),
     (GgmlType::IQ4_XS, DotOrder::Fast),
     (GgmlType::Q5_K, DotOrder::Fast),

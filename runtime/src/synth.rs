@@ -44,7 +44,7 @@ pub enum SynthError {
     #[error("unknown shape {0:?} (known: {known})", known = SHAPE_NAMES.join(", "))]
     UnknownShape(String),
     #[error(
-        "unknown quantization {0:?} (known: q4_k_m, q5_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl, iq4_xs)"
+        "unknown quantization {0:?} (known: q3_k_m, q4_k_m, q5_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl, iq4_xs)"
     )]
     UnknownQuant(String),
     #[error("invalid shape: {0}")]
@@ -591,6 +591,10 @@ pub enum SynthQuant {
     /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output, and for attn_v and
     /// ffn_down in the layers `use_more_bits` picks; Q5_K for a fused QKV.
     Q4KM,
+    /// llama.cpp's Q3_K_M mix: Q3_K, with Q6_K for the output, Q4_K for attn_output, a
+    /// fused QKV and ffn_down (Q5_K in the first sixteenth of the layers), attn_v Q5_K in
+    /// the first two layers and Q4_K after.
+    Q3KM,
     /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K for the output, a fused QKV, and attn_v
     /// and ffn_down in the layers `use_more_bits` picks.
     Q5KM,
@@ -613,6 +617,7 @@ impl SynthQuant {
     pub fn parse(s: &str) -> Result<SynthQuant, SynthError> {
         match s.to_ascii_lowercase().as_str() {
             "q4_k_m" => Ok(SynthQuant::Q4KM),
+            "q3_k_m" => Ok(SynthQuant::Q3KM),
             "q5_k_m" => Ok(SynthQuant::Q5KM),
             "q4_0" => Ok(SynthQuant::Q4_0),
             "q8_0" => Ok(SynthQuant::Q8_0),
@@ -626,6 +631,7 @@ impl SynthQuant {
     pub fn name(self) -> &'static str {
         match self {
             SynthQuant::Q4KM => "q4_k_m",
+            SynthQuant::Q3KM => "q3_k_m",
             SynthQuant::Q5KM => "q5_k_m",
             SynthQuant::Q4_0 => "q4_0",
             SynthQuant::Q8_0 => "q8_0",
@@ -639,6 +645,7 @@ impl SynthQuant {
     pub fn ftype(self) -> u32 {
         match self {
             SynthQuant::Q4KM => 15,
+            SynthQuant::Q3KM => 12,
             SynthQuant::Q5KM => 17,
             SynthQuant::Q4_0 => 2,
             SynthQuant::Q8_0 => 7,
@@ -710,6 +717,15 @@ pub fn tensor_type(
             Role::AttnV | Role::FfnDown | Role::ExpDown if use_more_bits(layer, n_layer) => T::Q6_K,
             Role::AttnQkv => T::Q5_K,
             _ => T::Q4_K,
+        },
+        SynthQuant::Q3KM => match role {
+            _ if output => T::Q6_K,
+            Role::AttnV if layer < 2 => T::Q5_K,
+            Role::FfnDown | Role::ExpDown if layer < n_layer / 16 => T::Q5_K,
+            Role::AttnV | Role::AttnOutput | Role::AttnQkv | Role::FfnDown | Role::ExpDown => {
+                T::Q4_K
+            }
+            _ => T::Q3_K,
         },
         SynthQuant::Q5KM => match role {
             _ if output => T::Q6_K,
@@ -1271,6 +1287,15 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
             for b in out.chunks_exact_mut(bs) {
                 b[0..2].copy_from_slice(&signed_jitter(rng, base).to_le_bytes());
                 rng.fill(&mut b[2..18]);
+            }
+        }
+        GgmlType::Q3_K => {
+            // x = d * (sc - 32) * q with q uniform on -4..4 (rms ~2.35) and the 6-bit
+            // scales uniform (sc - 32 on -32..32, rms ~18.5); d (at 108) of either sign.
+            let base = WEIGHT_STD / (2.35 * 18.5);
+            for b in out.chunks_exact_mut(bs) {
+                rng.fill(&mut b[0..108]);
+                b[108..110].copy_from_slice(&signed_jitter(rng, base).to_le_bytes());
             }
         }
         GgmlType::IQ4_XS => {

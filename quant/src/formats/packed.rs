@@ -44,6 +44,8 @@ pub fn packs(ty: GgmlType) -> bool {
             | GgmlType::Q6_K
             | GgmlType::MXFP4
             | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS
+            | GgmlType::Q3_K
     )
 }
 
@@ -126,8 +128,22 @@ fn elements(l: &Layout, b: &[u8]) -> [u8; 32] {
 ///   in bits `2i..2i+2`). Every kernel reads a super-block front to back: the hardware
 ///   prefetchers see one ascending stream (two interleaved ones halved decode's
 ///   bandwidth).
+/// * IQ4_XS (8 x 136 bytes): the rows' `d` (f16 x 8); 32 bytes of the low nibbles of the
+///   six-bit sub-block scales (sub-block `b`'s in byte `16 + 8·(b % 4) + r`, nibble
+///   `b / 4`); 16 bytes of their top bit pairs (byte `48 + 8·(b % 2) + r`, bits
+///   `2·(b / 2)..`); then per sub-block `b` 128 bytes of table indices, four vectors as
+///   for Q4_0.
+/// * Q3_K (8 x 110 bytes): the rows' `d` (f16 x 8); 64 bytes of the low nibbles of the
+///   16 six-bit scales (sub-block `s`'s in byte `16 + 8·(s % 8) + r`, nibble `s / 8`); 32
+///   bytes of their top bit pairs (byte `80 + 8·(s % 4) + r`, bits `2·(s / 4)..`); then per
+///   32-element chunk `j` 96 bytes of `q + 4` (0..=7): two vectors of low bit pairs
+///   (vector `h`: register `4h + i`'s in bits `2i..2i+2`), then one vector of high bits
+///   (bit `k`: register `k`'s).
 pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<(), QuantError> {
-    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
+    let k_quant = matches!(
+        ty,
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+    );
     let l = match layout(ty) {
         Some(l) => l,
         None if k_quant => Layout {
@@ -171,6 +187,8 @@ pub fn pack8(ty: GgmlType, src: &[u8], n_in: usize, dst: &mut [u8]) -> Result<()
                 match ty {
                     GgmlType::Q4_K => pack_q45_k(block, out, false),
                     GgmlType::Q5_K => pack_q45_k(block, out, true),
+                    GgmlType::IQ4_XS => pack_iq4_xs(block, out),
+                    GgmlType::Q3_K => pack_q3_k(block, out),
                     _ => pack_q6_k(block, out),
                 }
             }
@@ -255,6 +273,53 @@ fn pack_q45_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8], five: bool)
                     or_u32(out, base + 128 + 4 * r, f << k);
                 }
             }
+        }
+    }
+}
+
+/// One super-block of an IQ4_XS group into `out`.
+fn pack_iq4_xs<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    use super::common::Block;
+    use super::iq4_xs::BlockIq4Xs;
+    for r in 0..PACK_ROWS {
+        let b = BlockIq4Xs::read(block(r));
+        out[2 * r..2 * r + 2].copy_from_slice(&b.d.to_le_bytes());
+        for s in 0..8 {
+            let ls = (b.scale(s) + 32) as u8;
+            out[16 + 8 * (s % 4) + r] |= (ls & 0x0f) << (4 * (s / 4));
+            out[48 + 8 * (s % 2) + r] |= (ls >> 4) << (2 * (s / 2));
+            // Element j of sub-block s: nibble j / 16 of qs[16s + j % 16].
+            let q = |j: usize| (b.qs[16 * s + j % 16] >> (4 * (j / 16))) & 0x0f;
+            for k in 0..8 {
+                let v = u32::from_le_bytes(std::array::from_fn(|e| q(4 * k + e)));
+                or_u32(out, 64 + 128 * s + 32 * (k / 2) + 4 * r, v << (4 * (k % 2)));
+            }
+        }
+    }
+}
+
+/// One super-block of a Q3_K group into `out`.
+fn pack_q3_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    use super::common::Block;
+    use super::q3_k::{unpack_scales, BlockQ3K};
+    for r in 0..PACK_ROWS {
+        let b = BlockQ3K::read(block(r));
+        out[2 * r..2 * r + 2].copy_from_slice(&b.d.to_le_bytes());
+        for (s, &ls) in unpack_scales(&b.scales).iter().enumerate() {
+            out[16 + 8 * (s % 8) + r] |= (ls & 0x0f) << (4 * (s / 8));
+            out[80 + 8 * (s % 4) + r] |= (ls >> 4) << (2 * (s / 4));
+        }
+        let q = b.unpack();
+        for k in 0..64 {
+            // Register k's four values of this row, offset to 0..=7; chunk j = k / 8.
+            let u = u32::from_le_bytes(std::array::from_fn(|e| (q[4 * k + e] + 4) as u8));
+            let (unit, k8) = (112 + 96 * (k / 8), k % 8);
+            or_u32(
+                out,
+                unit + 32 * (k8 / 4) + 4 * r,
+                (u & 0x0303_0303) << (2 * (k8 % 4)),
+            );
+            or_u32(out, unit + 64 + 4 * r, ((u >> 2) & 0x0101_0101) << k8);
         }
     }
 }

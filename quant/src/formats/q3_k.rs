@@ -9,6 +9,7 @@ use super::q2_k::pack_2bit;
 use super::q8_k::BlockQ8K;
 use super::search::make_q3_quants;
 use crate::f16::{f16_to_f32, f32_to_f16};
+use crate::order::hsum_lanes;
 use crate::GgmlType;
 
 /// `block_q3_K`.
@@ -151,7 +152,7 @@ pub(crate) fn unpack_scales_lanes(s: &[u8]) -> (u64, u64) {
 impl BlockQ3K {
     /// The 256 signed quants (`-4..=3`) in element order.
     #[inline]
-    fn unpack(&self) -> [i8; QK_K] {
+    pub(crate) fn unpack(&self) -> [i8; QK_K] {
         let mut a = [0i8; QK_K];
         for (j, a) in a.iter_mut().enumerate() {
             let (h, r) = (j / 128, j % 128);
@@ -164,8 +165,61 @@ impl BlockQ3K {
     }
 }
 
-/// `ggml_vec_dot_q3_K_q8_K_generic`: same lane structure as Q6_K with `sc - 32` scales.
+/// The exact integer lanes of a super-block in ggml's AVX2 layout: lane `l` of eight sums
+/// `(sc_s - 32) · Σ q·y` over elements `32c + 4l..32c + 4l + 4` of every 32-element chunk
+/// `c`, `s` the 16-element sub-block they lie in (`2c + l / 4`).
+#[inline]
+fn lane_sums(x: &BlockQ3K, y: &BlockQ8K) -> [i32; 8] {
+    let q = x.unpack();
+    let sc = unpack_scales(&x.scales);
+    let mut lanes = [0i32; 8];
+    for c in 0..8 {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let e = 32 * c + 4 * l;
+            let p: i32 = (e..e + 4).map(|e| q[e] as i32 * y.qs[e] as i32).sum();
+            *lane += (sc[e / 16] as i32 - 32) * p;
+        }
+    }
+    lanes
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's AVX2 `ggml_vec_dot_q3_K_q8_K`,
+/// what llama.cpp's x86 builds (AVX-512 ones too) run below eight tokens
+/// ([`crate::DotOrder::Single`]): per super-block the eight integer lanes of [`lane_sums`]
+/// fused into eight float lanes, `acc_l = fma(y.d · x.d, f32(s_l), acc_l)`, then
+/// `hsum_float_8`.
 pub fn vec_dot_q8k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ3K, BlockQ8K>(w, a);
+    let mut acc = [0.0f32; 8];
+    for i in 0..nb {
+        let x = BlockQ3K::read(&w[i * BlockQ3K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let d = y.d * f16_to_f32(x.d);
+        for (acc, s) in acc.iter_mut().zip(lane_sums(&x, &y)) {
+            *acc = d.mul_add(s as f32, *acc);
+        }
+    }
+    hsum_lanes(&acc)
+}
+
+/// Dot with a Q8_K activation row in the order of ggml's tiled GEMM for Q3_K, which
+/// llama.cpp runs from eight tokens up ([`crate::DotOrder::Tiled`]; also the fast order):
+/// per super-block one exact integer sum `s = Σ_s (sc_s - 32) · Σ q·y`, then
+/// `acc = fma(f32(s) · x.d, y.d, acc)`.
+pub fn vec_dot_q8k_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockQ3K, BlockQ8K>(w, a);
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        let x = BlockQ3K::read(&w[i * BlockQ3K::BYTES..]);
+        let y = BlockQ8K::read(&a[i * BlockQ8K::BYTES..]);
+        let s: i32 = lane_sums(&x, &y).iter().sum();
+        acc = (s as f32 * f16_to_f32(x.d)).mul_add(y.d, acc);
+    }
+    acc
+}
+
+/// `ggml_vec_dot_q3_K_q8_K_generic`: same lane structure as Q6_K with `sc - 32` scales.
+pub fn vec_dot_q8k_ref(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ3K, BlockQ8K>(w, a);
     let mut sums = [0.0f32; 8];
     for i in 0..nb {

@@ -1,15 +1,14 @@
 //! The K-quants on NEON. Q4_K and Q6_K as tiles (one weight block unpacked once for up to
 //! eight Q8_K activation rows) in each of llama.cpp's kernel orders, and Q2_K, with and
-//! without `sdot`; Q3_K and Q5_K one-row on plain NEON. Twins:
-//! `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`,
-//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`.
+//! without `sdot`; Q3_K, Q5_K and IQ4_XS one-row on plain NEON. Twins:
+//! `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`, `q2_k::vec_dot_q8k`,
+//! `q3_k/q5_k/iq4_xs::vec_dot_q8k{,_tiled}`.
 //!
 //! Q4_K, Q6_K's tiled order and Q2_K need only exact integer sums per super-block (or per
 //! 64-element chunk), whatever lanes form them. Q6_K's and Q5_K's one-row orders keep
 //! eight lanes of 4-element groups, exactly what `sdot` forms (Q5_K forms them with
-//! widening multiplies and pairwise adds). Q3_K keeps ggml's generic order (integer lane
-//! `e % 8` per element, multiply then add into float lanes): widening multiplies put
-//! element `e` in lane `e % 8` directly, so it needs no `sdot` variant.
+//! widening multiplies and pairwise adds), as do Q3_K's and IQ4_XS's (IQ4_XS after
+//! x86's sign trick, which `sdot` would not reproduce for a forged -128).
 //!
 //! Q8_K block: d (f32) at 0, qs at 4..260, bsums (16 x i16) at 260..292.
 
@@ -18,6 +17,7 @@ use core::arch::aarch64::*;
 use super::simd::*;
 use crate::contract::{check_tile, ActSide};
 use crate::formats::common::{check_dot, Block};
+use crate::formats::iq4_xs::BlockIq4Xs;
 use crate::formats::q2_k::BlockQ2K;
 use crate::formats::q3_k::{unpack_scales_lanes, BlockQ3K};
 use crate::formats::q4_k::{scales_mins_lanes, tiled_step, BlockQ4K};
@@ -391,27 +391,6 @@ pub(super) fn q2_k_dot<D: Level>(w: &[u8], a: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------
 // Q3_K and Q5_K in ggml's generic order: integer lane e % 8, float lanes multiply-add.
 
-/// `aux[l] += scale * (p[l] + p[l + 8])` for the two i16 product halves of 16 elements:
-/// a widening multiply puts element `e` of a 16-element group in lane `e % 8`.
-#[inline(always)]
-unsafe fn lanes_e8(
-    aux: (int32x4_t, int32x4_t),
-    p: int16x8_t,
-    scale: i16,
-) -> (int32x4_t, int32x4_t) {
-    (
-        vmlal_n_s16(aux.0, vget_low_s16(p), scale),
-        vmlal_high_n_s16(aux.1, p, scale),
-    )
-}
-
-/// Products of 16 quants with 16 activations folded into eight i16 lanes: lane `l` =
-/// `q[l] y[l] + q[l + 8] y[l + 8]`, added to `acc` (callers keep it below 2^15).
-#[inline(always)]
-unsafe fn prod_e8(acc: int16x8_t, q: int8x16_t, y: int8x16_t) -> int16x8_t {
-    vmlal_high_s8(vmlal_s8(acc, vget_low_s8(q), vget_low_s8(y)), q, y)
-}
-
 /// Q3_K's 16 six-bit scales minus 32 (`q3_k::unpack_scales(..) - 32`), from the 12 bytes
 /// at `p`.
 #[inline(always)]
@@ -422,12 +401,16 @@ unsafe fn q3_k_scales(p: *const u8) -> [i16; 16] {
 }
 
 /// # Safety
-/// `w` holds `nb` Q3_K blocks and `a` `nb` Q8_K blocks.
+/// `w` holds `nb` Q3_K blocks and `a` `nb` Q8_K blocks. Without `TILED` ggml's AVX2
+/// `vec_dot` order (`q3_k::vec_dot_q8k`): lane `l` of eight sums `(sc_s - 32) · Σ q·y`
+/// over elements `32c + 4l..+4` of every chunk `c`, fused into float lanes, summed as
+/// `hsum_float_8`; with it the tiled GEMM's order (`q3_k::vec_dot_q8k_tiled`).
 #[inline(always)]
-unsafe fn q3_k_body(w: *const u8, a: *const u8, nb: usize) -> f32 {
+unsafe fn q3_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let m3 = vdupq_n_u8(3);
     let four = vdupq_n_u8(4);
-    let mut sums = F8::zero();
+    let mut acc8 = F8::zero();
+    let mut acc = 0.0f32;
     for i in 0..nb {
         let x = w.add(i * BlockQ3K::BYTES);
         let y = a.add(i * BlockQ8K::BYTES);
@@ -435,39 +418,44 @@ unsafe fn q3_k_body(w: *const u8, a: *const u8, nb: usize) -> f32 {
         // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
         let sc = q3_k_scales(x.add(96));
         let hm = [ld_u8(x), ld_u8(x.add(16))];
-        let mut aux = (vdupq_n_s32(0), vdupq_n_s32(0));
+        let (mut s_lo, mut s_hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
         for h in 0..2 {
             let mut q = [ld_u8(x.add(32 + 32 * h)), ld_u8(x.add(48 + 32 * h))];
             for c in 0..4 {
                 // Elements 128h + 32c + 16half + (0..16), sub-block 8h + 2c + half:
-                // bits 2c.. of qs, minus 4 where bit 4h + c of hmask is clear.
+                // bits 2c.. of qs, minus 4 where bit 4h + c of hmask is clear. The first
+                // half gives lanes 0..4, the second lanes 4..8.
                 let bit = vdupq_n_u8(1 << (4 * h + c));
-                for half in 0..2 {
+                let v: [int8x16_t; 2] = core::array::from_fn(|half| {
                     let low = vandq_u8(q[half], m3);
-                    let sub4 = vbicq_u8(four, vtstq_u8(hm[half], bit));
-                    let v = s8(vsubq_u8(low, sub4));
-                    let yv = ld_s8(yq.add(128 * h + 32 * c + 16 * half));
-                    let p = prod_e8(vdupq_n_s16(0), v, yv);
-                    aux = lanes_e8(aux, p, sc[8 * h + 2 * c + half]);
-                }
+                    s8(vsubq_u8(low, vbicq_u8(four, vtstq_u8(hm[half], bit))))
+                });
+                let sb = yq.add(128 * h + 32 * c);
+                let s = 8 * h + 2 * c;
+                s_lo = vmlaq_n_s32(s_lo, sum4(v[0], ld_s8(sb)), sc[s] as i32);
+                s_hi = vmlaq_n_s32(s_hi, sum4(v[1], ld_s8(sb.add(16))), sc[s + 1] as i32);
                 q = [vshrq_n_u8::<2>(q[0]), vshrq_n_u8::<2>(q[1])];
             }
         }
-        let d = f16_at(x.add(108)) * f32_at(y);
-        sums = sums.mul_add_unfused(d, aux.0, aux.1);
+        let (yd, xd) = (f32_at(y), f16_at(x.add(108)));
+        if TILED {
+            let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
+            acc = (s as f32 * xd).mul_add(yd, acc);
+        } else {
+            acc8 = acc8.fma(yd * xd, s_lo, s_hi);
+        }
     }
-    let mut sumf = 0.0f32;
-    for s in sums.to_array() {
-        sumf += s;
+    if TILED {
+        acc
+    } else {
+        acc8.hsum()
     }
-    sumf
 }
 
-/// `Σ q·y` over each group of four consecutive bytes of `q` (unsigned, at most 31) and
-/// `y`: lanes 0..4 for bytes 0..16 (exact: a widened product is at most 31 · 128).
+/// `Σ q·y` over each group of four consecutive bytes of `q` and `y`: lanes 0..4 for
+/// bytes 0..16 (exact: a widened product of two bytes fits an i16).
 #[inline(always)]
-unsafe fn sum4_u5(q: uint8x16_t, y: int8x16_t) -> int32x4_t {
-    let q = s8(q);
+unsafe fn sum4(q: int8x16_t, y: int8x16_t) -> int32x4_t {
     let lo = vpaddlq_s16(vmull_s8(vget_low_s8(q), vget_low_s8(y)));
     let hi = vpaddlq_s16(vmull_high_s8(q, y));
     vpaddq_s32(lo, hi)
@@ -483,7 +471,7 @@ unsafe fn sum4_u5(q: uint8x16_t, y: int8x16_t) -> int32x4_t {
 unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let m4 = vdupq_n_u8(0x0f);
     let bit4 = vdupq_n_u8(0x10);
-    let (mut acc_lo, mut acc_hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+    let mut acc8 = F8::zero();
     let mut summs = 0.0f32;
     let mut acc = 0.0f32;
     for i in 0..nb {
@@ -510,8 +498,8 @@ unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) ->
                 });
                 let sb = yq.add(64 * k + 32 * s);
                 let scale = sc[2 * k + s] as i32;
-                s_lo = vmlaq_n_s32(s_lo, sum4_u5(v[0], ld_s8(sb)), scale);
-                s_hi = vmlaq_n_s32(s_hi, sum4_u5(v[1], ld_s8(sb.add(16))), scale);
+                s_lo = vmlaq_n_s32(s_lo, sum4(s8(v[0]), ld_s8(sb)), scale);
+                s_hi = vmlaq_n_s32(s_hi, sum4(s8(v[1]), ld_s8(sb.add(16))), scale);
             }
         }
         let yd = f32_at(y);
@@ -524,9 +512,7 @@ unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) ->
                 .sum();
             acc = tiled_step(s, m, xd, xdmin, yd, acc);
         } else {
-            let d = vdupq_n_f32(yd * xd);
-            acc_lo = vfmaq_f32(acc_lo, vcvtq_f32_s32(s_lo), d);
-            acc_hi = vfmaq_f32(acc_hi, vcvtq_f32_s32(s_hi), d);
+            acc8 = acc8.fma(yd * xd, s_lo, s_hi);
             // The 32-element sums as an i16 pair sum (wrapping), as the twin.
             let m: i32 = (0..8)
                 .map(|j| mn[j] as i32 * bsum(2 * j).wrapping_add(bsum(2 * j + 1)) as i32)
@@ -535,20 +521,85 @@ unsafe fn q5_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) ->
         }
     }
     if TILED {
-        return acc;
+        acc
+    } else {
+        acc8.hsum() + summs
     }
-    let mut l = [0.0f32; 8];
-    vst1q_f32(l.as_mut_ptr(), acc_lo);
-    vst1q_f32(l.as_mut_ptr().add(4), acc_hi);
-    crate::order::hsum_lanes(&l) + summs
 }
 
-/// The one-row Q3_K kernel (plain NEON).
-pub(super) fn q3_k_dot(w: &[u8], a: &[u8]) -> f32 {
+/// `Σ |w|·(y with w's sign)` over each group of four consecutive bytes: lanes 0..4 for
+/// bytes 0..16. ggml's x86 sign trick (`mul_add_epi8`), which the IQ4_XS twin follows:
+/// the exact products for every activation the quantizer writes, and the x86 kernels'
+/// for a forged -128 (its negation wraps).
+#[inline(always)]
+unsafe fn sum4_sign(w: int8x16_t, y: int8x16_t) -> int32x4_t {
+    let aw = vabsq_s8(w);
+    let sy = vbslq_s8(vcltzq_s8(w), vnegq_s8(y), y);
+    let lo = vpaddlq_s16(vmull_s8(vget_low_s8(aw), vget_low_s8(sy)));
+    let hi = vpaddlq_s16(vmull_high_s8(aw, sy));
+    vpaddq_s32(lo, hi)
+}
+
+/// # Safety
+/// `w` holds `nb` IQ4_XS blocks and `a` `nb` Q8_K blocks. Without `TILED` ggml's AVX2
+/// `vec_dot` order (`iq4_xs::vec_dot_q8k`): lane `l` of eight sums `ls_b · Σ q·y` over
+/// elements `4l..4l+4` of every sub-block `b`, fused into float lanes, summed as
+/// `hsum_float_8`; with it the tiled GEMM's order (`iq4_xs::vec_dot_q8k_tiled`).
+#[inline(always)]
+unsafe fn iq4_xs_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    let table = vld1q_s8(crate::formats::iq4_nl::KVALUES.as_ptr());
+    let m4 = vdupq_n_u8(0x0f);
+    let mut acc8 = F8::zero();
+    let mut acc = 0.0f32;
+    for i in 0..nb {
+        // d at 0, scales_h at 2, scales_l at 4..8, qs at 8..136 (16 bytes per sub-block).
+        let x = w.add(i * BlockIq4Xs::BYTES);
+        let y = a.add(i * BlockQ8K::BYTES);
+        let yq = y.add(Q8K_QS);
+        let sh = x.add(2).cast::<u16>().read_unaligned();
+        let (mut s_lo, mut s_hi) = (vdupq_n_s32(0), vdupq_n_s32(0));
+        for b in 0..8 {
+            let lo = (*x.add(4 + b / 2) >> (4 * (b % 2))) & 0x0f;
+            let ls = (lo | (((sh >> (2 * b)) & 3) as u8) << 4) as i32 - 32;
+            let q = ld_u8(x.add(8 + 16 * b));
+            // Elements 0..16 (low nibbles) give lanes 0..4, 16..32 lanes 4..8.
+            let v0 = vqtbl1q_s8(table, vandq_u8(q, m4));
+            let v1 = vqtbl1q_s8(table, vshrq_n_u8::<4>(q));
+            let sb = yq.add(32 * b);
+            s_lo = vmlaq_n_s32(s_lo, sum4_sign(v0, ld_s8(sb)), ls);
+            s_hi = vmlaq_n_s32(s_hi, sum4_sign(v1, ld_s8(sb.add(16))), ls);
+        }
+        let (yd, xd) = (f32_at(y), f16_at(x));
+        if TILED {
+            let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
+            acc = (s as f32 * xd).mul_add(yd, acc);
+        } else {
+            acc8 = acc8.fma(xd * yd, s_lo, s_hi);
+        }
+    }
+    if TILED {
+        acc
+    } else {
+        acc8.hsum()
+    }
+}
+
+/// The one-row IQ4_XS kernel (plain NEON) in its one-token order, or with `TILED` in the
+/// tiled GEMM's.
+pub(super) fn iq4_xs_dot<const TILED: bool>(w: &[u8], a: &[u8]) -> f32 {
+    let nb = check_dot::<BlockIq4Xs, BlockQ8K>(w, a);
+    // SAFETY: NEON is part of every aarch64 target; `check_dot` validated both rows for
+    // `nb` blocks.
+    unsafe { iq4_xs_body::<TILED>(w.as_ptr(), a.as_ptr(), nb) }
+}
+
+/// The one-row Q3_K kernel (plain NEON) in its one-token order, or with `TILED` in the
+/// tiled GEMM's.
+pub(super) fn q3_k_dot<const TILED: bool>(w: &[u8], a: &[u8]) -> f32 {
     let nb = check_dot::<BlockQ3K, BlockQ8K>(w, a);
     // SAFETY: NEON is part of every aarch64 target; `check_dot` validated both rows for
     // `nb` blocks.
-    unsafe { q3_k_body(w.as_ptr(), a.as_ptr(), nb) }
+    unsafe { q3_k_body::<TILED>(w.as_ptr(), a.as_ptr(), nb) }
 }
 
 /// The one-row Q5_K kernel (plain NEON) in its one-token order, or with `TILED` in the

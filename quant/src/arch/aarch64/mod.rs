@@ -20,9 +20,10 @@
 //!
 //! Detection: `sdot` exists only from Armv8.2-A on (optional there), so the `sdot` rows
 //! sit at `Isa::NeonDotprod`, handed out only where `is_aarch64_feature_detected!
-//! ("dotprod")` said yes; plain NEON rows (`Isa::Neon`) run everywhere else. Q3_K and
-//! Q5_K have plain rows only (their lane order is the element index mod 8, which
-//! widening multiplies give directly), so a dotprod CPU falls back to them.
+//! ("dotprod")` said yes; plain NEON rows (`Isa::Neon`) run everywhere else. Q3_K,
+//! Q5_K and IQ4_XS have plain rows only (their lanes of four consecutive bytes come from
+//! widening multiplies and pairwise adds; IQ4_XS's products follow x86's sign trick), so
+//! a dotprod CPU falls back to them.
 //!
 //! Files: `simd` (shared helpers and the two levels), `legacy` (32-element formats),
 //! `kquants` (K-quants), `f16` (attention's f32 x f16 products).
@@ -99,9 +100,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::Q6_K, Single, Neon, k::q6_k_dot::<Plain, ORD_SINGLE>, Some(k::q6_k_tile::<Plain, ORD_SINGLE>)),
         row(T::Q6_K, Tiled, Neon, k::q6_k_dot::<Plain, ORD_TILED>, Some(k::q6_k_tile::<Plain, ORD_TILED>)),
         row(T::Q2_K, Single, Neon, k::q2_k_dot::<Plain>, None),
-        row(T::Q3_K, Single, Neon, k::q3_k_dot, None),
+        row(T::Q3_K, Single, Neon, k::q3_k_dot::<false>, None),
+        row(T::Q3_K, Tiled, Neon, k::q3_k_dot::<true>, None),
         row(T::Q5_K, Single, Neon, k::q5_k_dot::<false>, None),
         row(T::Q5_K, Tiled, Neon, k::q5_k_dot::<true>, None),
+        row(T::IQ4_XS, Single, Neon, k::iq4_xs_dot::<false>, None),
+        row(T::IQ4_XS, Tiled, Neon, k::iq4_xs_dot::<true>, None),
         row(T::Q4_0, Single, NeonDotprod, l::dot::<Q4_0, Dotprod>, Some(l::tile::<Q4_0, Dotprod>)),
         row(T::Q4_1, Single, NeonDotprod, l::dot::<Q4_1, Dotprod>, Some(l::tile::<Q4_1, Dotprod>)),
         row(T::Q5_0, Single, NeonDotprod, l::dot::<Q5_0, Dotprod>, Some(l::tile::<Q5_0, Dotprod>)),

@@ -139,24 +139,6 @@ impl F8 {
         }
     }
 
-    /// `self[l] += d * f32(lanes[l])`, multiply then add (two roundings, no FMA).
-    #[inline(always)]
-    pub unsafe fn mul_add_unfused(self, d: f32, lo: int32x4_t, hi: int32x4_t) -> F8 {
-        F8 {
-            lo: vaddq_f32(self.lo, vmulq_n_f32(vcvtq_f32_s32(lo), d)),
-            hi: vaddq_f32(self.hi, vmulq_n_f32(vcvtq_f32_s32(hi), d)),
-        }
-    }
-
-    /// The lanes in order.
-    #[inline(always)]
-    pub unsafe fn to_array(self) -> [f32; 8] {
-        let mut out = [0.0f32; 8];
-        vst1q_f32(out.as_mut_ptr(), self.lo);
-        vst1q_f32(out.as_mut_ptr().add(4), self.hi);
-        out
-    }
-
     /// `crate::order::hsum_lanes` (ggml's `hsum_float_8`): `v[i] = x[i + 4] + x[i]`, then
     /// `(v0 + v2) + (v1 + v3)`.
     #[inline(always)]

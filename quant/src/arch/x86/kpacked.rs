@@ -27,6 +27,9 @@ use super::legacy::bcast4;
 use super::simd::{arr, ld128, ld256, prefetch_lines};
 use crate::contract::{check_tile_rows, ActSide, TileIntoFn, FAST_TILE_TOKENS};
 use crate::formats::common::Block;
+use crate::formats::iq4_nl::KVALUES;
+use crate::formats::iq4_xs::BlockIq4Xs;
+use crate::formats::q3_k::BlockQ3K;
 use crate::formats::q4_k::BlockQ4K;
 use crate::formats::q5_k::BlockQ5K;
 use crate::formats::q6_k::BlockQ6K;
@@ -70,6 +73,37 @@ trait Rows: Copy {
     /// with four signed activation bytes.
     unsafe fn sub_sums<const Q: usize, const NREG: usize, const BITS: u32>(
         t: &[Self::I],
+        ys: [*const u8; Q],
+        scale: Self::I,
+        acc: &mut [Self::I; Q],
+    );
+    /// Whether `sub_sums` runs on `vpdpbusd`, which takes unsigned weight bytes up to 255
+    /// against any activation byte (without VNNI, `maddubs` pairs overflow past 64).
+    const VNNI: bool;
+    /// `w + 128` per byte: signed weight bytes as the unsigned ones `vpdpbusd` takes.
+    unsafe fn offset8(w: Self::I) -> Self::I;
+    /// `a << 7` per i32 lane.
+    unsafe fn shl7(a: Self::I) -> Self::I;
+    /// `a << 2` per i32 lane.
+    unsafe fn shl2(a: Self::I) -> Self::I;
+    /// `w - k` per byte (wrapping).
+    unsafe fn sub8(w: Self::I, k: i8) -> Self::I;
+    /// `|w|` per byte: the unsigned operand of ggml's sign trick for signed weights.
+    unsafe fn abs8(w: Self::I) -> Self::I;
+    /// [`Rows::scaled_dot4`] for signed weight bytes `w` (`aw` = [`Rows::abs8`]`(w)`,
+    /// at most 127): the products `|w| · (y with w's sign)`, ggml's `mul_add_epi8`.
+    unsafe fn scaled_dot4_s(
+        acc: Self::I,
+        aw: Self::I,
+        w: Self::I,
+        y: *const u8,
+        sc16: Self::I,
+    ) -> Self::I;
+    /// [`Rows::sub_sums`] for signed weight bytes (`aw[k]` = [`Rows::abs8`]`(w[k])`), in
+    /// products of the sign trick; `scale` from [`Rows::scale`].
+    unsafe fn sub_sums_s<const Q: usize, const NREG: usize>(
+        aw: &[Self::I],
+        w: &[Self::I],
         ys: [*const u8; Q],
         scale: Self::I,
         acc: &mut [Self::I; Q],
@@ -130,6 +164,22 @@ macro_rules! ymm_common {
             _mm256_sub_epi32(a, b)
         }
         #[inline(always)]
+        unsafe fn offset8(w: __m256i) -> __m256i {
+            _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+        }
+        #[inline(always)]
+        unsafe fn shl7(a: __m256i) -> __m256i {
+            _mm256_slli_epi32::<7>(a)
+        }
+        #[inline(always)]
+        unsafe fn shl2(a: __m256i) -> __m256i {
+            _mm256_slli_epi32::<2>(a)
+        }
+        #[inline(always)]
+        unsafe fn sub8(w: __m256i, k: i8) -> __m256i {
+            _mm256_sub_epi8(w, _mm256_set1_epi8(k))
+        }
+        #[inline(always)]
         unsafe fn shl5(a: __m256i) -> __m256i {
             _mm256_slli_epi32::<5>(a)
         }
@@ -166,6 +216,7 @@ macro_rules! ymm_common {
 
 impl Rows for Y2 {
     ymm_common!();
+    const VNNI: bool = false;
     #[inline(always)]
     unsafe fn scale(sc: __m256i) -> __m256i {
         // The i16 scale in both halves of its lane, for `pmaddwd`.
@@ -205,10 +256,43 @@ impl Rows for Y2 {
             k0 += run;
         }
     }
+    #[inline(always)]
+    unsafe fn abs8(w: __m256i) -> __m256i {
+        _mm256_sign_epi8(w, w)
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4_s(
+        acc: __m256i,
+        aw: __m256i,
+        w: __m256i,
+        y: *const u8,
+        sc16: __m256i,
+    ) -> __m256i {
+        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(y), w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc16))
+    }
+    #[inline(always)]
+    unsafe fn sub_sums_s<const Q: usize, const NREG: usize>(
+        aw: &[__m256i],
+        w: &[__m256i],
+        ys: [*const u8; Q],
+        scale: __m256i,
+        acc: &mut [__m256i; Q],
+    ) {
+        // A pair of products reaches 2·127·127: each register's i16 pairs widen alone.
+        for k in 0..NREG {
+            for q in 0..Q {
+                let p =
+                    _mm256_maddubs_epi16(aw[k], _mm256_sign_epi8(bcast4(ys[q].add(4 * k)), w[k]));
+                acc[q] = _mm256_add_epi32(acc[q], _mm256_madd_epi16(p, scale));
+            }
+        }
+    }
 }
 
 impl Rows for Yv {
     ymm_common!();
+    const VNNI: bool = true;
     #[inline(always)]
     unsafe fn scale(sc: __m256i) -> __m256i {
         sc
@@ -242,11 +326,66 @@ impl Rows for Yv {
             acc[q] = _mm256_add_epi32(acc[q], _mm256_mullo_epi32(p, scale));
         }
     }
+    #[inline(always)]
+    unsafe fn abs8(w: __m256i) -> __m256i {
+        _mm256_sign_epi8(w, w)
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4_s(
+        acc: __m256i,
+        aw: __m256i,
+        w: __m256i,
+        y: *const u8,
+        sc16: __m256i,
+    ) -> __m256i {
+        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(y), w));
+        _mm256_dpwssd_epi32(acc, p, sc16)
+    }
+    #[inline(always)]
+    unsafe fn sub_sums_s<const Q: usize, const NREG: usize>(
+        aw: &[__m256i],
+        w: &[__m256i],
+        ys: [*const u8; Q],
+        scale: __m256i,
+        acc: &mut [__m256i; Q],
+    ) {
+        let mut s0 = [_mm256_setzero_si256(); Q];
+        let mut s1 = [_mm256_setzero_si256(); Q];
+        for k in (0..NREG).step_by(2) {
+            for q in 0..Q {
+                let y0 = _mm256_sign_epi8(bcast4(ys[q].add(4 * k)), w[k]);
+                let y1 = _mm256_sign_epi8(bcast4(ys[q].add(4 * k + 4)), w[k + 1]);
+                s0[q] = _mm256_dpbusd_epi32(s0[q], aw[k], y0);
+                s1[q] = _mm256_dpbusd_epi32(s1[q], aw[k + 1], y1);
+            }
+        }
+        for q in 0..Q {
+            let p = _mm256_add_epi32(s0[q], s1[q]);
+            acc[q] = _mm256_add_epi32(acc[q], _mm256_mullo_epi32(p, scale));
+        }
+    }
 }
 
 impl Rows for Z {
     type I = __m512i;
     type F = __m512;
+    const VNNI: bool = true;
+    #[inline(always)]
+    unsafe fn offset8(w: __m512i) -> __m512i {
+        _mm512_xor_si512(w, _mm512_set1_epi8(-128))
+    }
+    #[inline(always)]
+    unsafe fn shl7(a: __m512i) -> __m512i {
+        _mm512_slli_epi32::<7>(a)
+    }
+    #[inline(always)]
+    unsafe fn shl2(a: __m512i) -> __m512i {
+        _mm512_slli_epi32::<2>(a)
+    }
+    #[inline(always)]
+    unsafe fn sub8(w: __m512i, k: i8) -> __m512i {
+        _mm512_sub_epi8(w, _mm512_set1_epi8(k))
+    }
     #[inline(always)]
     unsafe fn gather(f: impl Fn(usize) -> __m256i) -> __m512i {
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(f(0)), f(1))
@@ -349,6 +488,45 @@ impl Rows for Z {
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)
     }
+    #[inline(always)]
+    unsafe fn abs8(w: __m512i) -> __m512i {
+        _mm512_abs_epi8(w)
+    }
+    #[inline(always)]
+    unsafe fn scaled_dot4_s(
+        acc: __m512i,
+        aw: __m512i,
+        w: __m512i,
+        y: *const u8,
+        sc16: __m512i,
+    ) -> __m512i {
+        let yb = _mm512_set1_epi32(y.cast::<i32>().read_unaligned());
+        _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(aw, sign512(yb, w)), sc16)
+    }
+    #[inline(always)]
+    unsafe fn sub_sums_s<const Q: usize, const NREG: usize>(
+        aw: &[__m512i],
+        w: &[__m512i],
+        ys: [*const u8; Q],
+        scale: __m512i,
+        acc: &mut [__m512i; Q],
+    ) {
+        let bc = |p: *const u8| _mm512_set1_epi32(p.cast::<i32>().read_unaligned());
+        let mut s0 = [_mm512_setzero_si512(); Q];
+        let mut s1 = [_mm512_setzero_si512(); Q];
+        for k in (0..NREG).step_by(2) {
+            for q in 0..Q {
+                let y0 = sign512(bc(ys[q].add(4 * k)), w[k]);
+                let y1 = sign512(bc(ys[q].add(4 * k + 4)), w[k + 1]);
+                s0[q] = _mm512_dpbusd_epi32(s0[q], aw[k], y0);
+                s1[q] = _mm512_dpbusd_epi32(s1[q], aw[k + 1], y1);
+            }
+        }
+        for q in 0..Q {
+            let p = _mm512_add_epi32(s0[q], s1[q]);
+            acc[q] = _mm512_add_epi32(acc[q], _mm512_mullo_epi32(p, scale));
+        }
+    }
 }
 
 /// One validated packed call: `rows` weight rows (`ROWS` of the instantiation) of `nb`
@@ -394,6 +572,13 @@ unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn halfs8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(ld128(p))
+}
+
+/// `_mm256_sign_epi8(y, w)` (AVX-512 has no byte sign) but where `w` is 0: `y` negated
+/// where `w` is negative. Its one use multiplies by `|w|`, so a zero `w` gives 0 alike.
+#[inline(always)]
+unsafe fn sign512(y: __m512i, w: __m512i) -> __m512i {
+    _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(w), _mm512_setzero_si512(), y)
 }
 
 /// `lo` in the low i16 of each lane, `hi` in the high one (both i32 lanes whose value fits
@@ -497,6 +682,8 @@ unsafe fn k45_head<V: Rows, const ALT: bool, const PER_SUB: bool>(
 struct Q4K;
 struct Q5K;
 struct Q6K;
+struct Iq4Xs;
+struct Q3K;
 
 impl KFormat for Q4K {
     type Block = BlockQ4K;
@@ -801,6 +988,286 @@ impl KFormat for Q6K {
     }
 }
 
+/// IQ4_XS: the rows' `d` (f16 x 8) and their six-bit sub-block scales in 48 bytes (low
+/// nibbles of sub-block `b` at `16 + 8·(b % 4)`, in nibble `b / 4`; top bit pairs at
+/// `48 + 8·(b % 2)`, in bits `2·(b / 2)..`), then per sub-block `b` (unit `b`, at
+/// `64 + 128b`) its table indices as Q4_K's nibbles. The registers hold the table values,
+/// offset to unsigned bytes for `vpdpbusd` with VNNI, else signed for ggml's sign trick. `ALT` is ggml's AVX2 `vec_dot` order
+/// (`Single`), the other the tiled GEMM's (`Tiled`, also IQ4_XS's fast order).
+impl KFormat for Iq4Xs {
+    type Block = BlockIq4Xs;
+
+    #[inline(always)]
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, b: usize) -> [V::I; UNIT] {
+        let q = |g: usize, v: usize| {
+            ld256(w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 64 + 128 * b + 32 * v))
+        };
+        // VNNI multiplies the values offset to unsigned bytes (`vpdpbusd`), AVX2 signed
+        // (the sign trick): the table gives each form directly.
+        let table = if V::VNNI {
+            _mm256_xor_si256(
+                _mm256_broadcastsi128_si256(ld128(KVALUES.as_ptr().cast())),
+                _mm256_set1_epi8(-128),
+            )
+        } else {
+            _mm256_broadcastsi128_si256(ld128(KVALUES.as_ptr().cast()))
+        };
+        arr(|k| {
+            if k % 2 == 0 {
+                V::gather(|g| _mm256_shuffle_epi8(table, nib::<false>(q(g, k / 2))))
+            } else {
+                V::gather(|g| _mm256_shuffle_epi8(table, nib::<true>(q(g, k / 2))))
+            }
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
+        let mut h = Head {
+            sc: [V::zero(); 16],
+            pairs: [V::zero(); 8],
+            d: V::gather_f(|g| halfs8(at(g))),
+            dmin: V::zero_f(),
+        };
+        for b in 0..8 {
+            let raw = V::gather(|g| {
+                let lo = bytes8::<false>(at(g).add(16 + 8 * (b % 4)));
+                let lo = _mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * (b / 4) as i32));
+                let hi = bytes8::<false>(at(g).add(48 + 8 * (b % 2)));
+                let hi = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * (b / 2) as i32));
+                let ls = _mm256_or_si256(
+                    _mm256_and_si256(lo, _mm256_set1_epi32(0x0f)),
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
+                );
+                _mm256_sub_epi32(ls, _mm256_set1_epi32(32))
+            });
+            h.sc[b] = if ALT { V::scale16(raw) } else { V::scale(raw) };
+            h.pairs[b] = V::scale16(raw);
+        }
+        h
+    }
+
+    #[inline(always)]
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; ACC]; Q],
+    ) {
+        let qs = ys.map(|y| y.add(Y_QS));
+        let yd = ys.map(|y| V::set1_ps(y.cast::<f32>().read_unaligned()));
+        if V::VNNI && !ALT {
+            // The values offset to unsigned bytes, then `128 · Σ_b ls_b · bsum32_b` taken
+            // off (the bsums are the activations' own sums): the sign trick's exact sums
+            // for every activation Q8_K's quantizer writes (-127..=127), with one
+            // correction per token instead of a sign per register.
+            let mut s1 = [V::zero(); Q];
+            for b in 0..UNITS {
+                let y: [*const u8; Q] = qs.map(|p| p.add(32 * b));
+                V::sub_sums::<Q, 8, 8>(&t(b), y, h.sc[b], &mut s1);
+            }
+            for q in 0..Q {
+                let mut c = V::zero();
+                for b in 0..8 {
+                    let bs = ys[q].add(Y_BSUMS + 4 * b).cast::<i32>().read_unaligned();
+                    c = V::add(c, V::madd(h.pairs[b], V::set1(bs)));
+                }
+                let s = V::cvt(V::sub(s1[q], V::shl7(c)));
+                acc[q][0] = V::fmadd(V::mul(s, h.d), yd[q], acc[q][0]);
+            }
+            return;
+        }
+        if ALT {
+            // ggml's lane l of eight: register l of every sub-block (elements 4l..4l+4),
+            // each times its sub-block's scale.
+            let mut il = [[V::zero(); 8]; Q];
+            for b in 0..UNITS {
+                let r = t(b);
+                // The sign trick takes the signed values (VNNI's registers hold them
+                // offset).
+                let r = if V::VNNI { r.map(|w| V::offset8(w)) } else { r };
+                for l in 0..8 {
+                    let a = V::abs8(r[l]);
+                    for q in 0..Q {
+                        let y = qs[q].add(32 * b + 4 * l);
+                        il[q][l] = V::scaled_dot4_s(il[q][l], a, r[l], y, h.sc[b]);
+                    }
+                }
+            }
+            for q in 0..Q {
+                let d = V::mul(yd[q], h.d);
+                for l in 0..8 {
+                    acc[q][l] = V::fmadd(d, V::cvt(il[q][l]), acc[q][l]);
+                }
+            }
+            return;
+        }
+        let mut s1 = [V::zero(); Q];
+        for b in 0..UNITS {
+            let r = t(b);
+            let a: [V::I; UNIT] = arr(|k| V::abs8(r[k]));
+            let y: [*const u8; Q] = qs.map(|p| p.add(32 * b));
+            V::sub_sums_s::<Q, 8>(&a, &r, y, h.sc[b], &mut s1);
+        }
+        for q in 0..Q {
+            acc[q][0] = V::fmadd(V::mul(V::cvt(s1[q]), h.d), yd[q], acc[q][0]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
+        if ALT {
+            // `hsum_float_8` across the lane accumulators.
+            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
+            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+        } else {
+            acc[0]
+        }
+    }
+}
+
+/// Q3_K: the rows' `d` (f16 x 8) and their 16 six-bit scales in 96 bytes (low nibbles of
+/// sub-block `s` at `16 + 8·(s % 8)`, in nibble `s / 8`; top bit pairs at `80 + 8·(s %
+/// 4)`, in bits `2·(s / 4)..`), then per 32-element chunk `j` (unit `j`, at `112 + 96j`)
+/// two vectors of low bit pairs (vector `h`: register `4h + i`'s in bits `2i..2i+2`) and
+/// one of high bits (bit `k`: register `k`'s). The registers hold `q + 4` (0..=7). `ALT` is
+/// ggml's AVX2 `vec_dot` order (`Single`: the signed values, by the sign trick, in
+/// ggml's lanes), the other the tiled GEMM's (`Tiled`, also Q3_K's fast order: the
+/// offset taken off once per token, `4 · Σ_s sc_s · bsum_s`, as Q6_K's).
+impl KFormat for Q3K {
+    type Block = BlockQ3K;
+
+    #[inline(always)]
+    unsafe fn unit<V: Rows>(w: *const u8, group: usize, i: usize, j: usize) -> [V::I; UNIT] {
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES + 112 + 96 * j);
+        let m3 = _mm256_set1_epi8(3);
+        let b2 = _mm256_set1_epi8(4);
+        arr(|k| {
+            V::gather(|g| {
+                let lo = ld256(at(g).add(32 * (k / 4)));
+                let lo = match k % 4 {
+                    0 => lo,
+                    1 => _mm256_srli_epi16::<2>(lo),
+                    2 => _mm256_srli_epi16::<4>(lo),
+                    _ => _mm256_srli_epi16::<6>(lo),
+                };
+                // Bit k of each byte to bit 2 (a 16-bit shift whose spill into the
+                // neighbouring byte stays away from bit 2).
+                let f = ld256(at(g).add(64));
+                let h = match k {
+                    0 => _mm256_slli_epi16::<2>(f),
+                    1 => _mm256_slli_epi16::<1>(f),
+                    2 => f,
+                    3 => _mm256_srli_epi16::<1>(f),
+                    4 => _mm256_srli_epi16::<2>(f),
+                    5 => _mm256_srli_epi16::<3>(f),
+                    6 => _mm256_srli_epi16::<4>(f),
+                    _ => _mm256_srli_epi16::<5>(f),
+                };
+                _mm256_or_si256(_mm256_and_si256(lo, m3), _mm256_and_si256(h, b2))
+            })
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn head<V: Rows, const ALT: bool>(w: *const u8, group: usize, i: usize) -> Head<V> {
+        let at = |g: usize| w.add(g * group + i * 8 * <Self::Block as Block>::BYTES);
+        let mut h = Head {
+            sc: [V::zero(); 16],
+            pairs: [V::zero(); 8],
+            d: V::gather_f(|g| halfs8(at(g))),
+            dmin: V::zero_f(),
+        };
+        let raw = |g: usize, s: usize| {
+            let lo = bytes8::<false>(at(g).add(16 + 8 * (s % 8)));
+            let lo = _mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * (s / 8) as i32));
+            let hi = bytes8::<false>(at(g).add(80 + 8 * (s % 4)));
+            let hi = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * (s / 4) as i32));
+            let ls = _mm256_or_si256(
+                _mm256_and_si256(lo, _mm256_set1_epi32(0x0f)),
+                _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
+            );
+            _mm256_sub_epi32(ls, _mm256_set1_epi32(32))
+        };
+        for s in 0..16 {
+            let r = V::gather(|g| raw(g, s));
+            h.sc[s] = if ALT { V::scale16(r) } else { V::scale(r) };
+        }
+        if !ALT {
+            for j in 0..8 {
+                h.pairs[j] = V::gather(|g| pair16(raw(g, 2 * j), raw(g, 2 * j + 1)));
+            }
+        }
+        h
+    }
+
+    #[inline(always)]
+    unsafe fn tokens<V: Rows, const Q: usize, const ALT: bool>(
+        h: &Head<V>,
+        t: impl Fn(usize) -> [V::I; UNIT],
+        ys: [*const u8; Q],
+        acc: &mut [[V::F; ACC]; Q],
+    ) {
+        let qs = ys.map(|y| y.add(Y_QS));
+        let yd = ys.map(|y| V::set1_ps(y.cast::<f32>().read_unaligned()));
+        if ALT {
+            // ggml's lane l of eight: register l of every chunk (elements 4l..4l+4), each
+            // times its 16-element sub-block's scale; the signed values by the sign trick.
+            let mut il = [[V::zero(); 8]; Q];
+            for j in 0..UNITS {
+                let r = t(j).map(|u| V::sub8(u, 4));
+                for l in 0..8 {
+                    let a = V::abs8(r[l]);
+                    let sc = h.sc[2 * j + l / 4];
+                    for q in 0..Q {
+                        let y = qs[q].add(32 * j + 4 * l);
+                        il[q][l] = V::scaled_dot4_s(il[q][l], a, r[l], y, sc);
+                    }
+                }
+            }
+            for q in 0..Q {
+                let d = V::mul(yd[q], h.d);
+                for l in 0..8 {
+                    acc[q][l] = V::fmadd(d, V::cvt(il[q][l]), acc[q][l]);
+                }
+            }
+            return;
+        }
+        let mut s1 = [V::zero(); Q];
+        for j in 0..UNITS {
+            let r = t(j);
+            for half in 0..2 {
+                let sb = 2 * j + half;
+                let y: [*const u8; Q] = qs.map(|p| p.add(16 * sb));
+                V::sub_sums::<Q, 4, 3>(&r[4 * half..4 * half + 4], y, h.sc[sb], &mut s1);
+            }
+        }
+        for q in 0..Q {
+            // The +4 of the stored values: 4 · Σ sc · bsums (pairs of adjacent 16-element
+            // sums, one 4-byte broadcast each).
+            let mut c = V::zero();
+            for j in 0..8 {
+                let bs = ys[q].add(Y_BSUMS + 4 * j).cast::<i32>().read_unaligned();
+                c = V::add(c, V::madd(h.pairs[j], V::set1(bs)));
+            }
+            let s = V::cvt(V::sub(s1[q], V::shl2(c)));
+            acc[q][0] = V::fmadd(V::mul(s, h.d), yd[q], acc[q][0]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
+        if ALT {
+            // `hsum_float_8` across the lane accumulators.
+            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
+            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+        } else {
+            acc[0]
+        }
+    }
+}
+
 /// The kernel body, super-block by super-block. Decode (one or two tokens) unpacks each
 /// unit into registers as it multiplies it; longer calls unpack a super-block once into
 /// a staging area and multiply it with four tokens at a time, so a staged register serves
@@ -1038,3 +1505,9 @@ pub(super) const Q5_K_SINGLE: Tiles = Tiles::of::<Q5K, true>();
 /// Q6_K in its `Tiled` order (also its fast order) and its `Single` order.
 pub(super) const Q6_K_TILED: Tiles = Tiles::of::<Q6K, false>();
 pub(super) const Q6_K_SINGLE: Tiles = Tiles::of::<Q6K, true>();
+/// Q3_K in its `Tiled` order (also its fast order) and its `Single` order.
+pub(super) const Q3_K_TILED: Tiles = Tiles::of::<Q3K, false>();
+pub(super) const Q3_K_SINGLE: Tiles = Tiles::of::<Q3K, true>();
+/// IQ4_XS in its `Tiled` order (also its fast order) and its `Single` order.
+pub(super) const IQ4_XS_TILED: Tiles = Tiles::of::<Iq4Xs, false>();
+pub(super) const IQ4_XS_SINGLE: Tiles = Tiles::of::<Iq4Xs, true>();

@@ -1,8 +1,8 @@
-//! The K-quants on AVX2: Q4_K, Q5_K, Q6_K and IQ4_XS as tiles (one weight row against up to eight
-//! Q8_K activation rows) in each of llama.cpp's x86 kernel orders for them (Q5_K: ggml's
-//! AVX2 `vec_dot` and the tiled GEMM), and one-row Q2_K and Q3_K in ggml's generic order
-//! (lane `e % 8` per element, multiply then add, reproduced with byte shuffles). Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`, `q6_k::vec_dot_q8k{,_tiled}`,
-//! `q2_k/q3_k::vec_dot_q8k`, `q5_k::vec_dot_q8k{,_tiled}`, `iq4_xs::vec_dot_q8k{,_tiled}`.
+//! The K-quants on AVX2: Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS as tiles (one weight row
+//! against up to eight Q8_K activation rows) in each of llama.cpp's x86 kernel orders for
+//! them (Q3_K, Q5_K and IQ4_XS: ggml's AVX2 `vec_dot` and the tiled GEMM), and one-row
+//! Q2_K in ggml's generic order. Twins: `q4_k::vec_dot_q8k{,_tiled,_gemm4}`,
+//! `q6_k::vec_dot_q8k{,_tiled}`, `q2_k::vec_dot_q8k`, `q3_k/q5_k/iq4_xs::vec_dot_q8k{,_tiled}`.
 
 use core::arch::x86_64::*;
 
@@ -37,7 +37,6 @@ macro_rules! safe_entry {
 }
 
 safe_entry!(q2_k_q8_k, BlockQ2K, BlockQ8K, q2_k_impl);
-safe_entry!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_impl);
 
 // ---------------------------------------------------------------------------------------
 // Q4_K and Q6_K, one weight row against up to eight Q8_K activation rows, in ggml's AVX2
@@ -397,6 +396,83 @@ unsafe fn iq4_xs_many<const N: usize, const ORD: u8>(
     }
 }
 
+/// # Safety
+/// As [`q4_k_many`], with Q3_K weights. `ORD` picks the twin: `q3_k::vec_dot_q8k` (ggml's
+/// AVX2 `vec_dot`: eight integer lanes of four-element groups fused into float lanes,
+/// `hsum_float_8` at the end) or `vec_dot_q8k_tiled` (the tiled GEMM: one integer sum and
+/// two float steps per super-block). The products are ggml's: the two low bits times the
+/// activations, less 4 times them where the high bit is clear.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_k_many<const N: usize, const ORD: u8>(
+    w: *const u8,
+    a: *const u8,
+    stride: usize,
+    nb: usize,
+    out: *mut f32,
+) {
+    let m3 = _mm256_set1_epi8(3);
+    let four = _mm256_set1_epi8(4);
+    let mut acc8 = [_mm256_setzero_ps(); N];
+    let mut acc = [0.0f32; N];
+    for i in 0..nb {
+        // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
+        let x = w.add(i * BlockQ3K::BYTES);
+        if N <= 2 {
+            prefetch_block(x, BlockQ3K::BYTES);
+        }
+        let xb = std::slice::from_raw_parts(x, BlockQ3K::BYTES);
+        let xd = f16_at(xb, 108);
+        let (s_lo, s_hi) = unpack_scales_lanes(&xb[96..108]);
+        let scale = |j: usize| {
+            let lanes = if j < 8 { s_lo } else { s_hi };
+            ((lanes >> (8 * (j % 8))) & 0xff) as i16 - 32
+        };
+        let hbits = ld256(x);
+        let mut ql = [_mm256_setzero_si256(); 8];
+        let mut qh = [_mm256_setzero_si256(); 8];
+        let mut sc = [_mm256_setzero_si256(); 8];
+        for c in 0..8 {
+            // Chunk c = 4h + k: bit pair k of qs[32h..], high bit c of hmask (4 where it
+            // is clear), scales 2c (elements 0..16) and 2c + 1 (16..32).
+            let (h, k) = (c / 4, c % 4);
+            let bits = ld256(x.add(32 + 32 * h));
+            ql[c] = _mm256_and_si256(_mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * k as i32)), m3);
+            let hb = _mm256_srl_epi16(hbits, _mm_cvtsi32_si128(c as i32));
+            qh[c] = _mm256_andnot_si256(_mm256_slli_epi16::<2>(hb), four);
+            sc[c] = _mm256_set_m128i(
+                _mm_set1_epi16(scale(2 * c + 1)),
+                _mm_set1_epi16(scale(2 * c)),
+            );
+        }
+        for c in 0..N {
+            let y = a.add(c * stride + i * Q8K_BYTES);
+            let yd = y.cast::<f32>().read_unaligned();
+            let mut sumi = _mm256_setzero_si256();
+            for b in 0..8 {
+                let q8 = ld256(y.add(Q8K_QS + 32 * b));
+                let p = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(ql[b], q8),
+                    _mm256_maddubs_epi16(qh[b], q8),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc[b]));
+            }
+            if ORD == ORD_TILED {
+                acc[c] = (hsum_i32(sumi) as f32 * xd).mul_add(yd, acc[c]);
+            } else {
+                acc8[c] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(yd * xd), _mm256_cvtepi32_ps(sumi), acc8[c]);
+            }
+        }
+    }
+    for c in 0..N {
+        *out.add(c) = if ORD == ORD_TILED {
+            acc[c]
+        } else {
+            hsum_ps(acc8[c])
+        };
+    }
+}
+
 /// Dispatches a call to the `N`-row instantiation of a K-quant kernel in order `$ord`.
 macro_rules! many_entry_k {
     ($name:ident, $w:ty, $imp:ident, $ord:expr) => {
@@ -438,6 +514,8 @@ many_entry_k!(q6_k_many_entry, BlockQ6K, q6_k_many, ORD_SINGLE);
 many_entry_k!(q6_k_tiled_many_entry, BlockQ6K, q6_k_many, ORD_TILED);
 many_entry_k!(q5_k_many_entry, BlockQ5K, q5_k_many, ORD_SINGLE);
 many_entry_k!(q5_k_tiled_many_entry, BlockQ5K, q5_k_many, ORD_TILED);
+many_entry_k!(q3_k_many_entry, BlockQ3K, q3_k_many, ORD_SINGLE);
+many_entry_k!(q3_k_tiled_many_entry, BlockQ3K, q3_k_many, ORD_TILED);
 many_entry_k!(iq4_xs_many_entry, BlockIq4Xs, iq4_xs_many, ORD_SINGLE);
 many_entry_k!(iq4_xs_tiled_many_entry, BlockIq4Xs, iq4_xs_many, ORD_TILED);
 
@@ -448,6 +526,8 @@ single_from_many!(q4_k_q8_k_gemm4, BlockQ4K, BlockQ8K, q4_k_gemm4_many_entry);
 single_from_many!(q6_k_q8_k_tiled, BlockQ6K, BlockQ8K, q6_k_tiled_many_entry);
 single_from_many!(q5_k_q8_k, BlockQ5K, BlockQ8K, q5_k_many_entry);
 single_from_many!(q5_k_q8_k_tiled, BlockQ5K, BlockQ8K, q5_k_tiled_many_entry);
+single_from_many!(q3_k_q8_k, BlockQ3K, BlockQ8K, q3_k_many_entry);
+single_from_many!(q3_k_q8_k_tiled, BlockQ3K, BlockQ8K, q3_k_tiled_many_entry);
 single_from_many!(iq4_xs_q8_k, BlockIq4Xs, BlockQ8K, iq4_xs_many_entry);
 single_from_many!(
     iq4_xs_q8_k_tiled,
@@ -461,74 +541,6 @@ single_from_many!(
 
 const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
-
-/// The four i16 scale-pair vectors for 16-element sub-blocks (Q3_K, Q6_K): for half `h`
-/// of the super-block and vector pair `c` (vectors `2c`, `2c+1`, each covering two
-/// sub-blocks), the low 128 bits hold `(s[8h+4c], s[8h+4c+2])`, the high bits
-/// `(s[8h+4c+1], s[8h+4c+3])`. `sc16` holds the 16 scales as i16.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pairs_16(sc16: __m256i) -> [__m256i; 4] {
-    let b0 = _mm256_permute2x128_si256::<0x00>(sc16, sc16);
-    let b1 = _mm256_permute2x128_si256::<0x11>(sc16, sc16);
-    let m01 = _mm256_setr_epi8(
-        0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, 0, 1, 4, 5, //
-        2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7, 2, 3, 6, 7,
-    );
-    let m23 = _mm256_setr_epi8(
-        8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, 8, 9, 12, 13, //
-        10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15, 10, 11, 14, 15,
-    );
-    [
-        _mm256_shuffle_epi8(b0, m01),
-        _mm256_shuffle_epi8(b0, m23),
-        _mm256_shuffle_epi8(b1, m01),
-        _mm256_shuffle_epi8(b1, m23),
-    ]
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q3_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {
-    let perm = lane_pairs();
-    let m3 = _mm256_set1_epi8(3);
-    let one = _mm256_set1_epi8(1);
-    let mut sums = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = &w[i * BlockQ3K::BYTES..(i + 1) * BlockQ3K::BYTES];
-        let y = &a[i * BlockQ8K::BYTES..(i + 1) * BlockQ8K::BYTES];
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        // hmask at 0..32, qs at 32..96, scales at 96..108, d at 108.
-        let (s_lo, s_hi) = unpack_scales_lanes(&x[96..108]);
-        let sc8 = _mm_set_epi64x(s_hi as i64, s_lo as i64);
-        let sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc8), _mm256_set1_epi16(32));
-        let s = scale_pairs_16(sc16);
-        let mut hm = _mm256_shuffle_epi8(ld256(xp), perm);
-        let mut acc = (_mm256_setzero_si256(), _mm256_setzero_si256());
-        for h in 0..2 {
-            let mut q = _mm256_shuffle_epi8(ld256(xp.add(32 + 32 * h)), perm);
-            let mut p = [_mm256_setzero_si256(); 4];
-            for (c, p) in p.iter_mut().enumerate() {
-                // Element 128h + 32c + l: bits 2c.. of qs[32h + l], minus 4 unless bit
-                // 4h + c of hmask[l] is set.
-                let v = _mm256_and_si256(q, m3);
-                q = _mm256_srli_epi16::<2>(q);
-                let sub4 = _mm256_slli_epi16::<2>(_mm256_xor_si256(_mm256_and_si256(hm, one), one));
-                hm = _mm256_srli_epi16::<1>(hm);
-                let yv = _mm256_shuffle_epi8(ld256(yp.add(Q8K_QS + 128 * h + 32 * c)), perm);
-                *p = _mm256_sub_epi16(_mm256_maddubs_epi16(v, yv), _mm256_maddubs_epi16(sub4, yv));
-            }
-            acc = scale_pairs(acc, p[0], p[1], s[2 * h]);
-            acc = scale_pairs(acc, p[2], p[3], s[2 * h + 1]);
-        }
-        let d = f16_at(x, 108) * f32_at(y, 0);
-        sums = lanes_update(sums, d, fold_lanes(acc.0, acc.1));
-    }
-    let mut sumf = 0.0f32;
-    for s in lanes_array(sums) {
-        sumf += s;
-    }
-    sumf
-}
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_k_impl(w: &[u8], a: &[u8], nb: usize) -> f32 {

@@ -8,11 +8,11 @@
 //!   the saturation bound (weights' unsigned operand at most 128 with activations in
 //!   -127..=127 for the 32-element formats, at most 63 against any byte for the K-quants).
 //!   `vpdpbusd` (VNNI) forms the same i32 lanes without the i16 step.
-//! * Float parts follow the twin operation for operation. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0,
-//!   Q4_K and Q6_K use ggml's x86 AVX2 order (eight i32 lanes per block, converted and
-//!   fused-multiply-added into eight float lanes, `hsum_float_8` at the end), which the
-//!   twins spell out with `f32::mul_add`. Q2_K/Q3_K/Q5_K keep ggml's generic order (lane
-//!   `e % 8` per element, multiply then add), reproduced here with byte shuffles.
+//! * Float parts follow the twin operation for operation. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and
+//!   the K-quants use ggml's x86 orders (AVX2: eight i32 lanes per block, converted and
+//!   fused-multiply-added into eight float lanes, `hsum_float_8` at the end; the tiled
+//!   GEMM and the repacked kernels: one integer sum per super-block or chunk), which the
+//!   twins spell out with `f32::mul_add`. Q2_K keeps ggml's generic order.
 //! * The tile kernels (`TileFn`) unpack a weight block once and run the one-row
 //!   operation sequence for each activation row, so a row's result never depends on how
 //!   many rows were computed with it; the one-row entry points are their N = 1 instances.
@@ -175,6 +175,10 @@ pub(crate) const ROWS: &[KernelRow] = {
     const Q6K_SINGLE: (DotFn, TileFn) = (k::q6_k_q8_k, k::q6_k_many_entry);
     const Q5K_SINGLE: (DotFn, TileFn) = (k::q5_k_q8_k, k::q5_k_many_entry);
     const Q5K_TILED: (DotFn, TileFn) = (k::q5_k_q8_k_tiled, k::q5_k_tiled_many_entry);
+    const Q3K_SINGLE: (DotFn, TileFn) = (k::q3_k_q8_k, k::q3_k_many_entry);
+    const Q3K_TILED: (DotFn, TileFn) = (k::q3_k_q8_k_tiled, k::q3_k_tiled_many_entry);
+    const IQ4XS_SINGLE: (DotFn, TileFn) = (k::iq4_xs_q8_k, k::iq4_xs_many_entry);
+    const IQ4XS_TILED: (DotFn, TileFn) = (k::iq4_xs_q8_k_tiled, k::iq4_xs_tiled_many_entry);
     use legacy as l;
     type Fast3 = (TileFn, TileIntoFn, TileIntoFn);
     const MXFP4_AVX2: Fast3 = (l::mxfp4_rep_many, l::mxfp4_rep_many_into, l::mxfp4_rep_packed_into);
@@ -234,16 +238,32 @@ pub(crate) const ROWS: &[KernelRow] = {
         packed_row_k((T::Q6_K, Tiled, Avx2Vnni), Q6K_TILED, &p::Q6_K_TILED),
         packed_row_k((T::Q6_K, Tiled, Avx512), Q6K_TILED, &p::Q6_K_TILED),
         row(T::Q2_K, Single, Avx2, k::q2_k_q8_k, None, false),
-        row(T::Q3_K, Single, Avx2, k::q3_k_q8_k, None, false),
+        // Q3_K: ggml's AVX2 `vec_dot` and the tiled GEMM's order (also its fast order).
+        packed_row_k((T::Q3_K, Single, Avx2), Q3K_SINGLE, &p::Q3_K_SINGLE),
+        packed_row_k((T::Q3_K, Single, Avx2Vnni), Q3K_SINGLE, &p::Q3_K_SINGLE),
+        packed_row_k((T::Q3_K, Single, Avx512), Q3K_SINGLE, &p::Q3_K_SINGLE),
+        packed_row_k((T::Q3_K, Tiled, Avx2), Q3K_TILED, &p::Q3_K_TILED),
+        packed_row_k((T::Q3_K, Tiled, Avx2Vnni), Q3K_TILED, &p::Q3_K_TILED),
+        packed_row_k((T::Q3_K, Tiled, Avx512), Q3K_TILED, &p::Q3_K_TILED),
+        packed_row_k((T::Q3_K, Fast, Avx2), Q3K_TILED, &p::Q3_K_TILED),
+        packed_row_k((T::Q3_K, Fast, Avx2Vnni), Q3K_TILED, &p::Q3_K_TILED),
+        packed_row_k((T::Q3_K, Fast, Avx512), Q3K_TILED, &p::Q3_K_TILED),
         packed_row_k((T::Q5_K, Single, Avx2), Q5K_SINGLE, &p::Q5_K_SINGLE),
         packed_row_k((T::Q5_K, Single, Avx2Vnni), Q5K_SINGLE, &p::Q5_K_SINGLE),
         packed_row_k((T::Q5_K, Single, Avx512), Q5K_SINGLE, &p::Q5_K_SINGLE),
         packed_row_k((T::Q5_K, Tiled, Avx2), Q5K_TILED, &p::Q5_K_TILED),
         packed_row_k((T::Q5_K, Tiled, Avx2Vnni), Q5K_TILED, &p::Q5_K_TILED),
         packed_row_k((T::Q5_K, Tiled, Avx512), Q5K_TILED, &p::Q5_K_TILED),
-        // IQ4_XS: ggml's AVX2 `vec_dot` and the tiled GEMM's order over the file's rows.
-        row(T::IQ4_XS, Single, Avx2, k::iq4_xs_q8_k, Some(k::iq4_xs_many_entry), false),
-        row(T::IQ4_XS, Tiled, Avx2, k::iq4_xs_q8_k_tiled, Some(k::iq4_xs_tiled_many_entry), false),
+        // IQ4_XS: ggml's AVX2 `vec_dot` and the tiled GEMM's order (also its fast order).
+        packed_row_k((T::IQ4_XS, Single, Avx2), IQ4XS_SINGLE, &p::IQ4_XS_SINGLE),
+        packed_row_k((T::IQ4_XS, Single, Avx2Vnni), IQ4XS_SINGLE, &p::IQ4_XS_SINGLE),
+        packed_row_k((T::IQ4_XS, Single, Avx512), IQ4XS_SINGLE, &p::IQ4_XS_SINGLE),
+        packed_row_k((T::IQ4_XS, Tiled, Avx2), IQ4XS_TILED, &p::IQ4_XS_TILED),
+        packed_row_k((T::IQ4_XS, Tiled, Avx2Vnni), IQ4XS_TILED, &p::IQ4_XS_TILED),
+        packed_row_k((T::IQ4_XS, Tiled, Avx512), IQ4XS_TILED, &p::IQ4_XS_TILED),
+        packed_row_k((T::IQ4_XS, Fast, Avx2), IQ4XS_TILED, &p::IQ4_XS_TILED),
+        packed_row_k((T::IQ4_XS, Fast, Avx2Vnni), IQ4XS_TILED, &p::IQ4_XS_TILED),
+        packed_row_k((T::IQ4_XS, Fast, Avx512), IQ4XS_TILED, &p::IQ4_XS_TILED),
         // The fast order: eight weight rows in the lanes of a register.
         fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true),
         fast_row(T::Q4_1, Avx2, l::q4_1_fast, (l::q4_1_fast_many, l::q4_1_fast_many_into, l::q4_1_fast_packed_into), false),

@@ -104,65 +104,6 @@ pub(super) unsafe fn hsum_i32x4(v: __m128i) -> i32 {
     _mm_cvtsi128_si32(v)
 }
 
-/// Per 128-bit half, reorders bytes `0..16` as `0, 8, 1, 9, ..., 7, 15`, so that
-/// `maddubs` adds elements `e` and `e + 8`, which belong to the same K-quant lane `e % 8`.
-/// After it, i16 `p` of each half of a `maddubs` result belongs to lane `p`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn lane_pairs() -> __m256i {
-    _mm256_setr_epi8(
-        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, //
-        0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
-    )
-}
-
-/// Folds the two accumulators of [`scale_pairs`] into the eight per-lane sums.
-/// `lo` holds lanes 0..4 in both halves, `hi` lanes 4..8.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn fold_lanes(lo: __m256i, hi: __m256i) -> __m256i {
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(lo, hi),
-        _mm256_permute2x128_si256::<0x31>(lo, hi),
-    )
-}
-
-/// Adds `s0 * p0 + s1 * p1` into the per-lane accumulators, where `p0`, `p1` are
-/// lane-ordered `maddubs` results (see [`lane_pairs`]) and `s` holds the i16 scale pairs
-/// `(s0, s1)` for each half.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scale_pairs(
-    acc: (__m256i, __m256i),
-    p0: __m256i,
-    p1: __m256i,
-    s: __m256i,
-) -> (__m256i, __m256i) {
-    (
-        _mm256_add_epi32(acc.0, _mm256_madd_epi16(_mm256_unpacklo_epi16(p0, p1), s)),
-        _mm256_add_epi32(acc.1, _mm256_madd_epi16(_mm256_unpackhi_epi16(p0, p1), s)),
-    )
-}
-
-/// `sums[l] += d * aux32[l] as f32` for the eight lanes (multiply, then add).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn lanes_update(sums: __m256, d: f32, aux32: __m256i) -> __m256 {
-    _mm256_add_ps(
-        sums,
-        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(aux32)),
-    )
-}
-
-/// The eight float lanes as an array, for the twin's sequential final sum.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn lanes_array(v: __m256) -> [f32; 8] {
-    let mut out = [0.0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), v);
-    out
-}
-
 /// How far ahead (bytes) the decode kernels prefetch weights.
 pub(super) const PREFETCH: usize = 1024;
 
