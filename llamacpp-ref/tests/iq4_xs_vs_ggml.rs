@@ -6,9 +6,8 @@
 //! exposes; the whole-model checks in `arch_vs_llamacpp.rs` reach it) against an exact
 //! dot. Skipped with a note where llama.cpp cannot run here.
 
-use llamacpp_ref::{iq4_xs as gx, GgmlKernel};
-use quant::formats::iq4_xs::{vec_dot_q8k, vec_dot_q8k_ref, vec_dot_q8k_tiled};
-use quant::{kernels, quantize_activations, quantize_row, DotOrder, GgmlType};
+use llamacpp_ref::iq4_xs as gx;
+use quant::{quantize_row, GgmlType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -21,12 +20,6 @@ fn xs_row(x: &[f32]) -> Vec<u8> {
     let mut w = vec![0u8; x.len() / 256 * 136];
     quantize_row(XS, x, &mut w).unwrap();
     w
-}
-
-fn q8_k_row(x: &[f32]) -> Vec<u8> {
-    let mut a = vec![0u8; x.len() / 256 * 292];
-    quantize_activations(GgmlType::Q8_K, x, &mut a).unwrap();
-    a
 }
 
 #[test]
@@ -80,76 +73,10 @@ fn quantizer_and_dequantizer_match_ggml() {
 
 #[test]
 fn vec_dot_matches_ggml() {
-    if !runs_here() {
-        return;
-    }
-    let g = GgmlKernel::new(XS).unwrap();
-    assert_eq!(g.vec_dot_type(), GgmlType::Q8_K);
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut differ_generic = 0;
-    for trial in 0..1200 {
-        let nb = [1, 2, 3, 4, 7, 16, 23][trial % 7];
-        let n = nb * 256;
-        let wide = trial % 5 == 0;
-        let y = floats_of(&mut rng, n, wide);
-        let w = if trial % 3 == 0 {
-            xs_row(&y)
-        } else {
-            let wide_w = rng.gen_bool(0.3);
-            xs_row(&floats_of(&mut rng, n, wide_w))
-        };
-        let a = q8_k_row(&y);
-        let single = vec_dot_q8k(&w, &a);
-        let theirs = g.vec_dot(n, &w, &a).unwrap();
-        assert_eq!(
-            single.to_bits(),
-            theirs.to_bits(),
-            "vec_dot nb={nb}: ours {single:e} ggml {theirs:e}"
-        );
-        let generic = vec_dot_q8k_ref(&w, &a);
-        assert_eq!(
-            generic.to_bits(),
-            gx::vec_dot_generic(n, &w, &a).unwrap().to_bits(),
-            "generic vec_dot nb={nb}"
-        );
-        differ_generic += usize::from(generic.to_bits() != single.to_bits());
-        let tiled = vec_dot_q8k_tiled(&w, &a);
-        for (order, want) in [(DotOrder::Single, single), (DotOrder::Tiled, tiled)] {
-            for set in kernels::available()
-                .into_iter()
-                .filter(|k| k.ty == XS && k.order == order)
-            {
-                assert_eq!(
-                    (set.dot)(&w, &a).to_bits(),
-                    want.to_bits(),
-                    "{order:?} on {} nb={nb}",
-                    set.isa
-                );
-            }
-        }
-        if wide {
-            continue;
-        }
-        // The tiled order is the dot product too, to float rounding.
-        let mut xw = vec![0.0f32; n];
-        let mut ya = vec![0.0f32; n];
-        quant::dequantize_row(XS, &w, &mut xw).unwrap();
-        quant::dequantize_row(GgmlType::Q8_K, &a, &mut ya).unwrap();
-        let e: f64 = xw.iter().zip(&ya).map(|(&p, &q)| p as f64 * q as f64).sum();
-        let mag: f64 = xw
-            .iter()
-            .zip(&ya)
-            .map(|(&p, &q)| (p as f64 * q as f64).abs())
-            .sum();
-        if e.is_finite() {
-            assert!(
-                (tiled as f64 - e).abs() <= mag * 1e-5 + 1e-6,
-                "tiled nb={nb}: {tiled:e} vs exact {e:e}"
-            );
-        }
-    }
-    assert!(
-        differ_generic > 0,
-        "the AVX2 and generic orders never differed"
-    );
+    // Our generic twin is ggml's generic C dot too (ggml exports it for IQ4_XS).
+    common::k_orders_match_ggml(XS, 7, 1200, |n, w, a| {
+        let ours = quant::formats::iq4_xs::vec_dot_q8k_ref(w, a);
+        let theirs = gx::vec_dot_generic(n, w, a).unwrap();
+        assert_eq!(ours.to_bits(), theirs.to_bits(), "generic vec_dot n={n}");
+    });
 }

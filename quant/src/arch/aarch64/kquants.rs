@@ -400,6 +400,25 @@ unsafe fn q3_k_scales(p: *const u8) -> [i16; 16] {
     core::array::from_fn(|j| if j < 8 { a[j] } else { b[j - 8] } as i16 - 32)
 }
 
+/// One super-block in the two orders ggml runs for Q3_K and IQ4_XS, from its eight exact
+/// integer lanes (`s_lo`: 0..4, `s_hi`: 4..8): the tiled GEMM's `acc = fma(f32(Σ lanes) ·
+/// x.d, y.d, acc)`, or `vec_dot`'s `acc8_l = fma(y.d · x.d, f32(lane_l), acc8_l)`.
+#[inline(always)]
+unsafe fn lanes_step<const TILED: bool>(
+    acc8: &mut F8,
+    acc: &mut f32,
+    (s_lo, s_hi): (int32x4_t, int32x4_t),
+    xd: f32,
+    yd: f32,
+) {
+    if TILED {
+        let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
+        *acc = (s as f32 * xd).mul_add(yd, *acc);
+    } else {
+        *acc8 = acc8.fma(yd * xd, s_lo, s_hi);
+    }
+}
+
 /// # Safety
 /// `w` holds `nb` Q3_K blocks and `a` `nb` Q8_K blocks. Without `TILED` ggml's AVX2
 /// `vec_dot` order (`q3_k::vec_dot_q8k`): lane `l` of eight sums `(sc_s - 32) · Σ q·y`
@@ -438,12 +457,7 @@ unsafe fn q3_k_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) ->
             }
         }
         let (yd, xd) = (f32_at(y), f16_at(x.add(108)));
-        if TILED {
-            let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
-            acc = (s as f32 * xd).mul_add(yd, acc);
-        } else {
-            acc8 = acc8.fma(yd * xd, s_lo, s_hi);
-        }
+        lanes_step::<TILED>(&mut acc8, &mut acc, (s_lo, s_hi), xd, yd);
     }
     if TILED {
         acc
@@ -570,12 +584,7 @@ unsafe fn iq4_xs_body<const TILED: bool>(w: *const u8, a: *const u8, nb: usize) 
             s_hi = vmlaq_n_s32(s_hi, sum4_sign(v1, ld_s8(sb.add(16))), ls);
         }
         let (yd, xd) = (f32_at(y), f16_at(x));
-        if TILED {
-            let s = vaddvq_s32(vaddq_s32(s_lo, s_hi));
-            acc = (s as f32 * xd).mul_add(yd, acc);
-        } else {
-            acc8 = acc8.fma(xd * yd, s_lo, s_hi);
-        }
+        lanes_step::<TILED>(&mut acc8, &mut acc, (s_lo, s_hi), xd, yd);
     }
     if TILED {
         acc

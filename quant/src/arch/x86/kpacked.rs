@@ -581,6 +581,40 @@ unsafe fn sign512(y: __m512i, w: __m512i) -> __m512i {
     _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(w), _mm512_setzero_si512(), y)
 }
 
+/// ggml's `hsum_float_8` across eight lane accumulators, vertically: `v_i = x_{i+4} +
+/// x_i`, then `(v0 + v2) + (v1 + v3)`.
+#[inline(always)]
+unsafe fn hsum8<V: Rows>(acc: &[V::F; ACC]) -> V::F {
+    let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
+    V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+}
+
+/// `Σ_j pairs[j] · (bsums[2j], bsums[2j+1])` per lane, for the Q8_K block at `y`: each
+/// i16 pair of `pairs[j]` against two adjacent 16-element sums (one 4-byte broadcast).
+#[inline(always)]
+unsafe fn bsum_pairs_dot<V: Rows>(pairs: &[V::I; 8], y: *const u8) -> V::I {
+    let mut c = V::zero();
+    for (j, p) in pairs.iter().enumerate() {
+        let bs = y.add(Y_BSUMS + 4 * j).cast::<i32>().read_unaligned();
+        c = V::add(c, V::madd(*p, V::set1(bs)));
+    }
+    c
+}
+
+/// Eight rows' six-bit scales minus 32 as i32 lanes, packed as IQ4_XS and Q3_K pack them:
+/// the low nibbles at `lo` (nibble `lo_nib`), the top bit pairs at `hi` (bits
+/// `2·hi_pair..`).
+#[inline(always)]
+unsafe fn six_bit_scales(lo: *const u8, lo_nib: usize, hi: *const u8, hi_pair: usize) -> __m256i {
+    let l = _mm256_srl_epi32(bytes8::<false>(lo), _mm_cvtsi32_si128(4 * lo_nib as i32));
+    let h = _mm256_srl_epi32(bytes8::<false>(hi), _mm_cvtsi32_si128(2 * hi_pair as i32));
+    let ls = _mm256_or_si256(
+        _mm256_and_si256(l, _mm256_set1_epi32(0x0f)),
+        _mm256_slli_epi32::<4>(_mm256_and_si256(h, _mm256_set1_epi32(3))),
+    );
+    _mm256_sub_epi32(ls, _mm256_set1_epi32(32))
+}
+
 /// `lo` in the low i16 of each lane, `hi` in the high one (both i32 lanes whose value fits
 /// i16).
 #[inline(always)]
@@ -852,11 +886,7 @@ impl KFormat for Q5K {
         let neg_dmin = V::mul(h.dmin, V::set1_ps(-1.0));
         for q in 0..Q {
             // The mins against the bsums, widened to i32 before the pair sum.
-            let mut m = V::zero();
-            for b in 0..8 {
-                let pair = ys[q].add(Y_BSUMS + 4 * b).cast::<i32>().read_unaligned();
-                m = V::add(m, V::madd(h.pairs[b], V::set1(pair)));
-            }
+            let m = bsum_pairs_dot::<V>(&h.pairs, ys[q]);
             let r = V::fmadd(neg_dmin, V::cvt(m), V::mul(V::cvt(s1[q]), h.d));
             acc[q][0] = V::fmadd(r, V::set1_ps(yd[q]), acc[q][0]);
         }
@@ -866,8 +896,7 @@ impl KFormat for Q5K {
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         if ALT {
             // `hsum_float_8` across the lane accumulators, then the mins.
-            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
-            V::add_f(V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3])), acc[8])
+            V::add_f(hsum8::<V>(&acc), acc[8])
         } else {
             acc[0]
         }
@@ -964,12 +993,7 @@ impl KFormat for Q6K {
         for q in 0..Q {
             // The -32 offset of the stored quants: 32 · Σ sc · bsums (pairs of adjacent
             // 16-element sums, one 4-byte broadcast each).
-            let mut c = V::zero();
-            for j in 0..8 {
-                let bs = ys[q].add(Y_BSUMS + 4 * j).cast::<i32>().read_unaligned();
-                c = V::add(c, V::madd(h.pairs[j], V::set1(bs)));
-            }
-            let s1 = V::sub(s1[q], V::shl5(c));
+            let s1 = V::sub(s1[q], V::shl5(bsum_pairs_dot::<V>(&h.pairs, ys[q])));
             let yd = V::set1_ps(ys[q].cast::<f32>().read_unaligned());
             acc[q][0] = V::fmadd(V::mul(V::cvt(s1), h.d), yd, acc[q][0]);
         }
@@ -978,10 +1002,7 @@ impl KFormat for Q6K {
     #[inline(always)]
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         if ALT {
-            // `hsum_float_8` across the lane accumulators: v_i = x_{i+4} + x_i, then
-            // (v0 + v2) + (v1 + v3).
-            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
-            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+            hsum8::<V>(&acc)
         } else {
             acc[0]
         }
@@ -1032,15 +1053,12 @@ impl KFormat for Iq4Xs {
         };
         for b in 0..8 {
             let raw = V::gather(|g| {
-                let lo = bytes8::<false>(at(g).add(16 + 8 * (b % 4)));
-                let lo = _mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * (b / 4) as i32));
-                let hi = bytes8::<false>(at(g).add(48 + 8 * (b % 2)));
-                let hi = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * (b / 2) as i32));
-                let ls = _mm256_or_si256(
-                    _mm256_and_si256(lo, _mm256_set1_epi32(0x0f)),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
-                );
-                _mm256_sub_epi32(ls, _mm256_set1_epi32(32))
+                six_bit_scales(
+                    at(g).add(16 + 8 * (b % 4)),
+                    b / 4,
+                    at(g).add(48 + 8 * (b % 2)),
+                    b / 2,
+                )
             });
             h.sc[b] = if ALT { V::scale16(raw) } else { V::scale(raw) };
             h.pairs[b] = V::scale16(raw);
@@ -1068,11 +1086,7 @@ impl KFormat for Iq4Xs {
                 V::sub_sums::<Q, 8, 8>(&t(b), y, h.sc[b], &mut s1);
             }
             for q in 0..Q {
-                let mut c = V::zero();
-                for b in 0..8 {
-                    let bs = ys[q].add(Y_BSUMS + 4 * b).cast::<i32>().read_unaligned();
-                    c = V::add(c, V::madd(h.pairs[b], V::set1(bs)));
-                }
+                let c = bsum_pairs_dot::<V>(&h.pairs, ys[q]);
                 let s = V::cvt(V::sub(s1[q], V::shl7(c)));
                 acc[q][0] = V::fmadd(V::mul(s, h.d), yd[q], acc[q][0]);
             }
@@ -1118,9 +1132,7 @@ impl KFormat for Iq4Xs {
     #[inline(always)]
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         if ALT {
-            // `hsum_float_8` across the lane accumulators.
-            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
-            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+            hsum8::<V>(&acc)
         } else {
             acc[0]
         }
@@ -1180,15 +1192,12 @@ impl KFormat for Q3K {
             dmin: V::zero_f(),
         };
         let raw = |g: usize, s: usize| {
-            let lo = bytes8::<false>(at(g).add(16 + 8 * (s % 8)));
-            let lo = _mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * (s / 8) as i32));
-            let hi = bytes8::<false>(at(g).add(80 + 8 * (s % 4)));
-            let hi = _mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * (s / 4) as i32));
-            let ls = _mm256_or_si256(
-                _mm256_and_si256(lo, _mm256_set1_epi32(0x0f)),
-                _mm256_slli_epi32::<4>(_mm256_and_si256(hi, _mm256_set1_epi32(3))),
-            );
-            _mm256_sub_epi32(ls, _mm256_set1_epi32(32))
+            six_bit_scales(
+                at(g).add(16 + 8 * (s % 8)),
+                s / 8,
+                at(g).add(80 + 8 * (s % 4)),
+                s / 4,
+            )
         };
         for s in 0..16 {
             let r = V::gather(|g| raw(g, s));
@@ -1246,12 +1255,7 @@ impl KFormat for Q3K {
         for q in 0..Q {
             // The +4 of the stored values: 4 · Σ sc · bsums (pairs of adjacent 16-element
             // sums, one 4-byte broadcast each).
-            let mut c = V::zero();
-            for j in 0..8 {
-                let bs = ys[q].add(Y_BSUMS + 4 * j).cast::<i32>().read_unaligned();
-                c = V::add(c, V::madd(h.pairs[j], V::set1(bs)));
-            }
-            let s = V::cvt(V::sub(s1[q], V::shl2(c)));
+            let s = V::cvt(V::sub(s1[q], V::shl2(bsum_pairs_dot::<V>(&h.pairs, ys[q]))));
             acc[q][0] = V::fmadd(V::mul(s, h.d), yd[q], acc[q][0]);
         }
     }
@@ -1259,9 +1263,7 @@ impl KFormat for Q3K {
     #[inline(always)]
     unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
         if ALT {
-            // `hsum_float_8` across the lane accumulators.
-            let v: [V::F; 4] = arr(|i| V::add_f(acc[i + 4], acc[i]));
-            V::add_f(V::add_f(v[0], v[2]), V::add_f(v[1], v[3]))
+            hsum8::<V>(&acc)
         } else {
             acc[0]
         }

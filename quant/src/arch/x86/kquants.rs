@@ -169,6 +169,34 @@ unsafe fn q4_k_many<const N: usize, const ORD: u8>(
     }
 }
 
+/// One token's super-block in the two orders ggml runs for Q3_K, Q6_K and IQ4_XS, from
+/// its eight exact integer lanes: the tiled GEMM's `acc = fma(f32(Σ lanes) · x.d, y.d,
+/// acc)`, or `vec_dot`'s `acc8_l = fma(y.d · x.d, f32(lane_l), acc8_l)`.
+#[inline(always)]
+unsafe fn lanes_step<const ORD: u8>(
+    acc8: &mut __m256,
+    acc: &mut f32,
+    sumi: __m256i,
+    xd: f32,
+    yd: f32,
+) {
+    if ORD == ORD_TILED {
+        *acc = (hsum_i32(sumi) as f32 * xd).mul_add(yd, *acc);
+    } else {
+        *acc8 = _mm256_fmadd_ps(_mm256_set1_ps(yd * xd), _mm256_cvtepi32_ps(sumi), *acc8);
+    }
+}
+
+/// The result of [`lanes_step`]'s accumulators: the tiled float, or `hsum_float_8`.
+#[inline(always)]
+unsafe fn lanes_result<const ORD: u8>(acc8: __m256, acc: f32) -> f32 {
+    if ORD == ORD_TILED {
+        acc
+    } else {
+        hsum_ps(acc8)
+    }
+}
+
 /// # Safety
 /// As [`q4_k_many`], with Q6_K weights (`ORD`: `q6_k::vec_dot_q8k` or
 /// `vec_dot_q8k_tiled`).
@@ -226,21 +254,11 @@ unsafe fn q6_k_many<const N: usize, const ORD: u8>(
                 sumi = _mm256_add_epi32(sumi, p);
             }
             let sumi = _mm256_sub_epi32(sumi, sub);
-            if ORD == ORD_TILED {
-                let s1 = hsum_i32(sumi);
-                acc_t[c] = (s1 as f32 * xd).mul_add(yd, acc_t[c]);
-            } else {
-                let d = yd * xd;
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[c]);
-            }
+            lanes_step::<ORD>(&mut acc[c], &mut acc_t[c], sumi, xd, yd);
         }
     }
     for c in 0..N {
-        *out.add(c) = if ORD == ORD_TILED {
-            acc_t[c]
-        } else {
-            hsum_ps(acc[c])
-        };
+        *out.add(c) = lanes_result::<ORD>(acc[c], acc_t[c]);
     }
 }
 
@@ -379,20 +397,11 @@ unsafe fn iq4_xs_many<const N: usize, const ORD: u8>(
                 let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[b], sy), sc[b]);
                 sumi = _mm256_add_epi32(sumi, p);
             }
-            if ORD == ORD_TILED {
-                acc[c] = (hsum_i32(sumi) as f32 * xd).mul_add(yd, acc[c]);
-            } else {
-                acc8[c] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(xd * yd), _mm256_cvtepi32_ps(sumi), acc8[c]);
-            }
+            lanes_step::<ORD>(&mut acc8[c], &mut acc[c], sumi, xd, yd);
         }
     }
     for c in 0..N {
-        *out.add(c) = if ORD == ORD_TILED {
-            acc[c]
-        } else {
-            hsum_ps(acc8[c])
-        };
+        *out.add(c) = lanes_result::<ORD>(acc8[c], acc[c]);
     }
 }
 
@@ -456,20 +465,11 @@ unsafe fn q3_k_many<const N: usize, const ORD: u8>(
                 );
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc[b]));
             }
-            if ORD == ORD_TILED {
-                acc[c] = (hsum_i32(sumi) as f32 * xd).mul_add(yd, acc[c]);
-            } else {
-                acc8[c] =
-                    _mm256_fmadd_ps(_mm256_set1_ps(yd * xd), _mm256_cvtepi32_ps(sumi), acc8[c]);
-            }
+            lanes_step::<ORD>(&mut acc8[c], &mut acc[c], sumi, xd, yd);
         }
     }
     for c in 0..N {
-        *out.add(c) = if ORD == ORD_TILED {
-            acc[c]
-        } else {
-            hsum_ps(acc8[c])
-        };
+        *out.add(c) = lanes_result::<ORD>(acc8[c], acc[c]);
     }
 }
 
