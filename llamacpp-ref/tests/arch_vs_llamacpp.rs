@@ -289,6 +289,13 @@ fn qwen3_dense_q3_k_m() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q3KM, 256);
 }
 
+/// F16 weights (llama.cpp's MOSTLY_F16): the activations rounded to f16 as llama.cpp's,
+/// `ggml_vec_dot_f16`'s order for the decode tokens, tinyBLAS's for the prompt.
+#[test]
+fn qwen3_dense_f16() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::F16, 256);
+}
+
 #[test]
 fn qwen3_moe() {
     check(cut(Shape::qwen3_30b_a3b(), 8, 2), SynthQuant::Q4KM, 256);

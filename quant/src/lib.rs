@@ -88,7 +88,7 @@ fn format_fns(ty: GgmlType) -> Option<FormatFns> {
     let k = |dequantize, quantize, vec_dot_type| FormatFns { dequantize, quantize, vec_dot_type };
     Some(match ty {
         T::F32  => k(float::dequantize_f32,  float::quantize_f32,  T::F32),
-        T::F16  => k(float::dequantize_f16,  float::quantize_f16,  T::F32),
+        T::F16  => k(float::dequantize_f16,  float::quantize_f16,  T::F16),
         T::BF16 => k(float::dequantize_bf16, float::quantize_bf16, T::F32),
         T::Q4_0 => k(d::<q4_0::BlockQ4_0>, q::<q4_0::BlockQ4_0>, T::Q8_0),
         T::Q4_1 => k(d::<q4_1::BlockQ4_1>, q::<q4_1::BlockQ4_1>, T::Q8_1),
@@ -199,8 +199,8 @@ pub fn quantize_activations(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result
 }
 
 /// The format activations must be quantized to before [`vec_dot`] with weights of `ty`:
-/// Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F32 for float
-/// types.
+/// Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16, F32
+/// for F32 and BF16.
 /// For types without kernels here this is ggml's CPU mapping (informational only).
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType as T;
@@ -316,7 +316,7 @@ mod tests {
         use GgmlType as T;
         for (w, a) in [
             (T::F32, T::F32),
-            (T::F16, T::F32),
+            (T::F16, T::F16),
             (T::BF16, T::F32),
             (T::Q4_0, T::Q8_0),
             (T::Q5_0, T::Q8_0),

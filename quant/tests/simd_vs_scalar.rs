@@ -620,12 +620,97 @@ fn table_rows_are_exercised() {
     for &(ty, order, isa, _) in &listing {
         let walked =
             TYPES.contains(&ty) && (order == DotOrder::Single || ORDERED.contains(&(ty, order)));
-        // F32's rows: `f32_kernels_match_scalar`.
-        let walked = walked || ty == GgmlType::F32;
+        // F32's and F16's rows: `f32_kernels_match_scalar`, `f16_kernels_match_scalar`.
+        let walked = walked || ty == GgmlType::F32 || ty == GgmlType::F16;
         assert!(
             walked || (float.contains(&ty) && isa == Isa::Scalar),
             "{ty} {order:?} on {isa} is in the table but no test walks it"
         );
+    }
+}
+
+/// The F16 weight kernels (f16 activations; `ggml_vec_dot_f16`'s order and tinyBLAS's)
+/// against their scalar twins, every ISA this CPU has, on lengths around every step
+/// boundary of both flavors (the twins in the build's flavor, which the rows follow); and
+/// the twins in both flavors against an exact f64 dot.
+#[test]
+fn f16_kernels_match_scalar() {
+    use quant::formats::float::vec_dot_f16_in;
+    use quant::{F16Order, Flavor};
+    let mut rng = StdRng::seed_from_u64(16);
+    let f16s = |rng: &mut StdRng, n: usize| -> Vec<u8> {
+        random_f32s(rng, n)
+            .iter()
+            .flat_map(|&x| f16::from_f32(x).to_bits().to_le_bytes())
+            .collect()
+    };
+    let mut lens: Vec<usize> = (0..=200).collect();
+    lens.extend([255, 256, 257, 576, 1000, 2048, 2880, 4099]);
+    let mut simd_ran = 0;
+    for n in lens {
+        let w = f16s(&mut rng, n);
+        let a = f16s(&mut rng, n);
+        for order in [DotOrder::Single, DotOrder::Tiled] {
+            let want = twin(GgmlType::F16, order)(&w, &a);
+            for k in sets(GgmlType::F16, order) {
+                assert_eq!(
+                    (k.dot)(&w, &a).to_bits(),
+                    want.to_bits(),
+                    "F16 {order:?} n={n} on {}",
+                    k.isa
+                );
+                simd_ran += usize::from(k.isa != Isa::Scalar);
+                let Some(tile) = k.tile else { continue };
+                if n == 0 {
+                    continue;
+                }
+                // Two weight rows against up to eight tokens (a stride past the row):
+                // every output the one-row kernel's bits.
+                let w2: Vec<u8> = w.iter().chain(&f16s(&mut rng, n)).copied().collect();
+                let stride = 2 * n + 6;
+                for tokens in [1, 3, 4, 5, 8] {
+                    let acts: Vec<u8> = (0..tokens)
+                        .flat_map(|_| {
+                            let mut r = f16s(&mut rng, n);
+                            r.extend([0u8; 6]);
+                            r
+                        })
+                        .collect();
+                    let mut out = vec![0.0f32; 2 * tokens];
+                    tile(&w2, 2, &acts, stride, Default::default(), &mut out);
+                    for r in 0..2 {
+                        for c in 0..tokens {
+                            let one = (k.dot)(
+                                &w2[r * 2 * n..(r + 1) * 2 * n],
+                                &acts[c * stride..c * stride + 2 * n],
+                            );
+                            assert_eq!(
+                                out[r * tokens + c].to_bits(),
+                                one.to_bits(),
+                                "F16 {order:?} tile n={n} row {r} token {c} of {tokens}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let h = |b: &[u8], i: usize| f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
+        let exact: f64 = (0..n).map(|i| h(&w, i).to_f64() * h(&a, i).to_f64()).sum();
+        let mag: f64 = (0..n)
+            .map(|i| (h(&w, i).to_f64() * h(&a, i).to_f64()).abs())
+            .sum();
+        for fl in [Flavor::Avx2, Flavor::Avx512] {
+            for ord in [F16Order::VecDot, F16Order::Gemm] {
+                let v = vec_dot_f16_in(fl, ord, &w, &a) as f64;
+                assert!(
+                    (v - exact).abs() <= mag * 1e-6 + 1e-30,
+                    "{fl:?} {ord:?} n={n}"
+                );
+            }
+        }
+    }
+    if Isa::Avx2.available() {
+        assert!(simd_ran > 0, "no F16 SIMD row ran");
     }
 }
 

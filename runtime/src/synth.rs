@@ -44,7 +44,7 @@ pub enum SynthError {
     #[error("unknown shape {0:?} (known: {known})", known = SHAPE_NAMES.join(", "))]
     UnknownShape(String),
     #[error(
-        "unknown quantization {0:?} (known: q3_k_m, q4_k_m, q5_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl, iq4_xs)"
+        "unknown quantization {0:?} (known: q3_k_m, q4_k_m, q5_k_m, q4_0, q8_0, mxfp4_moe, iq4_nl, iq4_xs, f16)"
     )]
     UnknownQuant(String),
     #[error("invalid shape: {0}")]
@@ -611,6 +611,8 @@ pub enum SynthQuant {
     /// llama.cpp's IQ4_XS without an importance matrix: IQ4_NL's mix with IQ4_XS as the
     /// default type (IQ4_NL for rows that are no whole number of 256-element blocks).
     Iq4Xs,
+    /// llama.cpp's MOSTLY_F16: every matrix F16.
+    F16,
 }
 
 impl SynthQuant {
@@ -624,6 +626,7 @@ impl SynthQuant {
             "mxfp4_moe" | "mxfp4" => Ok(SynthQuant::Mxfp4Moe),
             "iq4_nl" => Ok(SynthQuant::Iq4Nl),
             "iq4_xs" => Ok(SynthQuant::Iq4Xs),
+            "f16" => Ok(SynthQuant::F16),
             _ => Err(SynthError::UnknownQuant(s.to_string())),
         }
     }
@@ -638,6 +641,7 @@ impl SynthQuant {
             SynthQuant::Mxfp4Moe => "mxfp4_moe",
             SynthQuant::Iq4Nl => "iq4_nl",
             SynthQuant::Iq4Xs => "iq4_xs",
+            SynthQuant::F16 => "f16",
         }
     }
 
@@ -652,6 +656,7 @@ impl SynthQuant {
             SynthQuant::Mxfp4Moe => 38,
             SynthQuant::Iq4Nl => 25,
             SynthQuant::Iq4Xs => 30,
+            SynthQuant::F16 => 1,
         }
     }
 }
@@ -738,6 +743,7 @@ pub fn tensor_type(
             _ => T::Q4_0,
         },
         SynthQuant::Q8_0 => T::Q8_0,
+        SynthQuant::F16 => T::F16,
         SynthQuant::Mxfp4Moe => match role {
             Role::ExpGate | Role::ExpUp | Role::ExpDown => T::MXFP4,
             _ => T::Q8_0,
@@ -1206,6 +1212,13 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
     let bs = ty.type_size();
     debug_assert_eq!(out.len() % bs, 0);
     match ty {
+        GgmlType::F16 => {
+            // Uniform with std ~WEIGHT_STD, rounded to f16.
+            for v in out.chunks_exact_mut(bs) {
+                let x = WEIGHT_STD * 12f32.sqrt() * (rng.unit() - 0.5);
+                v.copy_from_slice(&f32_to_f16(x).to_le_bytes());
+            }
+        }
         GgmlType::Q4_K => {
             // x = d*sc*q - dmin*m with q uniform on 0..16: sc uniform on 32..64 (rms
             // ~48.4), dmin = 8d and m = round(sc*15/16) centre each sub-block.
@@ -1588,6 +1601,11 @@ mod tests {
             GgmlType::Q6_K,
             GgmlType::Q4_0,
             GgmlType::Q8_0,
+            GgmlType::Q3_K,
+            GgmlType::Q5_K,
+            GgmlType::IQ4_NL,
+            GgmlType::IQ4_XS,
+            GgmlType::F16,
         ] {
             let n = 256 * 512;
             let mut buf = vec![0u8; n / ty.block_size() * ty.type_size()];

@@ -5,12 +5,15 @@
 //! `ggml_vec_dot_f32` for one token ([`vec_dot_f32`]) and llamafile's tinyBLAS for two or
 //! more ([`vec_dot_f32_tiled`]), in the flavor of the ggml build (`crate::order::flavor`);
 //! `arch/x86/float.rs` has their AVX2 and AVX-512 kernels (same bits).
-//! F16/BF16 follow ggml's scalar shape: each product formed in f32 and accumulated in f64,
-//! then rounded to f32 once. (ggml itself converts activations to the weight's type first
-//! for F16/BF16; keeping them f32 is strictly more accurate.)
+//! F16 weights take f16 activations, as llama.cpp's (its `vec_dot_type`), in its two x86
+//! orders: `ggml_vec_dot_f16` for one token ([`vec_dot_f16`]) and tinyBLAS for two or more
+//! ([`vec_dot_f16_tiled`]), the orders of attention's f16 products. BF16 follows ggml's
+//! scalar shape with f32 activations: each product formed in f32 and accumulated in f64,
+//! then rounded to f32 once (not llama.cpp's order: it rounds activations to bf16 and on
+//! AVX-512 BF16 CPUs multiplies with `vdpbf16ps`).
 
 use crate::f16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
-use crate::order::{hsum, reduce4, Flavor};
+use crate::order::{hsum, reduce4, F16Order, Flavor};
 
 fn check(bytes: usize, elems: usize, width: usize, what: &str) {
     assert_eq!(
@@ -173,14 +176,37 @@ pub fn vec_dot_f32_simd(fl: Flavor, tiled: bool, w: &[u8], a: &[u8]) -> Option<f
     }
 }
 
-/// Dot of an f16 weight row with f32 activations.
+/// Dot of an f16 weight row with f16 activations (both little-endian f16 bytes; ggml's
+/// `vec_dot_type` for F16 is F16: llama.cpp rounds the activations to f16 first) in
+/// `ggml_vec_dot_f16`'s order, which llama.cpp runs for one token: four accumulator
+/// registers of the flavor's lanes over steps of four registers, folded and reduced as
+/// `GGML_F16_VEC_REDUCE`, the elements past the last whole step added in f64. The products
+/// of two f16 values are exact in f32. (The order of attention's f16 products,
+/// `ops::f16`, with both operands stored as f16.)
 pub fn vec_dot_f16(w: &[u8], a: &[u8]) -> f32 {
-    assert_eq!(w.len() * 2, a.len(), "vec_dot F16: length mismatch");
-    let mut sum = 0.0f64;
-    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(4)) {
-        sum += (f16_to_f32(u16::from_le_bytes([x[0], x[1]])) * rd_f32(y)) as f64;
-    }
-    sum as f32
+    vec_dot_f16_in(crate::order::flavor(), F16Order::VecDot, w, a)
+}
+
+/// Dot of an f16 weight row with f16 activations in tinyBLAS's order (llama.cpp converts
+/// the activations of a micro-batch of two or more tokens to f16 and multiplies them
+/// with llamafile's GEMM): one register of the flavor's lanes, each product added into
+/// its lane, halved down to one float. tinyBLAS takes only rows of whole registers;
+/// llama.cpp multiplies other widths with `ggml_vec_dot_f16`, so does this.
+pub fn vec_dot_f16_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let fl = crate::order::flavor();
+    let ord = if (w.len() / 2).is_multiple_of(fl.lanes()) {
+        F16Order::Gemm
+    } else {
+        F16Order::VecDot
+    };
+    vec_dot_f16_in(fl, ord, w, a)
+}
+
+/// [`vec_dot_f16`] / [`vec_dot_f16_tiled`] in a given flavor and order (the scalar twin).
+pub fn vec_dot_f16_in(fl: Flavor, ord: F16Order, w: &[u8], a: &[u8]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot F16: length mismatch");
+    let h = |b: &[u8], i: usize| f16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
+    crate::ops::f16::dot_f16_by(fl, ord, w.len() / 2, |i| h(w, i), |i| h(a, i))
 }
 
 /// Dot of a bf16 weight row with f32 activations.

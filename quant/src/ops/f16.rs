@@ -30,26 +30,40 @@ pub fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
 /// Scalar twin of [`dot_f16`].
 pub fn dot_f16_scalar(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot_f16: length mismatch");
-    let n = fl.lanes();
+    dot_f16_by(fl, ord, a.len(), |i| a[i], |i| b[i].to_f32())
+}
+
+/// [`dot_f16_scalar`] over any two operands of `n` elements whose values are f16 values
+/// (as f32, exactly): their products are exact in f32. Also the twin of f16 weights
+/// against f16 activations (`formats::float::vec_dot_f16`).
+#[inline]
+pub(crate) fn dot_f16_by(
+    fl: Flavor,
+    ord: F16Order,
+    n: usize,
+    a: impl Fn(usize) -> f32,
+    b: impl Fn(usize) -> f32,
+) -> f32 {
+    let lanes = fl.lanes();
     match ord {
         F16Order::Gemm => {
             let mut l = [0.0f32; 16];
-            for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-                l[i % n] += x * y.to_f32();
+            for i in 0..n {
+                l[i % lanes] += a(i) * b(i);
             }
             hsum(fl, &mut l)
         }
         F16Order::VecDot => {
-            let step = 4 * n;
-            let np = a.len() - a.len() % step;
+            let step = 4 * lanes;
+            let np = n - n % step;
             let mut acc = [[0.0f32; 16]; 4];
             for i in 0..np {
                 let j = i % step;
-                acc[j / n][j % n] += a[i] * b[i].to_f32();
+                acc[j / lanes][j % lanes] += a(i) * b(i);
             }
             let mut s = reduce4(fl, &mut acc) as f64;
-            for i in np..a.len() {
-                s += (a[i] * b[i].to_f32()) as f64;
+            for i in np..n {
+                s += (a(i) * b(i)) as f64;
             }
             s as f32
         }

@@ -81,6 +81,44 @@ unsafe fn sum_rows_block<const R: usize>(
     }
 }
 
+/// An operand of the f16 products, read unaligned: f32 values that are f16 values
+/// (attention's query, rounded) or f16 bits (keys, f16 weights, f16 activations).
+pub(crate) trait Operand: Copy {
+    /// Elements `i..i + 8` as f32.
+    unsafe fn ld8(self, i: usize) -> __m256;
+    /// Element `i` as f32.
+    unsafe fn at(self, i: usize) -> f32;
+}
+
+/// f32 values at a pointer.
+#[derive(Clone, Copy)]
+pub(crate) struct F32s(pub *const f32);
+/// f16 bits at a (byte) pointer.
+#[derive(Clone, Copy)]
+pub(crate) struct F16s(pub *const u8);
+
+impl Operand for F32s {
+    #[inline(always)]
+    unsafe fn ld8(self, i: usize) -> __m256 {
+        _mm256_loadu_ps(self.0.add(i))
+    }
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        self.0.add(i).read_unaligned()
+    }
+}
+
+impl Operand for F16s {
+    #[inline(always)]
+    unsafe fn ld8(self, i: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(2 * i).cast()))
+    }
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> f32 {
+        crate::f16::f16_to_f32(self.0.add(2 * i).cast::<u16>().read_unaligned())
+    }
+}
+
 /// `ops::f16::dot_f16_scalar` with ymm registers: same partial sums (the products of
 /// f16 values are exact in f32, so FMA adds them exactly like the scalar multiply-add),
 /// same reductions.
@@ -90,17 +128,26 @@ unsafe fn sum_rows_block<const R: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let n = a.len();
+    dot_f16_of(fl, ord, a.len(), F32s(a.as_ptr()), F16s(b.as_ptr().cast()))
+}
+
+/// [`dot_f16`] over any two operands of `n` elements.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available; both operands hold `n` elements.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dot_f16_of<A: Operand, B: Operand>(
+    fl: Flavor,
+    ord: F16Order,
+    n: usize,
+    a: A,
+    b: B,
+) -> f32 {
     let lanes = fl.lanes();
     let regs = lanes / 8;
-    let (pa, pb) = (a.as_ptr(), b.as_ptr().cast::<__m128i>());
     // SAFETY (all loads): every index read is below n.
-    let ld = |i: usize| unsafe {
-        (
-            _mm256_loadu_ps(pa.add(i)),
-            _mm256_cvtph_ps(_mm_loadu_si128(pb.cast::<u16>().add(i).cast())),
-        )
-    };
+    let ld = |i: usize| unsafe { (a.ld8(i), b.ld8(i)) };
     match ord {
         F16Order::Gemm => {
             let mut acc = [_mm256_setzero_ps(); 2];
@@ -124,7 +171,7 @@ pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) ->
             _mm256_storeu_ps(l.as_mut_ptr(), acc[0]);
             _mm256_storeu_ps(l.as_mut_ptr().add(8), acc[1]);
             for k in i..n {
-                l[k - i] += a[k] * b[k].to_f32();
+                l[k - i] += a.at(k) * b.at(k);
             }
             hsum(fl, &mut l)
         }
@@ -149,10 +196,163 @@ pub(crate) unsafe fn dot_f16(fl: Flavor, ord: F16Order, a: &[f32], b: &[f16]) ->
             };
             let mut s = r as f64;
             for k in np..n {
-                s += (a[k] * b[k].to_f32()) as f64;
+                s += (a.at(k) * b.at(k)) as f64;
             }
             s as f32
         }
+    }
+}
+
+/// F16 weight rows against f16 activations (`formats::float::vec_dot_f16{,_tiled}`, the
+/// table's rows): [`dot_f16_of`] on both rows' bits, in the build's flavor.
+pub(super) fn weights_single(w: &[u8], a: &[u8]) -> f32 {
+    weights(F16Order::VecDot, w, a)
+}
+
+pub(super) fn weights_tiled(w: &[u8], a: &[u8]) -> f32 {
+    let fl = crate::order::flavor();
+    let whole = (w.len() / 2).is_multiple_of(fl.lanes());
+    weights(
+        if whole {
+            F16Order::Gemm
+        } else {
+            F16Order::VecDot
+        },
+        w,
+        a,
+    )
+}
+
+/// Checks a `TileFn` call of F16 rows (up to two weight rows, up to eight tokens) and
+/// returns (tokens, bytes per row): every row read is then inside the slices.
+fn tile_shape(w: &[u8], rows: usize, a: &[u8], stride: usize, outs: usize) -> (usize, usize) {
+    assert!(
+        (1..=crate::contract::EXACT_TILE_ROWS).contains(&rows) && outs.is_multiple_of(rows),
+        "F16 tile: {rows} weight rows, {outs} outputs"
+    );
+    let n_tok = outs / rows;
+    let row = w.len() / rows;
+    assert!(
+        (1..=crate::contract::TILE_MAX_TOKENS).contains(&n_tok)
+            && w.len().is_multiple_of(rows)
+            && row.is_multiple_of(2)
+            && (n_tok == 1 || stride >= row)
+            && a.len() >= (n_tok - 1) * stride + row,
+        "F16 tile: {} weight bytes in {rows} rows, {} activation bytes, stride {stride}, \
+         {n_tok} tokens",
+        w.len(),
+        a.len()
+    );
+    (n_tok, row)
+}
+
+/// The tile of F16 weights in `ggml_vec_dot_f16`'s order: the one-row kernel per pair
+/// (its four accumulator chains per token leave no registers to share a weight load).
+pub(super) fn weights_single_many(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    _side: crate::contract::ActSide<'_>,
+    out: &mut [f32],
+) {
+    let (n_tok, row) = tile_shape(w, rows, a, stride, out.len());
+    for r in 0..rows {
+        for c in 0..n_tok {
+            let (wr, ar) = (&w[r * row..(r + 1) * row], &a[c * stride..c * stride + row]);
+            out[r * n_tok + c] = weights(F16Order::VecDot, wr, ar);
+        }
+    }
+}
+
+/// The tile of F16 weights in tinyBLAS's order (`TileFn`: up to two weight rows against
+/// up to eight tokens): each weight register is loaded once for four tokens, whose
+/// accumulators see exactly [`dot_f16_of`]'s FMAs and reduction, so every output has the
+/// one-row kernel's bits. Rows of no whole registers take the one-row `vec_dot` order.
+pub(super) fn weights_tiled_many(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    _side: crate::contract::ActSide<'_>,
+    out: &mut [f32],
+) {
+    let (n_tok, row) = tile_shape(w, rows, a, stride, out.len());
+    debug_assert!(crate::isa::Isa::Avx2.available());
+    let fl = crate::order::flavor();
+    let n = row / 2;
+    for r in 0..rows {
+        let wr = &w[r * row..(r + 1) * row];
+        let o = &mut out[r * n_tok..(r + 1) * n_tok];
+        if !n.is_multiple_of(fl.lanes()) {
+            for (c, o) in o.iter_mut().enumerate() {
+                *o = weights(F16Order::VecDot, wr, &a[c * stride..c * stride + row]);
+            }
+            continue;
+        }
+        let mut c = 0;
+        while c < n_tok {
+            let take = (n_tok - c).min(4);
+            let ap: [*const u8; 4] = arr(|t| a[(c + t.min(take - 1)) * stride..].as_ptr());
+            // SAFETY: AVX2/FMA/F16C as above; every pointer holds `n` f16 values (checked).
+            let v = unsafe {
+                if fl.lanes() == 16 {
+                    gemm4::<2>(n, F16s(wr.as_ptr()), ap.map(F16s))
+                } else {
+                    gemm4::<1>(n, F16s(wr.as_ptr()), ap.map(F16s))
+                }
+            };
+            o[c..c + take].copy_from_slice(&v[..take]);
+            c += take;
+        }
+    }
+}
+
+/// tinyBLAS's order for one weight row and four tokens (`REGS` ymm per register of the
+/// flavor, `n` a multiple of `8 * REGS`): per token the FMA chains and the halving of
+/// [`dot_f16_of`]'s `Gemm` branch.
+///
+/// # Safety
+/// AVX2/FMA/F16C; every operand holds `n` values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm4<const REGS: usize>(n: usize, w: F16s, a: [F16s; 4]) -> [f32; 4] {
+    let mut acc = [[_mm256_setzero_ps(); REGS]; 4];
+    let mut i = 0;
+    while i < n {
+        for h in 0..REGS {
+            let x = w.ld8(i + 8 * h);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                acc[h] = _mm256_fmadd_ps(x, a[t].ld8(i + 8 * h), acc[h]);
+            }
+        }
+        i += 8 * REGS;
+    }
+    let mut out = [0.0f32; 4];
+    for (o, acc) in out.iter_mut().zip(&acc) {
+        // The halving tree: (l, l+8) for 16 lanes, then hsum_float_8's order.
+        *o = hsum_ps(if REGS == 2 {
+            _mm256_add_ps(acc[0], acc[REGS - 1])
+        } else {
+            acc[0]
+        });
+    }
+    out
+}
+
+fn weights(ord: F16Order, w: &[u8], a: &[u8]) -> f32 {
+    assert_eq!(w.len(), a.len(), "vec_dot F16: length mismatch");
+    debug_assert!(crate::isa::Isa::Avx2.available());
+    // SAFETY: the table hands these rows out only where AVX2, FMA and F16C were detected;
+    // both rows hold `w.len() / 2` f16 values (checked).
+    unsafe {
+        dot_f16_of(
+            crate::order::flavor(),
+            ord,
+            w.len() / 2,
+            F16s(w.as_ptr()),
+            F16s(a.as_ptr()),
+        )
     }
 }
 

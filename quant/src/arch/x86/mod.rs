@@ -198,6 +198,10 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::F32, Tiled, Avx2, float::tiled_avx2, None, false),
         row(T::F32, Single, Avx512, float::single_avx512, None, false),
         row(T::F32, Tiled, Avx512, float::tiled_avx512, None, false),
+        // F16 weights against f16 activations: attention's f16 kernels, ymm for both
+        // flavors (the flavor fixes the lanes of the order, not the register width).
+        row(T::F16, Single, Avx2, f16::weights_single, Some(f16::weights_single_many), false),
+        row(T::F16, Tiled, Avx2, f16::weights_tiled, Some(f16::weights_tiled_many), false),
         // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
         // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
         exact_packed(row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), true), l::q4_0_packed_avx2),
