@@ -504,7 +504,7 @@ impl Shape {
     /// The block size every row's width must be a multiple of under `quant`.
     fn row_block(&self, quant: SynthQuant) -> usize {
         match quant {
-            SynthQuant::Q4KM | SynthQuant::Q5KM => quant::QK_K,
+            SynthQuant::Q3KM | SynthQuant::Q4KM | SynthQuant::Q5KM => quant::QK_K,
             _ => 32,
         }
     }
