@@ -664,8 +664,16 @@ trait KFormat {
         ys: [*const u8; Q],
         acc: &mut [[V::F; ACC]; Q],
     );
-    /// The result from a token's accumulators.
-    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F;
+    /// The result from a token's accumulators: by default `ALT`'s eight lane accumulators
+    /// summed as `hsum_float_8`, the other order's one float (Q6_K, Q3_K, IQ4_XS).
+    #[inline(always)]
+    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
+        if ALT {
+            hsum8::<V>(&acc)
+        } else {
+            acc[0]
+        }
+    }
 }
 
 /// The head of a Q4_K or Q5_K super-block of a group (at `off` in each group; the same
@@ -998,23 +1006,15 @@ impl KFormat for Q6K {
             acc[q][0] = V::fmadd(V::mul(V::cvt(s1), h.d), yd, acc[q][0]);
         }
     }
-
-    #[inline(always)]
-    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
-        if ALT {
-            hsum8::<V>(&acc)
-        } else {
-            acc[0]
-        }
-    }
 }
 
 /// IQ4_XS: the rows' `d` (f16 x 8) and their six-bit sub-block scales in 48 bytes (low
 /// nibbles of sub-block `b` at `16 + 8·(b % 4)`, in nibble `b / 4`; top bit pairs at
 /// `48 + 8·(b % 2)`, in bits `2·(b / 2)..`), then per sub-block `b` (unit `b`, at
 /// `64 + 128b`) its table indices as Q4_K's nibbles. The registers hold the table values,
-/// offset to unsigned bytes for `vpdpbusd` with VNNI, else signed for ggml's sign trick. `ALT` is ggml's AVX2 `vec_dot` order
-/// (`Single`), the other the tiled GEMM's (`Tiled`, also IQ4_XS's fast order).
+/// offset to unsigned bytes for `vpdpbusd` with VNNI, else signed for ggml's sign trick.
+/// `ALT` is ggml's AVX2 `vec_dot` order (`Single`), the other the tiled GEMM's (`Tiled`,
+/// also IQ4_XS's fast order).
 impl KFormat for Iq4Xs {
     type Block = BlockIq4Xs;
 
@@ -1126,15 +1126,6 @@ impl KFormat for Iq4Xs {
         }
         for q in 0..Q {
             acc[q][0] = V::fmadd(V::mul(V::cvt(s1[q]), h.d), yd[q], acc[q][0]);
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
-        if ALT {
-            hsum8::<V>(&acc)
-        } else {
-            acc[0]
         }
     }
 }
@@ -1257,15 +1248,6 @@ impl KFormat for Q3K {
             // sums, one 4-byte broadcast each).
             let s = V::cvt(V::sub(s1[q], V::shl2(bsum_pairs_dot::<V>(&h.pairs, ys[q]))));
             acc[q][0] = V::fmadd(V::mul(s, h.d), yd[q], acc[q][0]);
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn finish<V: Rows, const ALT: bool>(acc: [V::F; ACC]) -> V::F {
-        if ALT {
-            hsum8::<V>(&acc)
-        } else {
-            acc[0]
         }
     }
 }
