@@ -1034,3 +1034,43 @@ fn dot_order_follows_llama_cpp_kernel_choice() {
         );
     }
 }
+
+/// The Q8_0 and Q8_1 activation quantizers (AVX2 where this CPU has it) against their
+/// scalar twins, byte for byte: random rows of several scales, an all-zero block, and
+/// blocks whose products land exactly on halves (round half to even decides them).
+#[test]
+fn q8_activation_quantizers_match_scalar() {
+    use quant::formats::{q8_0, q8_1};
+    let mut rng = StdRng::seed_from_u64(21);
+    let mut rows: Vec<Vec<f32>> = (0..300)
+        .map(|i| {
+            let n = 32 * (1 + i % 9);
+            let scale = [1e-3f32, 1.0, 37.0, 1e4][i % 4];
+            random_f32s(&mut rng, n).iter().map(|v| v * scale).collect()
+        })
+        .collect();
+    let mut special = vec![0.0f32; 32];
+    special.extend((0..32).map(|j| {
+        if j == 7 {
+            127.0
+        } else {
+            (j as f32 - 16.0) + 0.5
+        }
+    }));
+    special.extend((0..32).map(|j| if j == 0 { -127.0 } else { 2.5 - j as f32 }));
+    rows.push(special);
+    let mut ties = 0;
+    for x in &rows {
+        let nb = x.len() / 32;
+        let (mut a, mut b) = (vec![0u8; nb * 34], vec![0u8; nb * 34]);
+        q8_0::quantize_activations(x, &mut a);
+        q8_0::quantize_activations_scalar(x, &mut b);
+        assert_eq!(a, b, "Q8_0 activations, {} values", x.len());
+        let (mut a, mut b) = (vec![0u8; nb * 36], vec![0u8; nb * 36]);
+        q8_1::quantize_activations(x, &mut a);
+        q8_1::quantize_activations_scalar(x, &mut b);
+        assert_eq!(a, b, "Q8_1 activations, {} values", x.len());
+        ties += x.iter().filter(|v| v.fract().abs() == 0.5).count();
+    }
+    assert!(ties > 30, "the rows hold products on exact halves");
+}

@@ -76,6 +76,16 @@ impl BlockQ8_0 {
 /// Quantizes activations the way ggml's x86 SIMD path does (see
 /// [`BlockQ8_0::quantize_simd_rounding`]).
 pub fn quantize_activations(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2; the caller sized `dst` for `src`.
+        return unsafe { crate::arch::x86::q8::quantize_q8(src, dst, false) };
+    }
+    quantize_activations_scalar(src, dst);
+}
+
+/// Scalar twin of [`quantize_activations`].
+pub fn quantize_activations_scalar(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ8_0>(src, dst, BlockQ8_0::quantize_simd_rounding);
 }
 

@@ -78,5 +78,15 @@ impl BlockQ8_1 {
 
 /// Quantizes activations the way ggml's x86 SIMD path does.
 pub fn quantize_activations(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx2() {
+        // SAFETY: the active ISA includes AVX2; the caller sized `dst` for `src`.
+        return unsafe { crate::arch::x86::q8::quantize_q8(src, dst, true) };
+    }
+    quantize_activations_scalar(src, dst);
+}
+
+/// Scalar twin of [`quantize_activations`].
+pub fn quantize_activations_scalar(src: &[f32], dst: &mut [u8]) {
     quantize_with::<BlockQ8_1>(src, dst, BlockQ8_1::quantize_simd_rounding);
 }

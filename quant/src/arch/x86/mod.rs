@@ -19,7 +19,8 @@
 //!
 //! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
 //! `kpacked` (K-quants on rows repacked by `crate::pack8`), `f16` (attention's f32 x f16
-//! products), `attn` (attention tiles: several queries per key and V row).
+//! products), `attn` (attention tiles: several queries per key and V row), `q8` (the Q8_0/Q8_1
+//! activation quantizers).
 
 use crate::contract::{DotFn, KernelRow, TileFn, TileIntoFn};
 use crate::isa::Isa;
@@ -45,6 +46,7 @@ pub(crate) mod float;
 mod kpacked;
 mod kquants;
 mod legacy;
+pub(crate) mod q8;
 mod simd;
 
 const fn row(
