@@ -300,3 +300,16 @@ fn gemma3_matches_llamacpp() {
 fn qwen2_matches_llamacpp() {
     compare_model("qwen2.5-coder-0.5b");
 }
+
+/// Any GGUF files measured the same way, one after the other (the per-type evidence on
+/// requantized models): `RLLAMA_COMPARE_FILES=a.gguf,b.gguf cargo test --release -p
+/// llamacpp-ref --test model_vs_llamacpp compare_files -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn compare_files() {
+    let files = std::env::var("RLLAMA_COMPARE_FILES")
+        .expect("RLLAMA_COMPARE_FILES: comma-separated GGUF paths");
+    for file in files.split(',').filter(|f| !f.is_empty()) {
+        compare_model(file);
+    }
+}
