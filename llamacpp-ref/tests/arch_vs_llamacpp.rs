@@ -289,6 +289,13 @@ fn qwen3_dense_q3_k_m() {
     check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q3KM, 256);
 }
 
+/// Q4_0 weights (llama.cpp's MOSTLY_Q4_0): matrices whose row count is a multiple of
+/// eight are repacked by llama.cpp (`q4_0_8x8_q8_0`), whose gemv and gemm sum alike.
+#[test]
+fn qwen3_dense_q4_0() {
+    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4_0, 256);
+}
+
 /// F16 weights (llama.cpp's MOSTLY_F16): the activations rounded to f16 as llama.cpp's,
 /// `ggml_vec_dot_f16`'s order for the decode tokens, tinyBLAS's for the prompt.
 #[test]

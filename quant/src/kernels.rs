@@ -205,6 +205,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::F16, Tiled, float::vec_dot_f16_tiled),
         scalar_row(T::BF16, Single, float::vec_dot_bf16),
         scalar_row(T::Q4_0, Single, q4_0::vec_dot_q8_0),
+        scalar_row(T::Q4_0, Gemm4, q4_0::vec_dot_q8_0_fast),
         scalar_row(T::Q4_1, Single, q4_1::vec_dot_q8_1),
         scalar_row(T::Q5_0, Single, q5_0::vec_dot_q8_0),
         scalar_row(T::Q5_1, Single, q5_1::vec_dot_q8_1),
@@ -272,8 +273,9 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
 /// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
-/// run `vec_dot` (`DotOrder::Single`). IQ4_NL matrices go the same two ways
-/// (`iq4_nl_8x8_q8_0`, the same gemv and gemm templates). IQ4_XS matrices are never
+/// run `vec_dot` (`DotOrder::Single`). IQ4_NL and Q4_0 matrices go the same two ways
+/// (`iq4_nl_8x8_q8_0`, `q4_0_8x8_q8_0`: the same gemv and gemm templates, a table of
+/// signed nibbles for Q4_0). IQ4_XS matrices are never
 /// repacked, and neither are Q3_K ones: ggml's AVX2 `vec_dot` below 8 tokens, the tiled GEMM
 /// from 8 up.
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
@@ -281,7 +283,9 @@ pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder
         // F32 and F16 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` /
         // `vec_dot_f16` for one.
         GgmlType::F32 | GgmlType::F16 if n >= 2 => DotOrder::Tiled,
-        GgmlType::MXFP4 | GgmlType::IQ4_NL if n_out.is_multiple_of(8) => DotOrder::Gemm4,
+        GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::Q4_0 if n_out.is_multiple_of(8) => {
+            DotOrder::Gemm4
+        }
         GgmlType::Q4_K if n_out.is_multiple_of(8) => {
             if i < n - n % 4 {
                 DotOrder::Gemm4

@@ -25,13 +25,17 @@ const FAST_TYPES: [GgmlType; 7] = [
 /// their fast order's arithmetic; their `vec_dot` order has no packed kernel.
 const LUT_TYPES: [GgmlType; 2] = [GgmlType::MXFP4, GgmlType::IQ4_NL];
 
+/// The formats whose repacked order is their fast order's arithmetic: the table formats
+/// and Q4_0 (`q4_0_8x8_q8_0` runs IQ4_NL's templates).
+const REPACKED_AS_FAST: [GgmlType; 3] = [GgmlType::MXFP4, GgmlType::IQ4_NL, GgmlType::Q4_0];
+
 /// The sets whose tiles run the fast order's kernels: every fast order, and the table
 /// formats' repacked order.
 fn fast_like() -> impl Iterator<Item = (GgmlType, DotOrder)> {
     FAST_TYPES
         .into_iter()
         .map(|ty| (ty, DotOrder::Fast))
-        .chain(LUT_TYPES.map(|ty| (ty, DotOrder::Gemm4)))
+        .chain(REPACKED_AS_FAST.map(|ty| (ty, DotOrder::Gemm4)))
 }
 
 /// The K-quants with a fast order (one of llama.cpp's orders) on packed rows.
@@ -228,7 +232,7 @@ fn packed_kernels_match_the_twin() {
                 .filter(|ty| !LUT_TYPES.contains(ty))
                 .map(|ty| (ty, DotOrder::Single)),
         )
-        .chain(LUT_TYPES.map(|ty| (ty, DotOrder::Gemm4)))
+        .chain(REPACKED_AS_FAST.map(|ty| (ty, DotOrder::Gemm4)))
         .chain([
             (GgmlType::Q4_K, DotOrder::Single),
             (GgmlType::Q4_K, DotOrder::Gemm4),
@@ -419,6 +423,7 @@ fn fast_lookups_stay_on_simd() {
         (GgmlType::Q3_K, DotOrder::Tiled),
         (GgmlType::MXFP4, DotOrder::Gemm4),
         (GgmlType::IQ4_NL, DotOrder::Gemm4),
+        (GgmlType::Q4_0, DotOrder::Gemm4),
     ] {
         let twin = kernels::scalar(ty, DotOrder::Fast).unwrap().dot;
         assert_eq!(

@@ -47,7 +47,8 @@ const TYPES: [GgmlType; 13] = [
 /// formats' repacked order and the fast order of the 32-element formats, the table formats
 /// and the K-quants (`tests/fast_order.rs` walks their eight-row and packed tiles,
 /// `tests/mxfp4.rs` MXFP4's on every exponent).
-const ORDERED: [(GgmlType, DotOrder); 20] = [
+const ORDERED: [(GgmlType, DotOrder); 21] = [
+    (GgmlType::Q4_0, DotOrder::Gemm4),
     (GgmlType::Q5_K, DotOrder::Tiled),
     (GgmlType::Q3_K, DotOrder::Tiled),
     (GgmlType::Q3_K, DotOrder::Fast),
@@ -1032,6 +1033,9 @@ fn dot_order_follows_llama_cpp_kernel_choice() {
             dot_order_for(GgmlType::IQ4_NL, 2884, n, i),
             DotOrder::Single
         );
+        // Q4_0: repacked (`q4_0_8x8_q8_0`, the same templates) wherever the row count allows.
+        assert_eq!(dot_order_for(GgmlType::Q4_0, 576, n, i), DotOrder::Gemm4);
+        assert_eq!(dot_order_for(GgmlType::Q4_0, 580, n, i), DotOrder::Single);
     }
 }
 

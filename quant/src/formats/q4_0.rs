@@ -77,7 +77,11 @@ pub fn vec_dot_q8_0_ref(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_0_ref::<BlockQ4_0>(w, a)
 }
 
-/// Dot with a Q8_0 activation row in the fast order ([`crate::DotOrder::Fast`]).
+/// Dot with a Q8_0 activation row in the fast order ([`crate::DotOrder::Fast`]), which
+/// is also the order of llama.cpp's repacked Q4_0 kernels on x86 (`gemv`/
+/// `gemm_q4_0_8x8_q8_0`, IQ4_NL's templates with a table of signed nibbles;
+/// [`crate::DotOrder::Gemm4`]): one exact integer sum per block,
+/// `acc = fma(sumi, d_x * d_y, acc)`.
 pub fn vec_dot_q8_0_fast(w: &[u8], a: &[u8]) -> f32 {
     dot_q8_0_fast::<BlockQ4_0>(w, a)
 }

@@ -344,7 +344,7 @@ pub(super) fn dot<T: Legacy, D: Level>(w: &[u8], a: &[u8]) -> f32 {
     out[0]
 }
 
-/// The repacked order of MXFP4 and IQ4_NL (`formats::lut::vec_dot_repacked`) for up to
+/// The repacked order of MXFP4, IQ4_NL and Q4_0 (`formats::lut::vec_dot_repacked`) for up to
 /// four weight rows
 /// (`rows`, `wstride` bytes apart; missing rows repeat row 0 and are not stored) against
 /// `N` activation rows: row `r` in lane `r`. Per block and token each row's 32 products
@@ -403,7 +403,7 @@ unsafe fn rep_body<T: Legacy, D: Level, const N: usize>(
     }
 }
 
-/// The tile kernel (`TileFn`) of `T`'s repacked order (MXFP4, IQ4_NL) at level `D`: up to eight weight
+/// The tile kernel (`TileFn`) of `T`'s repacked order (MXFP4, IQ4_NL, Q4_0) at level `D`: up to eight weight
 /// rows, four per pass, eight activation rows at a time. Offset sums are never read.
 pub(super) fn rep_tile<T: Legacy, D: Level>(
     w: &[u8],

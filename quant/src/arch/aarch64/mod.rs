@@ -63,7 +63,7 @@ const fn row(
     }
 }
 
-/// A row of the repacked order of MXFP4 or IQ4_NL (`DotOrder::Gemm4`): its tile takes
+/// A row of the repacked order of MXFP4, IQ4_NL or Q4_0 (`DotOrder::Gemm4`): its tile takes
 /// eight weight rows (four per register) and eight activation rows.
 const fn rep_row(ty: GgmlType, isa: Isa, dot: DotFn, tile: TileFn) -> KernelRow {
     KernelRow {
@@ -86,6 +86,7 @@ pub(crate) const ROWS: &[KernelRow] = {
     use simd::{Dotprod, Plain};
     &[
         row(T::Q4_0, Single, Neon, l::dot::<Q4_0, Plain>, Some(l::tile::<Q4_0, Plain>)),
+        rep_row(T::Q4_0, Neon, l::rep_dot::<Q4_0, Plain>, l::rep_tile::<Q4_0, Plain>),
         row(T::Q4_1, Single, Neon, l::dot::<Q4_1, Plain>, Some(l::tile::<Q4_1, Plain>)),
         row(T::Q5_0, Single, Neon, l::dot::<Q5_0, Plain>, Some(l::tile::<Q5_0, Plain>)),
         row(T::Q5_1, Single, Neon, l::dot::<Q5_1, Plain>, Some(l::tile::<Q5_1, Plain>)),
@@ -107,6 +108,7 @@ pub(crate) const ROWS: &[KernelRow] = {
         row(T::IQ4_XS, Single, Neon, k::iq4_xs_dot::<false>, None),
         row(T::IQ4_XS, Tiled, Neon, k::iq4_xs_dot::<true>, None),
         row(T::Q4_0, Single, NeonDotprod, l::dot::<Q4_0, Dotprod>, Some(l::tile::<Q4_0, Dotprod>)),
+        rep_row(T::Q4_0, NeonDotprod, l::rep_dot::<Q4_0, Dotprod>, l::rep_tile::<Q4_0, Dotprod>),
         row(T::Q4_1, Single, NeonDotprod, l::dot::<Q4_1, Dotprod>, Some(l::tile::<Q4_1, Dotprod>)),
         row(T::Q5_0, Single, NeonDotprod, l::dot::<Q5_0, Dotprod>, Some(l::tile::<Q5_0, Dotprod>)),
         row(T::Q5_1, Single, NeonDotprod, l::dot::<Q5_1, Dotprod>, Some(l::tile::<Q5_1, Dotprod>)),

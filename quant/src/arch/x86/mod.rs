@@ -116,7 +116,7 @@ const fn fast_row512(
     }
 }
 
-/// `r` filed under `order`: MXFP4's and IQ4_NL's repacked order (llama.cpp's
+/// `r` filed under `order`: MXFP4's, IQ4_NL's and Q4_0's repacked order (llama.cpp's
 /// `DotOrder::Gemm4` for them) is the fast order's arithmetic, so the fast kernels serve it.
 const fn in_order(r: KernelRow, order: DotOrder) -> KernelRow {
     KernelRow { order, ..r }
@@ -283,6 +283,11 @@ pub(crate) const ROWS: &[KernelRow] = {
         fast_row(T::Q8_0, Avx2Vnni, l::q8_0_fast_vnni, (l::q8_0_fast_many_vnni, l::q8_0_fast_many_vnni_into, l::q8_0_fast_packed_vnni_into), true),
         // AVX-512: the VNNI kernels, and sixteen packed rows per register.
         fast_row512(T::Q4_0, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into, l::q4_0_fast_packed512_into), true),
+        // Q4_0's repacked order (`q4_0_8x8_q8_0`, IQ4_NL's templates) is its fast order's
+        // arithmetic, so the fast kernels serve it.
+        in_order(fast_row(T::Q4_0, Avx2, l::q4_0_fast, (l::q4_0_fast_many, l::q4_0_fast_many_into, l::q4_0_fast_packed_into), true), Gemm4),
+        in_order(fast_row(T::Q4_0, Avx2Vnni, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into, l::q4_0_fast_packed_vnni_into), true), Gemm4),
+        in_order(fast_row512(T::Q4_0, l::q4_0_fast_vnni, (l::q4_0_fast_many_vnni, l::q4_0_fast_many_vnni_into, l::q4_0_fast_packed512_into), true), Gemm4),
         fast_row512(T::Q4_1, l::q4_1_fast_vnni, (l::q4_1_fast_many_vnni, l::q4_1_fast_many_vnni_into, l::q4_1_fast_packed512_into), false),
         fast_row512(T::Q5_0, l::q5_0_fast_vnni, (l::q5_0_fast_many_vnni, l::q5_0_fast_many_vnni_into, l::q5_0_fast_packed512_into), true),
         fast_row512(T::Q5_1, l::q5_1_fast_vnni, (l::q5_1_fast_many_vnni, l::q5_1_fast_many_vnni_into, l::q5_1_fast_packed512_into), false),
