@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -41,8 +42,16 @@ def model_path(m):
     return os.path.join(base, m + ".gguf")
 
 
+def exe(p):
+    """A program path that still works from another directory (a bare name is looked up
+    on PATH as before)."""
+    return os.path.abspath(p) if os.sep in p else p
+
+
 def run(cmd, env=None):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # In a scratch directory: llama-sweep-bench writes a llama.log where it runs.
+    with tempfile.TemporaryDirectory(prefix="three-engines-") as scratch:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=scratch)
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
     return p
@@ -103,26 +112,26 @@ def main():
 
     for rnd in range(a.rounds):
         for m in a.m:
-            path = model_path(m)
+            path = os.path.abspath(model_path(m))
             if not os.path.isfile(path):
                 sys.exit(f"no model file {path}")
             jobs = []
             for num in a.numerics.split(","):
                 jobs.append((f"ours {num}", "bench", ours_env,
-                             [a.rbench, "--engine", "rllama", "--numerics", num, "-m", path] + common))
+                             [exe(a.rbench), "--engine", "rllama", "--numerics", num, "-m", path] + common))
             for fa in (0, 1):
                 jobs.append((f"mainline fa{fa}", "bench", None,
-                             [a.mainline, "-m", path, "-fa", str(fa)] + common))
+                             [exe(a.mainline), "-m", path, "-fa", str(fa)] + common))
             for fa in (0, 1):
                 for rtr in (0, 1):
                     who = f"ik fa{fa} rtr{rtr}"
                     if a.d:
-                        cmd = [a.ik_sweep, "-m", path, "-c", str(a.d + a.p), "-ub", str(a.p),
+                        cmd = [exe(a.ik_sweep), "-m", path, "-c", str(a.d + a.p), "-ub", str(a.p),
                                "-b", str(a.p), "-n", str(a.n), "-t", str(a.t), "-fa", str(fa),
                                "--output-format", "jsonl"] + (["-rtr"] if rtr else [])
                         jobs.append((who, "sweep", None, cmd))
                     else:
-                        cmd = [a.ik, "-m", path, "-fa", str(fa), "-rtr", str(rtr)] + common
+                        cmd = [exe(a.ik), "-m", path, "-fa", str(fa), "-rtr", str(rtr)] + common
                         jobs.append((who, "bench", None, cmd))
             if rnd % 2:
                 jobs.reverse()
