@@ -33,13 +33,7 @@ import sys
 import tempfile
 import time
 
-
-def model_path(m):
-    if os.path.isfile(m):
-        return m
-    base = os.environ.get("RLLAMA_MODELS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rllama", "models")
-    return os.path.join(base, m + ".gguf")
+from native_vs_intool import model_path  # the same lookup: a path, else the rllama cache
 
 
 def exe(p):
