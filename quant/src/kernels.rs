@@ -204,6 +204,7 @@ const SCALAR_ROWS: &[KernelRow] = {
         scalar_row(T::F16, Single, float::vec_dot_f16),
         scalar_row(T::F16, Tiled, float::vec_dot_f16_tiled),
         scalar_row(T::BF16, Single, float::vec_dot_bf16),
+        scalar_row(T::BF16, Tiled, float::vec_dot_bf16_tiled),
         scalar_row(T::Q4_0, Single, q4_0::vec_dot_q8_0),
         scalar_row(T::Q4_0, Gemm4, q4_0::vec_dot_q8_0_fast),
         scalar_row(T::Q4_1, Single, q4_1::vec_dot_q8_1),
@@ -244,6 +245,9 @@ const SCALAR_ROWS: &[KernelRow] = {
         // MXFP4's and IQ4_NL's repacked order already forms one integer sum per block.
         scalar_row(T::MXFP4, Fast, mxfp4::vec_dot_q8_0_repacked),
         scalar_row(T::IQ4_NL, Fast, iq4_nl::vec_dot_q8_0_repacked),
+        // F16's and BF16's tinyBLAS orders are the fastest to run, for any number of tokens.
+        scalar_row(T::F16, Fast, float::vec_dot_f16_tiled),
+        scalar_row(T::BF16, Fast, float::vec_dot_bf16_tiled),
     ]
 };
 
@@ -269,7 +273,8 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// (`GGML_CPU_TILED_MM`, on by default), and below that through ggml's AVX2 `vec_dot`
 /// (Q5_K) or its gemv order (Q6_K). (Un-repacked Q4_K
 /// below 8 tokens runs ggml's AVX2 `vec_dot`, not emulated: it gets the `gemv` order.)
-/// F32 matrices (MoE routers) and F16 ones go through tinyBLAS from two tokens up. MXFP4 matrices
+/// F32 matrices (MoE routers), F16 and BF16 ones go through tinyBLAS from two tokens up
+/// where it takes them (`n_out % 4 == 0`; its row-length condition is the kernels'). MXFP4 matrices
 /// with `n_out % 8 == 0` are repacked (`mxfp4_8x8_q8_0`), and their `gemm`
 /// and `gemv` sum alike (`DotOrder::Gemm4` for every token, whatever the micro-batch; the
 /// MoE product `mul_mat_id` runs `gemv` per token, the same order); other MXFP4 matrices
@@ -280,9 +285,11 @@ pub fn effective_order(ty: GgmlType, order: DotOrder) -> DotOrder {
 /// from 8 up.
 pub fn dot_order_for(ty: GgmlType, n_out: usize, n: usize, i: usize) -> DotOrder {
     match ty {
-        // F32 and F16 weights: llamafile's tinyBLAS from two tokens on, `vec_dot_f32` /
-        // `vec_dot_f16` for one.
-        GgmlType::F32 | GgmlType::F16 if n >= 2 => DotOrder::Tiled,
+        // F32, F16 and BF16 weights: llamafile's tinyBLAS from two tokens on where it takes
+        // the matrix (a multiple of four rows), `vec_dot_f32` / `_f16` / `_bf16` otherwise.
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 if n >= 2 && n_out.is_multiple_of(4) => {
+            DotOrder::Tiled
+        }
         GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::Q4_0 if n_out.is_multiple_of(8) => {
             DotOrder::Gemm4
         }

@@ -39,7 +39,7 @@ pub use formats::packed::{pack8, packs, PACK_ROWS};
 pub use formats::search::get_scale_min_k4;
 pub use isa::Isa;
 pub use kernels::{KernelSet, SideBuf};
-pub use order::{DotOrder, F16Order, Flavor};
+pub use order::{Bf16Order, DotOrder, F16Order, Flavor};
 pub use types::GgmlType;
 
 use formats::{
@@ -89,7 +89,7 @@ fn format_fns(ty: GgmlType) -> Option<FormatFns> {
     Some(match ty {
         T::F32  => k(float::dequantize_f32,  float::quantize_f32,  T::F32),
         T::F16  => k(float::dequantize_f16,  float::quantize_f16,  T::F16),
-        T::BF16 => k(float::dequantize_bf16, float::quantize_bf16, T::F32),
+        T::BF16 => k(float::dequantize_bf16, float::quantize_bf16, T::BF16),
         T::Q4_0 => k(d::<q4_0::BlockQ4_0>, q::<q4_0::BlockQ4_0>, T::Q8_0),
         T::Q4_1 => k(d::<q4_1::BlockQ4_1>, q::<q4_1::BlockQ4_1>, T::Q8_1),
         T::Q5_0 => k(d::<q5_0::BlockQ5_0>, q::<q5_0::BlockQ5_0>, T::Q8_0),
@@ -199,8 +199,8 @@ pub fn quantize_activations(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result
 }
 
 /// The format activations must be quantized to before [`vec_dot`] with weights of `ty`:
-/// Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16, F32
-/// for F32 and BF16.
+/// Q8_0 for Q4_0/Q5_0/Q8_0/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16 for F16, BF16
+/// for BF16, F32 for F32.
 /// For types without kernels here this is ggml's CPU mapping (informational only).
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType as T;
@@ -317,7 +317,7 @@ mod tests {
         for (w, a) in [
             (T::F32, T::F32),
             (T::F16, T::F16),
-            (T::BF16, T::F32),
+            (T::BF16, T::BF16),
             (T::Q4_0, T::Q8_0),
             (T::Q5_0, T::Q8_0),
             (T::Q8_0, T::Q8_0),

@@ -11,7 +11,9 @@
 //! - [`Flavor`]: whether ggml was compiled for AVX-512 (16-float vectors) or AVX2 (8), which
 //!   changes the lane count of its soft-max, attention and `exp`;
 //! - [`F16Order`]: which f16 kernel multiplies attention operands (tiled GEMM or
-//!   `ggml_vec_dot_f16`).
+//!   `ggml_vec_dot_f16`);
+//! - [`Bf16Order`]: which of ggml's three x86 BF16 products the build has (it follows
+//!   the flavor and the CPU's AVX512_BF16).
 
 use std::sync::OnceLock;
 
@@ -117,6 +119,60 @@ pub fn flavor() -> Flavor {
             }
         }
         Flavor::Avx2
+    })
+}
+
+/// Which of ggml's BF16 products a llama.cpp build runs for BF16 weights (their
+/// activations rounded to bf16 first): `ggml_vec_dot_bf16` for one token, llamafile's
+/// tinyBLAS for two or more. Each exists in three x86 forms, picked at compile time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Order {
+    /// `__AVX512BF16__` (a native build on a CPU with AVX512_BF16): `vdpbf16ps`, which per
+    /// f32 lane adds the product of the odd element of a pair, rounds, then adds the even
+    /// one's and rounds (both products exact); 32 elements per register.
+    Dpbf16,
+    /// `__AVX512F__` without BF16: elements widened to f32, 16 lanes, one rounding per
+    /// product added.
+    Avx512,
+    /// `__AVX2__`: as `Avx512` with 8 lanes.
+    Avx2,
+}
+
+impl Bf16Order {
+    /// Elements per tinyBLAS step (its `KN`): rows of other lengths take `vec_dot`'s order.
+    pub const fn gemm_step(self) -> usize {
+        match self {
+            Bf16Order::Dpbf16 => 32,
+            Bf16Order::Avx512 => 16,
+            Bf16Order::Avx2 => 8,
+        }
+    }
+
+    /// The flavor whose horizontal sums close the order's registers.
+    pub const fn flavor(self) -> Flavor {
+        match self {
+            Bf16Order::Dpbf16 | Bf16Order::Avx512 => Flavor::Avx512,
+            Bf16Order::Avx2 => Flavor::Avx2,
+        }
+    }
+}
+
+/// The BF16 order of the build [`flavor`] follows: its AVX-512 flavor on a CPU with
+/// AVX512_BF16 is a native build that has it (`GGML_NATIVE` compiles for every feature
+/// of the machine), so `vdpbf16ps`.
+pub fn bf16_order() -> Bf16Order {
+    static ORDER: OnceLock<Bf16Order> = OnceLock::new();
+    *ORDER.get_or_init(|| match flavor() {
+        Flavor::Avx2 => Bf16Order::Avx2,
+        Flavor::Avx512 => {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx512bf16") {
+                    return Bf16Order::Dpbf16;
+                }
+            }
+            Bf16Order::Avx512
+        }
     })
 }
 

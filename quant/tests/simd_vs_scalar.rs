@@ -621,8 +621,9 @@ fn table_rows_are_exercised() {
     for &(ty, order, isa, _) in &listing {
         let walked =
             TYPES.contains(&ty) && (order == DotOrder::Single || ORDERED.contains(&(ty, order)));
-        // F32's and F16's rows: `f32_kernels_match_scalar`, `f16_kernels_match_scalar`.
-        let walked = walked || ty == GgmlType::F32 || ty == GgmlType::F16;
+        // F32's and F16's rows: `f32_kernels_match_scalar`, `f16_kernels_match_scalar`;
+        // BF16's: `bf16_kernels_match_scalar`.
+        let walked = walked || ty == GgmlType::F32 || ty == GgmlType::F16 || ty == GgmlType::BF16;
         assert!(
             walked || (float.contains(&ty) && isa == Isa::Scalar),
             "{ty} {order:?} on {isa} is in the table but no test walks it"
@@ -651,7 +652,7 @@ fn f16_kernels_match_scalar() {
     for n in lens {
         let w = f16s(&mut rng, n);
         let a = f16s(&mut rng, n);
-        for order in [DotOrder::Single, DotOrder::Tiled] {
+        for order in [DotOrder::Single, DotOrder::Tiled, DotOrder::Fast] {
             let want = twin(GgmlType::F16, order)(&w, &a);
             for k in sets(GgmlType::F16, order) {
                 assert_eq!(
@@ -665,11 +666,14 @@ fn f16_kernels_match_scalar() {
                 if n == 0 {
                     continue;
                 }
-                // Two weight rows against up to eight tokens (a stride past the row):
-                // every output the one-row kernel's bits.
-                let w2: Vec<u8> = w.iter().chain(&f16s(&mut rng, n)).copied().collect();
+                // Up to the tile's weight rows against up to eight tokens (a stride past
+                // the row): every output the one-row kernel's bits.
+                let w2: Vec<u8> = w.iter().chain(&f16s(&mut rng, 4 * n)).copied().collect();
                 let stride = 2 * n + 6;
-                for tokens in [1, 3, 4, 5, 8] {
+                for (tokens, rows) in [1, 3, 4, 5, 8]
+                    .into_iter()
+                    .flat_map(|t| (1..=k.tile_rows).map(move |r| (t, r)))
+                {
                     let acts: Vec<u8> = (0..tokens)
                         .flat_map(|_| {
                             let mut r = f16s(&mut rng, n);
@@ -677,9 +681,16 @@ fn f16_kernels_match_scalar() {
                             r
                         })
                         .collect();
-                    let mut out = vec![0.0f32; 2 * tokens];
-                    tile(&w2, 2, &acts, stride, Default::default(), &mut out);
-                    for r in 0..2 {
+                    let mut out = vec![0.0f32; rows * tokens];
+                    tile(
+                        &w2[..rows * 2 * n],
+                        rows,
+                        &acts,
+                        stride,
+                        Default::default(),
+                        &mut out,
+                    );
+                    for r in 0..rows {
                         for c in 0..tokens {
                             let one = (k.dot)(
                                 &w2[r * 2 * n..(r + 1) * 2 * n],
@@ -713,6 +724,129 @@ fn f16_kernels_match_scalar() {
     if Isa::Avx2.available() {
         assert!(simd_ran > 0, "no F16 SIMD row ran");
     }
+}
+
+/// The BF16 weight kernels (bf16 activations; `ggml_vec_dot_bf16`'s order and
+/// tinyBLAS's, in each of the three x86 forms) against their scalar twins: on widened
+/// lanes, with `vdpbf16ps` itself where this CPU has it (which checks the twin's reading of
+/// the instruction: per lane, the odd product added first), and the table's rows, every
+/// ISA this CPU has, one-row and tile, against the twin in the build's order. The twins
+/// against an exact f64 dot; and the data tells the three orders apart.
+#[test]
+fn bf16_kernels_match_scalar() {
+    use quant::formats::float::{vec_dot_bf16_in, vec_dot_bf16_simd};
+    use quant::Bf16Order;
+    let mut rng = StdRng::seed_from_u64(30);
+    let bf16s = |rng: &mut StdRng, n: usize| -> Vec<u8> {
+        random_f32s(rng, n)
+            .iter()
+            .flat_map(|&x| quant::f16::f32_to_bf16(x).to_le_bytes())
+            .collect()
+    };
+    let orders = [Bf16Order::Dpbf16, Bf16Order::Avx512, Bf16Order::Avx2];
+    let mut lens: Vec<usize> = (0..=200).collect();
+    lens.extend([255, 256, 257, 576, 896, 1000, 2048, 2880, 4099, 4864]);
+    let (mut simd_ran, mut dp_ran, mut orders_differ) = (0, 0, 0);
+    for n in lens {
+        let w = bf16s(&mut rng, n);
+        let a = bf16s(&mut rng, n);
+        for tiled in [false, true] {
+            let twins = orders.map(|o| vec_dot_bf16_in(o, tiled, &w, &a));
+            orders_differ += usize::from(twins[0] != twins[1] || twins[1] != twins[2]);
+            for (o, want) in orders.iter().zip(twins) {
+                for dp in [false, true] {
+                    if let Some(got) = vec_dot_bf16_simd(*o, tiled, dp, &w, &a) {
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{o:?} tiled={tiled} dp={dp} n={n}: {got:e} vs {want:e}"
+                        );
+                        simd_ran += 1;
+                        dp_ran += usize::from(dp);
+                    }
+                }
+            }
+        }
+        for order in [DotOrder::Single, DotOrder::Tiled, DotOrder::Fast] {
+            let want = twin(GgmlType::BF16, order)(&w, &a);
+            for k in sets(GgmlType::BF16, order) {
+                assert_eq!(
+                    (k.dot)(&w, &a).to_bits(),
+                    want.to_bits(),
+                    "BF16 {order:?} n={n} on {}",
+                    k.isa
+                );
+                let Some(tile) = k.tile else { continue };
+                if n == 0 {
+                    continue;
+                }
+                // Up to the tile's weight rows against up to eight tokens (a stride past
+                // the row).
+                let w2: Vec<u8> = w.iter().chain(&bf16s(&mut rng, 4 * n)).copied().collect();
+                let stride = 2 * n + 6;
+                for tokens in [1, 3, 4, 5, 8] {
+                    let acts: Vec<u8> = (0..tokens)
+                        .flat_map(|_| {
+                            let mut r = bf16s(&mut rng, n);
+                            r.extend([0u8; 6]);
+                            r
+                        })
+                        .collect();
+                    for rows in 1..=k.tile_rows {
+                        let mut out = vec![0.0f32; rows * tokens];
+                        tile(
+                            &w2[..rows * 2 * n],
+                            rows,
+                            &acts,
+                            stride,
+                            Default::default(),
+                            &mut out,
+                        );
+                        for r in 0..rows {
+                            for c in 0..tokens {
+                                let one = (k.dot)(
+                                    &w2[r * 2 * n..(r + 1) * 2 * n],
+                                    &acts[c * stride..c * stride + 2 * n],
+                                );
+                                assert_eq!(
+                                    out[r * tokens + c].to_bits(),
+                                    one.to_bits(),
+                                    "BF16 {order:?} {} tile n={n} rows={rows} row {r} token {c} of {tokens}",
+                                    k.isa
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let h = |b: &[u8], i: usize| {
+            f32::from_bits((u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as u32) << 16) as f64
+        };
+        let exact: f64 = (0..n).map(|i| h(&w, i) * h(&a, i)).sum();
+        let mag: f64 = (0..n).map(|i| (h(&w, i) * h(&a, i)).abs()).sum();
+        for o in orders {
+            for tiled in [false, true] {
+                let v = vec_dot_bf16_in(o, tiled, &w, &a) as f64;
+                assert!(
+                    (v - exact).abs() <= mag * 1e-6 + 1e-30,
+                    "{o:?} tiled={tiled} n={n}"
+                );
+            }
+        }
+    }
+    assert!(
+        orders_differ > 100,
+        "the data hardly tells the orders apart"
+    );
+    if Isa::Avx2.available() {
+        assert!(simd_ran > 0, "no BF16 SIMD kernel ran");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512bf16") {
+        assert!(dp_ran > 0, "vdpbf16ps never ran on a CPU that has it");
+    }
+    let _ = dp_ran;
 }
 
 /// The F32 kernels (`ggml_vec_dot_f32`'s order and tinyBLAS's) against their scalar

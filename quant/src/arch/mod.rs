@@ -25,6 +25,18 @@ pub(crate) fn x86_float_dot(
     x86::float::dot(fl, tiled, avx512, w, a)
 }
 
+/// The x86 BF16 dot kernels (`formats::float::vec_dot_bf16_simd`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn x86_bf16_dot(
+    o: crate::order::Bf16Order,
+    tiled: bool,
+    dp: bool,
+    w: &[u8],
+    a: &[u8],
+) -> f32 {
+    x86::bf16::dot(o, tiled, dp, w, a)
+}
+
 /// This architecture's rows of the kernel table.
 pub(crate) fn rows() -> &'static [KernelRow] {
     #[cfg(target_arch = "x86_64")]

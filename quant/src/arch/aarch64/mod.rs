@@ -26,13 +26,14 @@
 //! a dotprod CPU falls back to them.
 //!
 //! Files: `simd` (shared helpers and the two levels), `legacy` (32-element formats),
-//! `kquants` (K-quants), `f16` (attention's f32 x f16 products).
+//! `kquants` (K-quants), `f16` (attention's f32 x f16 products), `bf16` (BF16 weights).
 
 use crate::contract::{DotFn, KernelRow, TileFn};
 use crate::isa::Isa;
 use crate::order::DotOrder;
 use crate::GgmlType;
 
+pub(crate) mod bf16;
 pub(crate) mod f16;
 mod kquants;
 mod legacy;
@@ -73,18 +74,22 @@ const fn rep_row(ty: GgmlType, isa: Isa, dot: DotFn, tile: TileFn) -> KernelRow 
 }
 
 /// The aarch64 rows of the kernel table: every format at `Isa::Neon`, the ones `sdot`
-/// speeds up again at `Isa::NeonDotprod`. (No fast-order rows: the fast order falls back
-/// to the exact one here; MXFP4's repacked order, which is also its fast order, has rows
-/// as `Gemm4`.)
+/// speeds up again at `Isa::NeonDotprod`. (Fast-order rows for BF16 only: the fast order
+/// falls back to the exact one for the others here; MXFP4's repacked order, which is also
+/// its fast order, has rows as `Gemm4`.)
 #[rustfmt::skip]
 pub(crate) const ROWS: &[KernelRow] = {
-    use DotOrder::{Gemm4, Single, Tiled};
+    use DotOrder::{Fast, Gemm4, Single, Tiled};
     use GgmlType as T;
     use Isa::{Neon, NeonDotprod};
     use kquants::{self as k, ORD_GEMM4, ORD_SINGLE, ORD_TILED};
     use legacy::{self as l, Iq4Nl, Mxfp4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
     use simd::{Dotprod, Plain};
     &[
+        // BF16: widened f32 lanes; the fast order is tinyBLAS's (every token alike).
+        row(T::BF16, Single, Neon, bf16::single, Some(bf16::single_many)),
+        row(T::BF16, Tiled, Neon, bf16::tiled, Some(bf16::tiled_many)),
+        row(T::BF16, Fast, Neon, bf16::tiled, Some(bf16::tiled_many)),
         row(T::Q4_0, Single, Neon, l::dot::<Q4_0, Plain>, Some(l::tile::<Q4_0, Plain>)),
         rep_row(T::Q4_0, Neon, l::rep_dot::<Q4_0, Plain>, l::rep_tile::<Q4_0, Plain>),
         row(T::Q4_1, Single, Neon, l::dot::<Q4_1, Plain>, Some(l::tile::<Q4_1, Plain>)),

@@ -223,12 +223,18 @@ pub(super) fn weights_tiled(w: &[u8], a: &[u8]) -> f32 {
     )
 }
 
-/// Checks a `TileFn` call of F16 rows (up to two weight rows, up to eight tokens) and
-/// returns (tokens, bytes per row): every row read is then inside the slices.
-fn tile_shape(w: &[u8], rows: usize, a: &[u8], stride: usize, outs: usize) -> (usize, usize) {
+/// Checks a `TileFn` call of F16 or BF16 rows (up to `max_rows` weight rows, up to eight
+/// tokens) and returns (tokens, bytes per row): every row read is then inside the slices.
+pub(super) fn tile_shape(
+    w: &[u8],
+    (rows, max_rows): (usize, usize),
+    a: &[u8],
+    stride: usize,
+    outs: usize,
+) -> (usize, usize) {
     assert!(
-        (1..=crate::contract::EXACT_TILE_ROWS).contains(&rows) && outs.is_multiple_of(rows),
-        "F16 tile: {rows} weight rows, {outs} outputs"
+        (1..=max_rows).contains(&rows) && outs.is_multiple_of(rows),
+        "float tile: {rows} weight rows, {outs} outputs"
     );
     let n_tok = outs / rows;
     let row = w.len() / rows;
@@ -238,7 +244,7 @@ fn tile_shape(w: &[u8], rows: usize, a: &[u8], stride: usize, outs: usize) -> (u
             && row.is_multiple_of(2)
             && (n_tok == 1 || stride >= row)
             && a.len() >= (n_tok - 1) * stride + row,
-        "F16 tile: {} weight bytes in {rows} rows, {} activation bytes, stride {stride}, \
+        "float tile: {} weight bytes in {rows} rows, {} activation bytes, stride {stride}, \
          {n_tok} tokens",
         w.len(),
         a.len()
@@ -256,7 +262,13 @@ pub(super) fn weights_single_many(
     _side: crate::contract::ActSide<'_>,
     out: &mut [f32],
 ) {
-    let (n_tok, row) = tile_shape(w, rows, a, stride, out.len());
+    let (n_tok, row) = tile_shape(
+        w,
+        (rows, crate::contract::EXACT_TILE_ROWS),
+        a,
+        stride,
+        out.len(),
+    );
     for r in 0..rows {
         for c in 0..n_tok {
             let (wr, ar) = (&w[r * row..(r + 1) * row], &a[c * stride..c * stride + row]);
@@ -277,7 +289,13 @@ pub(super) fn weights_tiled_many(
     _side: crate::contract::ActSide<'_>,
     out: &mut [f32],
 ) {
-    let (n_tok, row) = tile_shape(w, rows, a, stride, out.len());
+    let (n_tok, row) = tile_shape(
+        w,
+        (rows, crate::contract::EXACT_TILE_ROWS),
+        a,
+        stride,
+        out.len(),
+    );
     debug_assert!(crate::isa::Isa::Avx2.available());
     let fl = crate::order::flavor();
     let n = row / 2;
@@ -305,6 +323,85 @@ pub(super) fn weights_tiled_many(
             o[c..c + take].copy_from_slice(&v[..take]);
             c += take;
         }
+    }
+}
+
+/// The tile of F16 weights in tinyBLAS's order at AVX-512 (the table's AVX-512 rows): in
+/// the AVX-512 flavor, over rows of whole 16-element steps, up to four weight rows against
+/// four tokens per pass in zmm registers (`bf16::drive`, as BF16's tile), each output the
+/// one-row kernel's bits; otherwise [`weights_tiled_many`].
+pub(super) fn weights_tiled_many_avx512(
+    w: &[u8],
+    rows: usize,
+    a: &[u8],
+    stride: usize,
+    side: crate::contract::ActSide<'_>,
+    out: &mut [f32],
+) {
+    let (n_tok, row) = tile_shape(w, (rows, super::bf16::TILE_ROWS), a, stride, out.len());
+    let n = row / 2;
+    if crate::order::flavor() != Flavor::Avx512
+        || !n.is_multiple_of(16)
+        || !crate::isa::Isa::Avx512.available()
+    {
+        for r in (0..rows).step_by(2) {
+            let take = (rows - r).min(2);
+            let o = &mut out[r * n_tok..(r + take) * n_tok];
+            weights_tiled_many(&w[r * row..(r + take) * row], take, a, stride, side, o);
+        }
+        return;
+    }
+    // SAFETY: AVX-512 checked above; shapes checked by tile_shape; n whole steps.
+    unsafe { super::bf16::drive(&F16Gemm512, n, (w, rows, row), (a, n_tok, stride), out) }
+}
+
+/// F16's tinyBLAS kernel in the AVX-512 flavor: 16 lanes, one FMA per product of f16
+/// values widened by `vcvtph2ps` (exact), then the halving.
+struct F16Gemm512;
+
+impl super::bf16::Gemm for F16Gemm512 {
+    fn most_rows(&self) -> usize {
+        4
+    }
+    unsafe fn run<const R: usize, const T: usize>(
+        &self,
+        k: usize,
+        w: [*const u8; R],
+        a: [*const u8; T],
+    ) -> [[f32; T]; R] {
+        gemm512::<R, T>(k, w, a)
+    }
+}
+
+/// # Safety
+/// AVX-512 F; every pointer holds `k` f16 values, `k` a multiple of 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn gemm512<const R: usize, const T: usize>(
+    k: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let ld = |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut i = 0;
+    while i < k {
+        let wv: [__m512; R] = arr(|r| ld(w[r].add(2 * i)));
+        for t in 0..T {
+            let av = ld(a[t].add(2 * i));
+            for r in 0..R {
+                acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
+            }
+        }
+        i += 16;
+    }
+    if T == 4 {
+        arr(|r| {
+            let v = super::simd::halve4(arr(|t| super::simd::half512(acc[r][t])));
+            arr(|t| v[t])
+        })
+    } else {
+        arr(|r| arr(|t| hsum_ps(super::simd::half512(acc[r][t]))))
     }
 }
 

@@ -19,7 +19,7 @@
 //!
 //! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
 //! `kpacked` (K-quants on rows repacked by `crate::pack8`), `f16` (attention's f32 x f16
-//! products), `attn` (attention tiles: several queries per key and V row), `q8` (the Q8_0/Q8_1
+//! products and F16 weights), `bf16` (BF16 weights), `attn` (attention tiles: several queries per key and V row), `q8` (the Q8_0/Q8_1
 //! activation quantizers).
 
 use crate::contract::{DotFn, KernelRow, TileFn, TileIntoFn};
@@ -41,6 +41,7 @@ macro_rules! single_from_many {
 }
 
 pub(crate) mod attn;
+pub(crate) mod bf16;
 pub(crate) mod f16;
 pub(crate) mod float;
 mod kpacked;
@@ -113,6 +114,15 @@ const fn fast_row512(
         packed_rows: legacy::PACKED512_ROWS,
         stream_rows: legacy::PACKED512_ROWS,
         ..fast_row(ty, Isa::Avx512, dot, (tile, into, packed), offset_sums)
+    }
+}
+
+/// A BF16 row (or F16's AVX-512 ones): its tile takes up to [`bf16::TILE_ROWS`] weight
+/// rows.
+const fn bf16_row(r: KernelRow) -> KernelRow {
+    KernelRow {
+        tile_rows: bf16::TILE_ROWS,
+        ..r
     }
 }
 
@@ -204,6 +214,18 @@ pub(crate) const ROWS: &[KernelRow] = {
         // flavors (the flavor fixes the lanes of the order, not the register width).
         row(T::F16, Single, Avx2, f16::weights_single, Some(f16::weights_single_many), false),
         row(T::F16, Tiled, Avx2, f16::weights_tiled, Some(f16::weights_tiled_many), false),
+        row(T::F16, Fast, Avx2, f16::weights_tiled, Some(f16::weights_tiled_many), false),
+        // AVX-512: tinyBLAS's order four rows at a time in zmm registers.
+        bf16_row(row(T::F16, Tiled, Avx512, f16::weights_tiled, Some(f16::weights_tiled_many_avx512), false)),
+        bf16_row(row(T::F16, Fast, Avx512, f16::weights_tiled, Some(f16::weights_tiled_many_avx512), false)),
+        // BF16 weights against bf16 activations: widened f32 lanes on AVX2, `vdpbf16ps` on
+        // AVX-512 CPUs that have it; the fast order is tinyBLAS's (every token alike).
+        bf16_row(row(T::BF16, Single, Avx2, bf16::single_avx2, Some(bf16::single_many_avx2), false)),
+        bf16_row(row(T::BF16, Tiled, Avx2, bf16::tiled_avx2, Some(bf16::tiled_many_avx2), false)),
+        bf16_row(row(T::BF16, Fast, Avx2, bf16::tiled_avx2, Some(bf16::tiled_many_avx2), false)),
+        bf16_row(row(T::BF16, Single, Avx512, bf16::single_avx512, Some(bf16::single_many_avx512), false)),
+        bf16_row(row(T::BF16, Tiled, Avx512, bf16::tiled_avx512, Some(bf16::tiled_many_avx512), false)),
+        bf16_row(row(T::BF16, Fast, Avx512, bf16::tiled_avx512, Some(bf16::tiled_many_avx512), false)),
         // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
         // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
         exact_packed(row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), true), l::q4_0_packed_avx2),

@@ -182,3 +182,42 @@ pub(super) fn init_prefix<T: Copy, const N: usize>(
     // SAFETY: entries 0..n were written above.
     unsafe { core::slice::from_raw_parts_mut(p, n) }
 }
+
+/// Four registers of eight lanes each halved down to one float, as [`hsum_ps`] does one
+/// (lane l plus l + 4, then l + 2, then l + 1), with the four sums sharing shuffles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn halve4(y: [__m256; 4]) -> [f32; 4] {
+    // [a0+a4 .. a3+a7 | b0+b4 .. b3+b7], and the same of c and d.
+    let ab = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(y[0], y[1]),
+        _mm256_permute2f128_ps::<0x31>(y[0], y[1]),
+    );
+    let cd = _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(y[2], y[3]),
+        _mm256_permute2f128_ps::<0x31>(y[2], y[3]),
+    );
+    // Per half: [a'0+a'2, a'1+a'3, c'0+c'2, c'1+c'3] (b and d in the upper half).
+    let s = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b01_00_01_00>(ab, cd),
+        _mm256_shuffle_ps::<0b11_10_11_10>(ab, cd),
+    );
+    // Per half: [a, c, a, c] / [b, d, b, d].
+    let u = _mm256_hadd_ps(s, s);
+    let lo = _mm256_castps256_ps128(u);
+    let hi = _mm256_extractf128_ps::<1>(u);
+    [
+        _mm_cvtss_f32(lo),
+        _mm_cvtss_f32(hi),
+        _mm_cvtss_f32(_mm_movehdup_ps(lo)),
+        _mm_cvtss_f32(_mm_movehdup_ps(hi)),
+    ]
+}
+
+/// A zmm's first halving step: lane l plus lane l + 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn half512(x: __m512) -> __m256 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+    _mm256_add_ps(_mm512_castps512_ps256(x), hi)
+}
