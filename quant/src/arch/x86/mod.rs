@@ -17,10 +17,11 @@
 //!   operation sequence for each activation row, so a row's result never depends on how
 //!   many rows were computed with it; the one-row entry points are their N = 1 instances.
 //!
-//! Files: `simd` (shared helpers), `legacy` (32-element formats), `kquants` (K-quants),
-//! `kpacked` (K-quants on rows repacked by `crate::pack8`), `f16` (attention's f32 x f16
-//! products and F16 weights), `bf16` (BF16 weights), `attn` (attention tiles: several queries per key and V row), `q8` (the Q8_0/Q8_1
-//! activation quantizers).
+//! Files: `simd` (shared helpers), `legacy/` (32-element formats, one file per kernel
+//! family), `kquants` (K-quants), `kpacked` (K-quants on rows repacked by `crate::pack8`),
+//! `f16` (attention's f32 x f16 products and F16 weights), `bf16` (BF16 weights), `attn`
+//! (attention tiles: several queries per key and V row), `q8` (the Q8_0/Q8_1 activation
+//! quantizers).
 
 use crate::contract::{DotFn, KernelRow, TileFn, TileIntoFn};
 use crate::isa::Isa;
@@ -31,7 +32,7 @@ use crate::GgmlType;
 /// alone and a row in a batch give the same bits by construction).
 macro_rules! single_from_many {
     ($name:ident, $w:ty, $a:ty, $many:ident) => {
-        pub(super) fn $name(w: &[u8], a: &[u8]) -> f32 {
+        pub(in crate::arch::x86) fn $name(w: &[u8], a: &[u8]) -> f32 {
             check_dot::<$w, $a>(w, a);
             let mut out = [0.0f32];
             $many(w, 1, a, a.len(), ActSide::default(), &mut out);
