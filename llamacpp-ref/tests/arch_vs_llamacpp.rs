@@ -179,6 +179,13 @@ fn compare(path: &Path, n_ctx: usize, expect_arch: &str) -> Agreement {
 
 /// Writes `shape` (cut) with `quant`, compares it, and asserts the bars.
 fn check(shape: Shape, quant: SynthQuant, n_ctx: usize) {
+    check_logits(shape, quant, n_ctx, false);
+}
+
+/// [`check`], and (`exact`) every logit bit-identical to llama.cpp's: the dense cuts,
+/// where our kernels follow llama.cpp's orders (a wrong order of float additions rarely
+/// flips a top-1 choice, so agreement alone would not notice it).
+fn check_logits(shape: Shape, quant: SynthQuant, n_ctx: usize, exact: bool) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(tok_path) = runtime::registry::test_model(shape.tokenizer_from) else {
         return;
@@ -199,6 +206,9 @@ fn check(shape: Shape, quant: SynthQuant, n_ctx: usize) {
     synth::synthesize(&spec, &path, |_, _| {}).unwrap();
     let a = compare(&path, n_ctx, arch);
     report_and_assert(&name, &a);
+    if exact {
+        assert_eq!(a.max_diff, 0.0, "{name}: logits differ from llama.cpp's");
+    }
 }
 
 fn report_and_assert(name: &str, a: &Agreement) {
@@ -257,7 +267,7 @@ fn cut(shape: Shape, div: usize, layers: usize) -> Shape {
 
 #[test]
 fn qwen3_dense() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4KM, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4KM, 256, true);
 }
 
 /// IQ4_NL weights (llama.cpp's IQ4_NL mix: its GQA of 2 keeps attn_v IQ4_NL; the first
@@ -265,42 +275,50 @@ fn qwen3_dense() {
 /// is a multiple of eight, `vec_dot` elsewhere.
 #[test]
 fn qwen3_dense_iq4_nl() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Nl, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Nl, 256, true);
 }
 
 /// Q5_K weights (llama.cpp's Q5_K_M mix): ggml's AVX2 `vec_dot` order for the decode
 /// tokens, its tiled GEMM's for the prompt (8 tokens and more); Q6_K where the mix puts it.
 #[test]
 fn qwen3_dense_q5_k_m() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q5KM, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q5KM, 256, true);
 }
 
 /// IQ4_XS weights (llama.cpp's IQ4_XS mix, IQ4_NL's with IQ4_XS as the default type):
 /// ggml's AVX2 `vec_dot` order for the decode tokens, the tiled GEMM's for the prompt.
 #[test]
 fn qwen3_dense_iq4_xs() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Xs, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Iq4Xs, 256, true);
 }
 
 /// Q3_K weights (llama.cpp's Q3_K_M mix: Q4_K and Q5_K where it puts them): ggml's AVX2
 /// `vec_dot` order for the decode tokens, the tiled GEMM's for the prompt.
 #[test]
 fn qwen3_dense_q3_k_m() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q3KM, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q3KM, 256, true);
 }
 
 /// Q4_0 weights (llama.cpp's MOSTLY_Q4_0): matrices whose row count is a multiple of
 /// eight are repacked by llama.cpp (`q4_0_8x8_q8_0`), whose gemv and gemm sum alike.
 #[test]
 fn qwen3_dense_q4_0() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4_0, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Q4_0, 256, true);
 }
 
 /// F16 weights (llama.cpp's MOSTLY_F16): the activations rounded to f16 as llama.cpp's,
 /// `ggml_vec_dot_f16`'s order for the decode tokens, tinyBLAS's for the prompt.
 #[test]
 fn qwen3_dense_f16() {
-    check(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::F16, 256);
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::F16, 256, true);
+}
+
+/// BF16 weights (llama.cpp's MOSTLY_BF16): the activations rounded to bf16 as llama.cpp's,
+/// `ggml_vec_dot_bf16`'s order for the decode tokens, tinyBLAS's for the prompt, each in
+/// the build's form (`vdpbf16ps` where this CPU has AVX512_BF16).
+#[test]
+fn qwen3_dense_bf16() {
+    check_logits(cut(Shape::qwen3_06b(), 4, 3), SynthQuant::Bf16, 256, true);
 }
 
 #[test]

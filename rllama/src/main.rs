@@ -169,7 +169,7 @@ enum Cmd {
         /// Quantization: q4_k_m (llama.cpp's Q4_K_M mix), q3_k_m and q5_k_m (its Q3_K_M
         /// and Q5_K_M mixes), q4_0,
         /// q8_0, mxfp4_moe (MXFP4 experts, Q8_0 elsewhere), iq4_nl or iq4_xs (llama.cpp's
-        /// IQ4_NL and IQ4_XS mixes), f16 [default: mxfp4_moe for gpt-oss-20b, else
+        /// IQ4_NL and IQ4_XS mixes), f16, bf16 [default: mxfp4_moe for gpt-oss-20b, else
         /// q4_k_m].
         #[arg(long)]
         quant: Option<String>,

@@ -613,6 +613,8 @@ pub enum SynthQuant {
     Iq4Xs,
     /// llama.cpp's MOSTLY_F16: every matrix F16.
     F16,
+    /// llama.cpp's MOSTLY_BF16: every matrix BF16.
+    Bf16,
 }
 
 impl SynthQuant {
@@ -627,6 +629,7 @@ impl SynthQuant {
             "iq4_nl" => Ok(SynthQuant::Iq4Nl),
             "iq4_xs" => Ok(SynthQuant::Iq4Xs),
             "f16" => Ok(SynthQuant::F16),
+            "bf16" => Ok(SynthQuant::Bf16),
             _ => Err(SynthError::UnknownQuant(s.to_string())),
         }
     }
@@ -642,6 +645,7 @@ impl SynthQuant {
             SynthQuant::Iq4Nl => "iq4_nl",
             SynthQuant::Iq4Xs => "iq4_xs",
             SynthQuant::F16 => "f16",
+            SynthQuant::Bf16 => "bf16",
         }
     }
 
@@ -657,6 +661,7 @@ impl SynthQuant {
             SynthQuant::Iq4Nl => 25,
             SynthQuant::Iq4Xs => 30,
             SynthQuant::F16 => 1,
+            SynthQuant::Bf16 => 32,
         }
     }
 }
@@ -744,6 +749,7 @@ pub fn tensor_type(
         },
         SynthQuant::Q8_0 => T::Q8_0,
         SynthQuant::F16 => T::F16,
+        SynthQuant::Bf16 => T::BF16,
         SynthQuant::Mxfp4Moe => match role {
             Role::ExpGate | Role::ExpUp | Role::ExpDown => T::MXFP4,
             _ => T::Q8_0,
@@ -1212,11 +1218,15 @@ fn fill_blocks(ty: GgmlType, rng: &mut Rng, out: &mut [u8]) {
     let bs = ty.type_size();
     debug_assert_eq!(out.len() % bs, 0);
     match ty {
-        GgmlType::F16 => {
-            // Uniform with std ~WEIGHT_STD, rounded to f16.
+        GgmlType::F16 | GgmlType::BF16 => {
+            // Uniform with std ~WEIGHT_STD, rounded to f16 / bf16.
             for v in out.chunks_exact_mut(bs) {
                 let x = WEIGHT_STD * 12f32.sqrt() * (rng.unit() - 0.5);
-                v.copy_from_slice(&f32_to_f16(x).to_le_bytes());
+                let bits = match ty {
+                    GgmlType::F16 => f32_to_f16(x),
+                    _ => quant::f16::f32_to_bf16(x),
+                };
+                v.copy_from_slice(&bits.to_le_bytes());
             }
         }
         GgmlType::Q4_K => {
@@ -1606,6 +1616,7 @@ mod tests {
             GgmlType::IQ4_NL,
             GgmlType::IQ4_XS,
             GgmlType::F16,
+            GgmlType::BF16,
         ] {
             let n = 256 * 512;
             let mut buf = vec![0u8; n / ty.block_size() * ty.type_size()];
