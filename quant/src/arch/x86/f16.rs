@@ -278,9 +278,10 @@ pub(super) fn weights_single_many(
 }
 
 /// The tile of F16 weights in tinyBLAS's order (`TileFn`: up to two weight rows against
-/// up to eight tokens): each weight register is loaded once for four tokens, whose
-/// accumulators see exactly [`dot_f16_of`]'s FMAs and reduction, so every output has the
-/// one-row kernel's bits. Rows of no whole registers take the one-row `vec_dot` order.
+/// up to eight tokens): two rows by four tokens per pass (`bf16::drive`, [`gemm256`]),
+/// whose accumulators see exactly [`dot_f16_of`]'s FMAs and reduction, so every output
+/// has the one-row kernel's bits. Rows of no whole registers take the one-row `vec_dot`
+/// order.
 pub(super) fn weights_tiled_many(
     w: &[u8],
     rows: usize,
@@ -299,31 +300,98 @@ pub(super) fn weights_tiled_many(
     debug_assert!(crate::isa::Isa::Avx2.available());
     let fl = crate::order::flavor();
     let n = row / 2;
-    for r in 0..rows {
-        let wr = &w[r * row..(r + 1) * row];
-        let o = &mut out[r * n_tok..(r + 1) * n_tok];
-        if !n.is_multiple_of(fl.lanes()) {
-            for (c, o) in o.iter_mut().enumerate() {
-                *o = weights(F16Order::VecDot, wr, &a[c * stride..c * stride + row]);
+    if !n.is_multiple_of(fl.lanes()) {
+        for r in 0..rows {
+            let wr = &w[r * row..(r + 1) * row];
+            for c in 0..n_tok {
+                let ar = &a[c * stride..c * stride + row];
+                out[r * n_tok + c] = weights(F16Order::VecDot, wr, ar);
             }
-            continue;
         }
-        let mut c = 0;
-        while c < n_tok {
-            let take = (n_tok - c).min(4);
-            let ap: [*const u8; 4] = arr(|t| a[(c + t.min(take - 1)) * stride..].as_ptr());
-            // SAFETY: AVX2/FMA/F16C as above; every pointer holds `n` f16 values (checked).
-            let v = unsafe {
-                if fl.lanes() == 16 {
-                    gemm4::<2>(n, F16s(wr.as_ptr()), ap.map(F16s))
-                } else {
-                    gemm4::<1>(n, F16s(wr.as_ptr()), ap.map(F16s))
-                }
-            };
-            o[c..c + take].copy_from_slice(&v[..take]);
-            c += take;
-        }
+        return;
     }
+    // SAFETY: AVX2/FMA/F16C (this row's ISA); shapes checked by tile_shape; n whole
+    // registers of the flavor.
+    unsafe { gemm256_tile(fl, n, (w, rows, row), (a, n_tok, stride), out) }
+}
+
+/// [`weights_tiled_many`]'s passes in flavor `fl`'s lanes (`bf16::drive` over
+/// [`F16Gemm256`]).
+///
+/// # Safety
+/// AVX2/FMA/F16C; shapes as `bf16::drive` requires; `n` whole registers of `fl`.
+unsafe fn gemm256_tile(
+    fl: Flavor,
+    n: usize,
+    w: (&[u8], usize, usize),
+    a: (&[u8], usize, usize),
+    out: &mut [f32],
+) {
+    match fl {
+        Flavor::Avx512 => super::bf16::drive(&F16Gemm256::<2>, n, w, a, out),
+        Flavor::Avx2 => super::bf16::drive(&F16Gemm256::<1>, n, w, a, out),
+    }
+}
+
+/// F16's tinyBLAS kernel on 256-bit registers, in the flavor's lanes (`REGS` ymm per
+/// register: 2 for the 16-lane flavor, whose lanes l and l + 8 are added before the
+/// halving, as [`dot_f16_of`]'s `Gemm` branch): up to two weight rows against four tokens
+/// per pass, each f16 row converted once for all of them.
+struct F16Gemm256<const REGS: usize>;
+
+impl<const REGS: usize> super::bf16::Gemm for F16Gemm256<REGS> {
+    fn most_rows(&self) -> usize {
+        2
+    }
+    unsafe fn run<const R: usize, const T: usize>(
+        &self,
+        k: usize,
+        w: [*const u8; R],
+        a: [*const u8; T],
+    ) -> [[f32; T]; R] {
+        gemm256::<REGS, R, T>(k, w, a)
+    }
+}
+
+/// # Safety
+/// AVX2/FMA/F16C; every pointer holds `k` f16 values, `k` a multiple of `8 * REGS`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm256<const REGS: usize, const R: usize, const T: usize>(
+    k: usize,
+    w: [*const u8; R],
+    a: [*const u8; T],
+) -> [[f32; T]; R] {
+    let ld = |p: *const u8| _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+    let mut acc = [[[_mm256_setzero_ps(); REGS]; T]; R];
+    let mut i = 0;
+    while i < k {
+        for h in 0..REGS {
+            let wv: [__m256; R] = arr(|r| ld(w[r].add(2 * (i + 8 * h))));
+            for t in 0..T {
+                let av = ld(a[t].add(2 * (i + 8 * h)));
+                for r in 0..R {
+                    acc[r][t][h] = _mm256_fmadd_ps(wv[r], av, acc[r][t][h]);
+                }
+            }
+        }
+        i += 8 * REGS;
+    }
+    arr(|r| {
+        let y: [__m256; T] = arr(|t| {
+            if REGS == 2 {
+                _mm256_add_ps(acc[r][t][0], acc[r][t][REGS - 1])
+            } else {
+                acc[r][t][0]
+            }
+        });
+        if T == 4 {
+            let v = super::simd::halve4(arr(|t| y[t]));
+            arr(|t| v[t])
+        } else {
+            arr(|t| hsum_ps(y[t]))
+        }
+    })
 }
 
 /// The tile of F16 weights in tinyBLAS's order at AVX-512 (the table's AVX-512 rows): in
@@ -403,38 +471,6 @@ unsafe fn gemm512<const R: usize, const T: usize>(
     } else {
         arr(|r| arr(|t| hsum_ps(super::simd::half512(acc[r][t]))))
     }
-}
-
-/// tinyBLAS's order for one weight row and four tokens (`REGS` ymm per register of the
-/// flavor, `n` a multiple of `8 * REGS`): per token the FMA chains and the halving of
-/// [`dot_f16_of`]'s `Gemm` branch.
-///
-/// # Safety
-/// AVX2/FMA/F16C; every operand holds `n` values.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemm4<const REGS: usize>(n: usize, w: F16s, a: [F16s; 4]) -> [f32; 4] {
-    let mut acc = [[_mm256_setzero_ps(); REGS]; 4];
-    let mut i = 0;
-    while i < n {
-        for h in 0..REGS {
-            let x = w.ld8(i + 8 * h);
-            for (t, acc) in acc.iter_mut().enumerate() {
-                acc[h] = _mm256_fmadd_ps(x, a[t].ld8(i + 8 * h), acc[h]);
-            }
-        }
-        i += 8 * REGS;
-    }
-    let mut out = [0.0f32; 4];
-    for (o, acc) in out.iter_mut().zip(&acc) {
-        // The halving tree: (l, l+8) for 16 lanes, then hsum_float_8's order.
-        *o = hsum_ps(if REGS == 2 {
-            _mm256_add_ps(acc[0], acc[REGS - 1])
-        } else {
-            acc[0]
-        });
-    }
-    out
 }
 
 fn weights(ord: F16Order, w: &[u8], a: &[u8]) -> f32 {
@@ -618,4 +654,60 @@ pub unsafe fn round_to_f16(x: &mut [f32]) {
         _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
     }
     crate::ops::f16::round_to_f16_scalar(chunks.into_remainder());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 256-bit tinyBLAS tile in both flavors' lanes (whichever flavor this build
+    /// follows) against the scalar twin of that flavor, for every row/token shape of a
+    /// call: two rows by five tokens covers the pass of four and the one after it.
+    #[test]
+    fn gemm256_matches_both_flavors_twins() {
+        if !crate::isa::Isa::Avx2.available() {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut f16s = |n: usize| -> Vec<u8> {
+            (0..n)
+                .flat_map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let x = (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    f16::from_f32(x).to_bits().to_le_bytes()
+                })
+                .collect()
+        };
+        for n in [16, 32, 48, 576, 1008, 2048] {
+            let row = 2 * n;
+            let (w, a) = (f16s(2 * n), f16s(5 * n));
+            for fl in [Flavor::Avx2, Flavor::Avx512] {
+                for rows in [1, 2] {
+                    let mut out = vec![0f32; rows * 5];
+                    // SAFETY: AVX2 checked; shapes as drive requires; n whole registers.
+                    unsafe {
+                        gemm256_tile(fl, n, (&w[..rows * row], rows, row), (&a, 5, row), &mut out)
+                    };
+                    for r in 0..rows {
+                        for c in 0..5 {
+                            let twin = crate::formats::float::vec_dot_f16_in(
+                                fl,
+                                F16Order::Gemm,
+                                &w[r * row..(r + 1) * row],
+                                &a[c * row..(c + 1) * row],
+                            );
+                            let got = out[r * 5 + c];
+                            assert_eq!(
+                                got.to_bits(),
+                                twin.to_bits(),
+                                "{fl:?} n={n} rows={rows} r={r} c={c}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
