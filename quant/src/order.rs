@@ -148,6 +148,25 @@ impl Bf16Order {
         }
     }
 
+    /// The order as a number, for kernels that take it as a const parameter (0, 1, 2 in
+    /// declaration order; [`Bf16Order::from_id`] inverts it).
+    pub const fn id(self) -> u8 {
+        match self {
+            Bf16Order::Dpbf16 => 0,
+            Bf16Order::Avx512 => 1,
+            Bf16Order::Avx2 => 2,
+        }
+    }
+
+    /// The order of [`Bf16Order::id`] `id` (`Avx2` for any id past 1).
+    pub const fn from_id(id: u8) -> Bf16Order {
+        match id {
+            0 => Bf16Order::Dpbf16,
+            1 => Bf16Order::Avx512,
+            _ => Bf16Order::Avx2,
+        }
+    }
+
     /// The flavor whose horizontal sums close the order's registers.
     pub const fn flavor(self) -> Flavor {
         match self {

@@ -226,8 +226,9 @@ pub fn vec_dot_bf16_tiled(w: &[u8], a: &[u8]) -> f32 {
     vec_dot_bf16_in(crate::order::bf16_order(), true, w, a)
 }
 
+/// Element `i` of little-endian bf16 bytes, widened (exact).
 #[inline(always)]
-fn rd_bf16(b: &[u8], i: usize) -> f32 {
+pub(crate) fn rd_bf16(b: &[u8], i: usize) -> f32 {
     bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
 }
 

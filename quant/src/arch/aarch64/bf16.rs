@@ -8,32 +8,16 @@
 use core::arch::aarch64::*;
 
 use crate::contract::ActSide;
-use crate::formats::float::bf16_vec_dot_finish;
+use crate::formats::float::{bf16_vec_dot_finish, rd_bf16};
 use crate::order::{bf16_order, Bf16Order};
 
-const DP: u8 = 0;
-const W16: u8 = 1;
-const W8: u8 = 2;
+const DP: u8 = Bf16Order::Dpbf16.id();
+const W16: u8 = Bf16Order::Avx512.id();
+const W8: u8 = Bf16Order::Avx2.id();
 
-const fn code(o: Bf16Order) -> u8 {
-    match o {
-        Bf16Order::Dpbf16 => DP,
-        Bf16Order::Avx512 => W16,
-        Bf16Order::Avx2 => W8,
-    }
-}
-
+/// Elements per tinyBLAS step of order `O` (a [`Bf16Order::id`]).
 const fn step_of(o: u8) -> usize {
-    match o {
-        DP => 32,
-        W16 => 16,
-        _ => 8,
-    }
-}
-
-#[inline(always)]
-fn rd(b: &[u8], i: usize) -> f32 {
-    crate::f16::bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    Bf16Order::from_id(o).gemm_step()
 }
 
 /// A register of the order's lanes: four q registers (16 lanes) or two (8).
@@ -158,19 +142,19 @@ pub(crate) fn dot(o: Bf16Order, tiled: bool, w: &[u8], a: &[u8]) -> f32 {
     // SAFETY: both rows hold n values; tinyBLAS's only over whole steps.
     unsafe {
         if tiled && n.is_multiple_of(o.gemm_step()) {
-            return match code(o) {
+            return match o.id() {
                 DP => gemm::<DP, 1>(n, wp, [ap]),
                 W16 => gemm::<W16, 1>(n, wp, [ap]),
                 _ => gemm::<W8, 1>(n, wp, [ap]),
             }[0];
         }
         let mut acc = [[0f32; 16]; 4];
-        let done = match code(o) {
+        let done = match o.id() {
             DP => vec_dot::<DP>(wp, ap, n, &mut acc),
             W16 => vec_dot::<W16>(wp, ap, n, &mut acc),
             _ => vec_dot::<W8>(wp, ap, n, &mut acc),
         };
-        bf16_vec_dot_finish(o, &mut acc, done, n, |i| rd(w, i) * rd(a, i))
+        bf16_vec_dot_finish(o, &mut acc, done, n, |i| rd_bf16(w, i) * rd_bf16(a, i))
     }
 }
 
@@ -204,7 +188,7 @@ fn tile(tiled: bool, w: &[u8], rows: usize, a: &[u8], stride: usize, out: &mut [
                 let ap: [*const u8; 4] = core::array::from_fn(|t| ar(c + t).as_ptr());
                 // SAFETY: every pointer holds n values (checked above), n whole steps.
                 let v = unsafe {
-                    match code(o) {
+                    match o.id() {
                         DP => gemm::<DP, 4>(n, wr.as_ptr(), ap),
                         W16 => gemm::<W16, 4>(n, wr.as_ptr(), ap),
                         _ => gemm::<W8, 4>(n, wr.as_ptr(), ap),

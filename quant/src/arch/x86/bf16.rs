@@ -13,33 +13,17 @@ use core::arch::x86_64::*;
 
 use super::simd::{arr, half512, halve4, hsum_ps, ld128, ld256};
 use crate::contract::ActSide;
-use crate::formats::float::bf16_vec_dot_finish;
+use crate::formats::float::{bf16_vec_dot_finish, rd_bf16};
 use crate::order::{bf16_order, Bf16Order};
 
 /// The orders as const parameters.
-const DP: u8 = 0;
-const W16: u8 = 1;
-const W8: u8 = 2;
+const DP: u8 = Bf16Order::Dpbf16.id();
+const W16: u8 = Bf16Order::Avx512.id();
+const W8: u8 = Bf16Order::Avx2.id();
 
-const fn code(o: Bf16Order) -> u8 {
-    match o {
-        Bf16Order::Dpbf16 => DP,
-        Bf16Order::Avx512 => W16,
-        Bf16Order::Avx2 => W8,
-    }
-}
-
+/// Elements per tinyBLAS step of order `O` (a [`Bf16Order::id`]).
 const fn step_of(o: u8) -> usize {
-    match o {
-        DP => 32,
-        W16 => 16,
-        _ => 8,
-    }
-}
-
-#[inline(always)]
-fn rd(b: &[u8], i: usize) -> f32 {
-    crate::f16::bf16_to_f32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    Bf16Order::from_id(o).gemm_step()
 }
 
 /// Whether `vdpbf16ps` may run (the AVX-512 rows only: an AVX2 cap keeps to AVX2).
@@ -265,7 +249,7 @@ unsafe fn gemm<const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
 ) -> [[f32; T]; R] {
-    match code(o) {
+    match o.id() {
         DP if dp => gemm_dp::<R, T>(k, w, a),
         DP => gemm_emu::<DP, R, T>(k, w, a),
         W16 => gemm_emu::<W16, R, T>(k, w, a),
@@ -286,14 +270,14 @@ pub(crate) fn dot(o: Bf16Order, tiled: bool, dp: bool, w: &[u8], a: &[u8]) -> f3
     let mut acc = [[0f32; 16]; 4];
     // SAFETY: as above.
     let done = unsafe {
-        match code(o) {
+        match o.id() {
             DP if dp => vec_dot_dp(w.as_ptr(), a.as_ptr(), n, &mut acc),
             DP => vec_dot_emu::<DP>(w.as_ptr(), a.as_ptr(), n, &mut acc),
             W16 => vec_dot_emu::<W16>(w.as_ptr(), a.as_ptr(), n, &mut acc),
             _ => vec_dot_emu::<W8>(w.as_ptr(), a.as_ptr(), n, &mut acc),
         }
     };
-    bf16_vec_dot_finish(o, &mut acc, done, n, |i| rd(w, i) * rd(a, i))
+    bf16_vec_dot_finish(o, &mut acc, done, n, |i| rd_bf16(w, i) * rd_bf16(a, i))
 }
 
 /// Most weight rows a BF16 or F16 tile takes: four with 512-bit registers (16
@@ -432,23 +416,14 @@ fn tile(tiled: bool, dp: bool, w: &[u8], rows: usize, a: &[u8], stride: usize, o
 
 // The table's rows: AVX2 on widened lanes; AVX-512 with `vdpbf16ps` where it has it.
 
-pub(super) fn single_avx2(w: &[u8], a: &[u8]) -> f32 {
-    dot(bf16_order(), false, false, w, a)
+/// One row in the build's order (`TILED`: tinyBLAS's), with `vdpbf16ps` on the AVX-512
+/// rows (`AVX512`) where the CPU has it.
+pub(super) fn single<const TILED: bool, const AVX512: bool>(w: &[u8], a: &[u8]) -> f32 {
+    dot(bf16_order(), TILED, AVX512 && has_dp(), w, a)
 }
 
-pub(super) fn tiled_avx2(w: &[u8], a: &[u8]) -> f32 {
-    dot(bf16_order(), true, false, w, a)
-}
-
-pub(super) fn single_avx512(w: &[u8], a: &[u8]) -> f32 {
-    dot(bf16_order(), false, has_dp(), w, a)
-}
-
-pub(super) fn tiled_avx512(w: &[u8], a: &[u8]) -> f32 {
-    dot(bf16_order(), true, has_dp(), w, a)
-}
-
-pub(super) fn single_many_avx2(
+/// The tile of [`single`]'s order.
+pub(super) fn many<const TILED: bool, const AVX512: bool>(
     w: &[u8],
     rows: usize,
     a: &[u8],
@@ -456,38 +431,5 @@ pub(super) fn single_many_avx2(
     _side: ActSide<'_>,
     out: &mut [f32],
 ) {
-    tile(false, false, w, rows, a, stride, out)
-}
-
-pub(super) fn tiled_many_avx2(
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    stride: usize,
-    _side: ActSide<'_>,
-    out: &mut [f32],
-) {
-    tile(true, false, w, rows, a, stride, out)
-}
-
-pub(super) fn single_many_avx512(
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    stride: usize,
-    _side: ActSide<'_>,
-    out: &mut [f32],
-) {
-    tile(false, has_dp(), w, rows, a, stride, out)
-}
-
-pub(super) fn tiled_many_avx512(
-    w: &[u8],
-    rows: usize,
-    a: &[u8],
-    stride: usize,
-    _side: ActSide<'_>,
-    out: &mut [f32],
-) {
-    tile(true, has_dp(), w, rows, a, stride, out)
+    tile(TILED, AVX512 && has_dp(), w, rows, a, stride, out)
 }

@@ -221,12 +221,12 @@ pub(crate) const ROWS: &[KernelRow] = {
         bf16_row(row(T::F16, Fast, Avx512, f16::weights_tiled, Some(f16::weights_tiled_many_avx512), false)),
         // BF16 weights against bf16 activations: widened f32 lanes on AVX2, `vdpbf16ps` on
         // AVX-512 CPUs that have it; the fast order is tinyBLAS's (every token alike).
-        bf16_row(row(T::BF16, Single, Avx2, bf16::single_avx2, Some(bf16::single_many_avx2), false)),
-        bf16_row(row(T::BF16, Tiled, Avx2, bf16::tiled_avx2, Some(bf16::tiled_many_avx2), false)),
-        bf16_row(row(T::BF16, Fast, Avx2, bf16::tiled_avx2, Some(bf16::tiled_many_avx2), false)),
-        bf16_row(row(T::BF16, Single, Avx512, bf16::single_avx512, Some(bf16::single_many_avx512), false)),
-        bf16_row(row(T::BF16, Tiled, Avx512, bf16::tiled_avx512, Some(bf16::tiled_many_avx512), false)),
-        bf16_row(row(T::BF16, Fast, Avx512, bf16::tiled_avx512, Some(bf16::tiled_many_avx512), false)),
+        bf16_row(row(T::BF16, Single, Avx2, bf16::single::<false, false>, Some(bf16::many::<false, false>), false)),
+        bf16_row(row(T::BF16, Tiled, Avx2, bf16::single::<true, false>, Some(bf16::many::<true, false>), false)),
+        bf16_row(row(T::BF16, Fast, Avx2, bf16::single::<true, false>, Some(bf16::many::<true, false>), false)),
+        bf16_row(row(T::BF16, Single, Avx512, bf16::single::<false, true>, Some(bf16::many::<false, true>), false)),
+        bf16_row(row(T::BF16, Tiled, Avx512, bf16::single::<true, true>, Some(bf16::many::<true, true>), false)),
+        bf16_row(row(T::BF16, Fast, Avx512, bf16::single::<true, true>, Some(bf16::many::<true, true>), false)),
         // Q4_0 and Q5_0 take their packed weights unsigned, with offset sums (the file
         // rows' tiles ignore them without VNNI); Q8_0 keeps the sign trick.
         exact_packed(row(T::Q4_0, Single, Avx2, l::q4_0_q8_0, Some(l::q4_0_many), true), l::q4_0_packed_avx2),
