@@ -167,6 +167,11 @@ pub struct RefOptions {
     /// callback), for [`RefModel::take_trace`]. Slow: each node is evaluated on its own.
     /// For debugging numerical differences only.
     pub trace: bool,
+    /// Let llama.cpp repack weights for its CPU kernels (its default: "extra buffer
+    /// types", which change some products' summation order). Off keeps them in ggml's
+    /// plain layout, as a ggml device buffer holds them, so the products run `vec_dot`;
+    /// `RLLAMA_REF_NO_REPACK` turns it off everywhere (a debugging aid).
+    pub repack: bool,
 }
 
 /// One intermediate tensor recorded by a tracing [`RefModel`], as f32 in ggml's element
@@ -191,6 +196,7 @@ impl Default for RefOptions {
             flash_attn: Some(false),
             kv_f32: false,
             trace: false,
+            repack: true,
         }
     }
 }
@@ -670,9 +676,7 @@ impl RefModel {
         let mut mparams = unsafe { sys::llama_model_default_params() };
         mparams.n_gpu_layers = 0;
         mparams.load_mode = sys::LLAMA_LOAD_MODE_MMAP;
-        // Debugging aid: keep weights in ggml's plain layout (no repacked copies), so
-        // matrix products take the vec_dot kernels.
-        if std::env::var_os("RLLAMA_REF_NO_REPACK").is_some() {
+        if !opts.repack || std::env::var_os("RLLAMA_REF_NO_REPACK").is_some() {
             mparams.use_extra_bufts = false;
         }
 

@@ -6,8 +6,8 @@
 //! decode products of one token (QKV, O, gate/up, down per layer, as the forward pass
 //! calls them) and a plain read of the same packed bytes (the roofline of this run).
 //! Prints the median GB/s of each and their ratio. Defaults: 8 layers (about 1.06 GB,
-//! well past the caches), 2 threads, 7 passes each. `DECODE_STREAM_TYPE=q4_k|q6_k` makes
-//! every matrix that type, to see each kernel's share of the gap.
+//! well past the caches), 2 threads, 7 passes each. `DECODE_STREAM_TYPE=q4_k|q6_k|q8_0|mxfp4`
+//! makes every matrix that type, to see each kernel's share of the gap.
 
 use quant::GgmlType;
 use rand::{Rng, SeedableRng};
@@ -37,13 +37,16 @@ fn main() {
     let layers = a.first().copied().unwrap_or(8);
     let threads = a.get(1).copied().unwrap_or(2);
     let passes = a.get(2).copied().unwrap_or(7);
-    // `DECODE_STREAM_TYPE=q4_k|q6_k` makes every matrix that type (each kernel alone).
+    // `DECODE_STREAM_TYPE=q4_k|q6_k|q8_0|mxfp4` makes every matrix that type (each kernel
+    // alone).
     let only = std::env::var("DECODE_STREAM_TYPE")
         .ok()
         .map(|t| match t.as_str() {
             "q4_k" => GgmlType::Q4_K,
             "q6_k" => GgmlType::Q6_K,
-            _ => panic!("DECODE_STREAM_TYPE: q4_k or q6_k"),
+            "q8_0" => GgmlType::Q8_0,
+            "mxfp4" => GgmlType::MXFP4,
+            _ => panic!("DECODE_STREAM_TYPE: q4_k, q6_k, q8_0 or mxfp4"),
         });
     let more = |l: usize| runtime::synth::use_more_bits(l, 32);
     // (type, n_out, n_in) of each matrix, in the file's order per layer: q, k, v, o, gate,
@@ -90,7 +93,7 @@ fn main() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let packed = PackedWeights::new(&image, &mats, Numerics::Exact, &|_, _| {})
         .expect("pack")
-        .expect("Q4_K and Q6_K pack at this ISA");
+        .expect("these types pack at this ISA");
     let refs: Vec<MatRef> = mats
         .iter()
         .map(|m| MatRef {

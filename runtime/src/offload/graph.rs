@@ -510,6 +510,10 @@ impl DeviceLayers {
         self.n_slots
     }
 
+    /// Whether attention runs as ggml's fused flash attention (else as two products).
+    pub fn flash_attn(&self) -> bool {
+        self.flash_attn
+    }
     /// `--n-cpu-moe`: the layers whose experts stay in host memory, and their bytes.
     pub fn experts_on_cpu(&self) -> Option<(std::ops::Range<usize>, usize)> {
         self.host.as_ref().map(|h| (h.layers.clone(), h.bytes))

@@ -170,6 +170,9 @@ impl DeviceLayers {
     pub fn experts_on_cpu(&self) -> Option<(std::ops::Range<usize>, usize)> {
         match *self {}
     }
+    pub fn flash_attn(&self) -> bool {
+        match *self {}
+    }
     pub fn device(&self) -> &str {
         match *self {}
     }
