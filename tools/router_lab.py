@@ -19,9 +19,10 @@ Phases (each optional, all by default):
   persist  a worker started with --kv-persist, restarted (SIGTERM, then started again on
            the same directory): its hit rate on the same load before and after, beside
            the same restart with an empty directory;
-  rpc      (not by default) one model's layers on another machine through ggml's RPC:
-           `rllama rpc-server` in worker 0's namespace, greedy text against the local ggml
-           CPU device's, and `rbench -ngl 0,99 --rpc` over the link.
+  rpc      (not by default) one model's layers on other machines through ggml's RPC:
+           `rllama rpc-server` in worker 0's namespace (and worker 1's, with two or more
+           workers), greedy text against the local ggml CPU device's, on one server and
+           split over both, and `rbench -ngl 0,99 --rpc` over the links.
 
 Needs root (namespaces), iproute2, sglang-router (pip) and the built rserve and rbench.
 Writes DIR/results.json and DIR/summary.md; every process it starts is stopped and every
@@ -474,17 +475,23 @@ class Lab:
 
 
     def rpc(self):
-        """One model's layers on another machine: `rllama rpc-server` (ggml's CPU device) in
-        worker 0's namespace, the client in the router's, over the (shaped) link."""
+        """One model's layers on other machines: `rllama rpc-server` (ggml's CPU device) in
+        worker 0's namespace, and with two or more workers a second in worker 1's, the
+        client in the router's, over the (shaped) links: all layers on the first server,
+        then split over both (`--rpc A,B`, by their free memory as llama.cpp splits)."""
         a = self.a
         rllama = os.path.join(os.path.dirname(a.rbench), "rllama")
-        ep = f"{self.worker_ip(0)}:50052"
-        self.spawn("rpc-server", self.worker_ns[0],
-                   [rllama, "rpc-server", "--host", self.worker_ip(0), "-p", "50052",
-                    "-t", str(a.rpc_threads)])
-        self.wait_until("the rpc-server", lambda: sh(
-            "ip", "netns", "exec", self.router_ns, "bash", "-c",
-            f"exec 3<>/dev/tcp/{self.worker_ip(0)}/50052", check=False) == 0, 60)
+        n_srv = min(2, len(self.worker_ns))
+        eps = [f"{self.worker_ip(i)}:50052" for i in range(n_srv)]
+        for i in range(n_srv):
+            self.spawn(f"rpc-server{i}", self.worker_ns[i],
+                       [rllama, "rpc-server", "--host", self.worker_ip(i), "-p", "50052",
+                        "-t", str(a.rpc_threads)])
+            self.wait_until(f"rpc-server {i}", lambda i=i: sh(
+                "ip", "netns", "exec", self.router_ns, "bash", "-c",
+                f"exec 3<>/dev/tcp/{self.worker_ip(i)}/50052", check=False) == 0, 60)
+        ep = eps[0]
+        split = ",".join(eps)
 
         def run(extra):
             out = sh("ip", "netns", "exec", self.router_ns, rllama, "run", "-m", a.model,
@@ -494,10 +501,15 @@ class Lab:
             return json.loads(out)["text"]
         remote = run(["--rpc", ep])
         local = run(["--device", "CPU"])
-        # Our CPU path, ggml's CPU device here, and ggml's CPU device over there through
-        # the link: the last two differ only by the network.
+        split_text = run(["--rpc", split]) if n_srv > 1 else None
+        # Our CPU path, ggml's CPU device here, ggml's CPU device over there through the
+        # link, and the layers split over two such devices: the last three differ only by
+        # the network.
+        configs = [["-ngl", "0"], ["-ngl", "99", "--device", "CPU"], ["-ngl", "99", "--rpc", ep]]
+        if n_srv > 1:
+            configs.append(["-ngl", "99", "--rpc", split])
         rows = []
-        for extra in (["-ngl", "0"], ["-ngl", "99", "--device", "CPU"], ["-ngl", "99", "--rpc", ep]):
+        for extra in configs:
             out = sh("ip", "netns", "exec", self.router_ns, a.rbench, "-m", a.model, "-t",
                      str(a.rpc_threads), *extra, "-p", str(a.rpc_pp), "-n", str(a.rpc_tg),
                      "-r", str(a.reps + 2), "-o", "jsonl", capture=True, timeout=1800)
@@ -506,10 +518,15 @@ class Lab:
                     r = json.loads(line)
                     rows.append({k: r.get(k) for k in ("n_gpu_layers", "backends", "n_prompt",
                                                        "n_gen", "avg_ts", "stddev_ts")})
-        self.stop("rpc-server")
-        log(f"rpc: greedy text {'equal' if remote == local else 'DIFFERS'}; rows {rows}")
-        return {"endpoint": ep, "link": a.link, "greedy_equal": remote == local,
-                "remote_text": remote, "local_text": local, "bench": rows}
+        for i in range(n_srv):
+            self.stop(f"rpc-server{i}")
+        log(f"rpc: greedy text {'equal' if remote == local else 'DIFFERS'}"
+            + ("" if split_text is None else
+               f", split {'equal' if split_text == local else 'DIFFERS'}") + f"; rows {rows}")
+        return {"endpoint": ep, "endpoints": eps, "link": a.link, "greedy_equal": remote == local,
+                "split_equal": None if split_text is None else split_text == local,
+                "remote_text": remote, "local_text": local, "split_text": split_text,
+                "bench": rows}
 
 
 def summary_md(res, a):
@@ -552,6 +569,11 @@ def summary_md(res, a):
         lines.append(f"ggml RPC (`rllama rpc-server` at {r['endpoint']}, link {r['link']}): greedy "
                      f"32 tokens {'equal to' if r['greedy_equal'] else 'DIFFERENT from'} the local "
                      f"ggml CPU device's.")
+        if r.get("split_equal") is not None:
+            lines.append("")
+            lines.append(f"Split over {' and '.join(r['endpoints'])} (`--rpc` both, layers by free "
+                         f"memory): greedy 32 tokens {'equal to' if r['split_equal'] else 'DIFFERENT from'} "
+                         f"the local ggml CPU device's.")
         lines.append("")
         lines.append("| backend | ngl | test | t/s | stddev |")
         lines.append("|---|---|---|---|---|")

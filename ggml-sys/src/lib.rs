@@ -217,6 +217,39 @@ fn shown(level: u32, previous_shown: bool) -> bool {
 }
 
 #[cfg(ggml_built)]
+extern "C" {
+    fn _exit(status: i32) -> !;
+}
+
+/// Where ggml stops the process (`GGML_ABORT`, for errors its API cannot return): said in
+/// words, instead of ggml's own message and the debugger backtrace it starts. Its RPC
+/// client has no error path for a server lost mid-run (killed, restarted, the network
+/// gone), so such a loss ends the process with status 1 and says what was lost and what
+/// to do; anything else is a defect, and ggml's `abort()` follows as usual.
+#[cfg(ggml_built)]
+unsafe extern "C" fn on_abort(message: *const c_char) {
+    use std::io::Write;
+    let m = if message.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(message).to_string_lossy().into_owned()
+    };
+    let mut err = std::io::stderr().lock();
+    if m.contains("RPC") || m.contains("rpc") {
+        let _ = writeln!(
+            err,
+            "error: an RPC server of the offloaded layers was lost ({m}). ggml's RPC client \
+             cannot go on without it, so this process stops: the work in flight is lost. \
+             Restart it once the server is back."
+        );
+        let _ = err.flush();
+        _exit(1);
+    }
+    let _ = writeln!(err, "error: ggml stopped the process: {m}");
+    let _ = err.flush();
+}
+
+#[cfg(ggml_built)]
 unsafe extern "C" fn capture_log(
     level: sys::ggml_log_level,
     text: *const c_char,
@@ -304,6 +337,8 @@ impl Ggml {
             })?;
             // SAFETY: ggml_log_set only stores the callback; ours is thread-safe.
             unsafe { lib.ggml_log_set(Some(capture_log), std::ptr::null_mut()) };
+            // SAFETY: ggml_set_abort_callback only stores the callback.
+            unsafe { lib.ggml_set_abort_callback(Some(on_abort)) };
             Ok(Ggml {
                 dir: dir.to_path_buf(),
                 lib,

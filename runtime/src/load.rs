@@ -139,7 +139,7 @@ impl ModelFile {
                 } else {
                     ""
                 },
-                spec.device.as_deref().unwrap_or("the first GPU")
+                spec.devices_named()
             );
             let mut last = 0;
             model

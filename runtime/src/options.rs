@@ -226,10 +226,15 @@ pub struct RunArgs {
     /// CPU for each; also RLLAMA_NO_PIN=1).
     #[arg(long = "no-pin")]
     pub no_pin: bool,
-    /// The ggml device for -ngl (`-dev`; `rllama devices` lists them; CPU is ggml's CPU
-    /// backend); default: the first GPU.
+    /// The ggml devices for -ngl, comma-separated (`-dev`; `rllama devices` lists them; CPU
+    /// is ggml's CPU backend, alone); default: the --rpc servers' devices, then every GPU.
     #[arg(long = "device")]
     pub device: Option<String>,
+    /// With several devices: each one's share of the -ngl layers, in device order
+    /// (`-ts 3,1`, llama.cpp's flag and meaning); default: in proportion to their free
+    /// memory.
+    #[arg(long = "tensor-split")]
+    pub tensor_split: Option<crate::offload::TensorSplit>,
     /// With -ngl: keep the experts of the first N layers on the CPU (llama.cpp's
     /// `--n-cpu-moe`), the rest of those layers on the device.
     #[arg(long = "n-cpu-moe", default_value_t = 0)]
@@ -260,6 +265,7 @@ impl RunArgs {
             pin: !self.no_pin && !env.no_pin,
             offload: OffloadSpec {
                 n_cpu_moe: self.n_cpu_moe,
+                tensor_split: self.tensor_split.clone().unwrap_or_default(),
                 rpc: self.rpc.clone(),
                 rpc_allow_public: self.rpc_allow_public,
                 ..OffloadSpec::new(n_gpu_layers, self.device.clone())
@@ -268,7 +274,7 @@ impl RunArgs {
     }
 }
 
-/// The llama.cpp spellings of multi-letter flags (`-ngl`, `-dev`, `-np`, `-ncmoe`, `-md`) in
+/// The llama.cpp spellings of multi-letter flags (`-ngl`, `-dev`, `-np`, `-ncmoe`, `-ts`, `-md`) in
 /// clap's long form, as every binary accepts them.
 pub fn llama_flag_spelling(arg: String) -> String {
     match arg.as_str() {
@@ -276,6 +282,7 @@ pub fn llama_flag_spelling(arg: String) -> String {
         "-dev" => "--device".into(),
         "-np" => "--parallel".into(),
         "-ncmoe" => "--n-cpu-moe".into(),
+        "-ts" => "--tensor-split".into(),
         "-md" => "--model-draft".into(),
         _ => arg,
     }

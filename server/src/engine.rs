@@ -514,7 +514,7 @@ fn load(cfg: &EngineConfig) -> anyhow::Result<(Prepared, ServedModel)> {
         eprintln!(
             "rserve: offloading {} layers to {} ...",
             cfg.run.offload.n_gpu_layers.min(m.config.n_layer),
-            cfg.run.offload.device.as_deref().unwrap_or("the first GPU")
+            cfg.run.offload.devices_named()
         );
         m.offload(
             &cfg.run.offload,

@@ -106,31 +106,51 @@ struct Graph {
     res: Vec<(*mut ggml_tensor, usize)>,
 }
 
-/// The offloaded layers on one device.
-pub struct DeviceLayers {
-    g: &'static Ggml,
+/// One device the offloaded layers run on: its backend, and the weights and K/V caches of
+/// the layers assigned to it.
+struct Dev {
     dev: sys::ggml_backend_dev_t,
     backend: sys::ggml_backend_t,
-    /// ggml's device name (`CPU`, `Vulkan0`).
+    /// ggml's device name (`CPU`, `Vulkan0`, `RPC0`).
+    name: String,
+    w_ctx: *mut ggml_context,
+    w_buf: sys::ggml_backend_buffer_t,
+    kv_ctx: *mut ggml_context,
+    kv_buf: sys::ggml_backend_buffer_t,
+    /// Bytes on the device: weights, KV cache.
+    weight_bytes: usize,
+    kv_bytes: usize,
+    /// The global indices of its layers, and whether the output layer is here.
+    layers: std::ops::Range<usize>,
+    output: bool,
+}
+
+/// The offloaded layers on one device or, split as `--tensor-split` says, on several.
+pub struct DeviceLayers {
+    g: &'static Ggml,
+    /// In device order; each holds a consecutive run of the layers.
+    devs: Vec<Dev>,
+    /// ggml's device names, comma-separated.
     pub device: String,
     /// Index of the first offloaded layer.
     pub first_layer: usize,
     layers: Vec<DevLayer>,
     /// Output norm and matrix when the output layer is offloaded too.
     output: Option<(*mut ggml_tensor, *mut ggml_tensor)>,
+    /// The device holding the output layer (an index into `devs`).
+    output_dev: usize,
     /// Why the output layer was asked for but kept on the CPU.
     output_on_cpu: Option<String>,
     cfg: Config,
     n_slots: usize,
     /// Attention as ggml's fused flash-attention op (else two products around a softmax).
     flash_attn: bool,
-    w_ctx: *mut ggml_context,
-    w_buf: sys::ggml_backend_buffer_t,
     /// `--n-cpu-moe`: the experts kept in host memory, and the CPU backend that runs them.
     host: Option<HostExperts>,
-    kv_ctx: *mut ggml_context,
-    kv_buf: sys::ggml_backend_buffer_t,
-    /// Bytes on the device: weights, KV cache.
+    /// The CPU backend ggml's scheduler ends its list with when several devices share
+    /// the graph and no host experts bring one.
+    sched_cpu: Option<sys::ggml_backend_t>,
+    /// Bytes on the devices together: weights, KV cache.
     pub weight_bytes: usize,
     pub kv_bytes: usize,
     state: Mutex<State>,
@@ -156,11 +176,31 @@ fn gtype(ty: quant::GgmlType) -> sys::ggml_type {
     ty as u32 as sys::ggml_type
 }
 
+/// Frees what `devs` allocated (buffers, contexts, backends).
+///
+/// # Safety
+/// Each handle is live or null, and none is used afterwards.
+unsafe fn free_devs(l: &GgmlLib, devs: &mut Vec<Dev>) {
+    for d in devs.drain(..) {
+        if !d.w_buf.is_null() {
+            l.ggml_backend_buffer_free(d.w_buf);
+        }
+        if !d.kv_buf.is_null() {
+            l.ggml_backend_buffer_free(d.kv_buf);
+        }
+        l.ggml_free(d.w_ctx);
+        l.ggml_free(d.kv_ctx);
+        l.ggml_backend_free(d.backend);
+    }
+}
+
 impl DeviceLayers {
     /// Uploads `layers` (the model's last layers, in order, starting at `first_layer`)
     /// and, when `output` is given, the output norm and matrix; allocates their K/V caches
-    /// for `n_slots` slots. `device` is a ggml device name (`None`: the first GPU-like
-    /// device). `threads` sets the CPU backend's threads when the device is ggml's CPU.
+    /// for `n_slots` slots. The devices are `offload`'s (`--device`, else the `--rpc`
+    /// servers' devices then every GPU), the layers split over them in consecutive runs
+    /// by `--tensor-split` (default: by free memory). `threads` sets the CPU backend's
+    /// threads where a device is ggml's CPU.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cfg: &Config,
@@ -173,54 +213,117 @@ impl DeviceLayers {
         threads: usize,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<DeviceLayers, OffloadError> {
-        let (device, spec_mem_limit, fail_at) = (
-            offload.device.as_deref(),
-            offload.mem_limit,
-            offload.fail_at,
-        );
+        let (spec_mem_limit, fail_at) = (offload.mem_limit, offload.fail_at);
         let g = Ggml::global().map_err(|e| OffloadError::NoGgml(e.to_string()))?;
         let _ = g.load_backends();
         let l = g.raw();
-        let rpc_device = add_rpc_servers(g, offload)?;
-        let dev = pick_device(g, device.or(rpc_device.as_deref()))?;
-        // SAFETY: dev is a registered device; the name is owned by ggml.
-        let dev_name = unsafe { cstr(l.ggml_backend_dev_name(dev)) };
-        // The device is asked only when the setting leaves it a say.
-        // SAFETY: dev is a registered device.
-        let layer_specs = &spec.layers[first_layer..first_layer + layers.len()];
-        let fa_runs = || unsafe { device_runs_flash_attn(l, dev, cfg, layer_specs) };
-        let flash_attn = match flash_attn_choice()? {
-            Some(true) if !fa_runs() => {
-                return Err(OffloadError::Backend(format!(
-                    "RLLAMA_OFFLOAD_FA asks for flash attention, but {dev_name} cannot run it \
-                     at this model's head sizes"
-                )))
+        let rpc_devices = add_rpc_servers(g, offload)?;
+        let candidates = pick_devices(g, &offload.devices, &rpc_devices)?;
+        // SAFETY: registered devices; names owned by ggml.
+        let names: Vec<String> = candidates
+            .iter()
+            .map(|&d| unsafe { cstr(l.ggml_backend_dev_name(d)) })
+            .collect();
+        let mem_of = |d: sys::ggml_backend_dev_t| {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: out-pointers point at locals.
+            unsafe { l.ggml_backend_dev_memory(d, &mut free, &mut total) };
+            if let Some(limit) = spec_mem_limit {
+                free = free.min(limit);
             }
-            Some(on) => on,
-            None => fa_runs(),
+            free
         };
-        // The output matrix stays on the CPU where the device cannot multiply by it, as
+        // Each device's share of the units (the layers, then the output layer).
+        let split = &offload.tensor_split;
+        if split.0.len() > candidates.len() {
+            return Err(OffloadError::NoDevice(format!(
+                "--tensor-split has {} shares, but there are {} offload devices ({})",
+                split.0.len(),
+                candidates.len(),
+                names.join(", ")
+            )));
+        }
+        let shares: Vec<f64> = if split.is_default() {
+            candidates
+                .iter()
+                .map(|&d| mem_of(d).max(1) as f64)
+                .collect()
+        } else {
+            (0..candidates.len())
+                .map(|i| split.0.get(i).copied().unwrap_or(0.0) as f64)
+                .collect()
+        };
+        let n_units = layers.len() + output.is_some() as usize;
+        let unit_dev = super::assign_units(&shares, n_units);
+        // The devices that get any unit, in order; unit j's index among them.
+        let used: Vec<usize> = (0..candidates.len())
+            .filter(|i| unit_dev.contains(i))
+            .collect();
+        let unit_at: Vec<usize> = unit_dev
+            .iter()
+            .map(|d| used.iter().position(|u| u == d).expect("used"))
+            .collect();
+        let layer_at = &unit_at[..layers.len()];
+        let output_dev = if output.is_some() {
+            unit_at[layers.len()]
+        } else {
+            used.len() - 1
+        };
+        let dev_of = |i: usize| candidates[used[i]];
+        let name_of = |i: usize| names[used[i]].clone();
+
+        // Flash attention where every device runs it at these layers' head sizes (the
+        // device is asked only when the setting leaves it a say).
+        let layer_specs = &spec.layers[first_layer..first_layer + layers.len()];
+        let fa_fails = || {
+            (0..used.len()).find(|&i| {
+                let specs: Vec<LayerSpec> = layer_specs
+                    .iter()
+                    .zip(layer_at)
+                    .filter(|(_, &at)| at == i)
+                    .map(|(s, _)| s.clone())
+                    .collect();
+                // SAFETY: a registered device.
+                !specs.is_empty() && !unsafe { device_runs_flash_attn(l, dev_of(i), cfg, &specs) }
+            })
+        };
+        let flash_attn = match flash_attn_choice()? {
+            Some(true) => match fa_fails() {
+                Some(i) => {
+                    return Err(OffloadError::Backend(format!(
+                        "RLLAMA_OFFLOAD_FA asks for flash attention, but {} cannot run it \
+                         at this model's head sizes",
+                        name_of(i)
+                    )))
+                }
+                None => true,
+            },
+            Some(false) => false,
+            None => fa_fails().is_none(),
+        };
+        // The output matrix stays on the CPU where its device cannot multiply by it, as
         // llama.cpp keeps such a weight in host memory: Vulkan binds at most
         // maxStorageBufferRange bytes per tensor without 64-bit indexing (128 MiB on
         // lavapipe; gemma3's 262144 x 640 Q8_0 output matrix is 170 MiB).
         let mut output_on_cpu = None;
         let output = match output {
             Some((_, Weight::Mat { ty, n_in, n_out, bytes, .. }))
-                // SAFETY: dev is a registered device.
-                if !unsafe { device_runs_product(l, dev, gtype(ty), n_in, n_out) } =>
+                // SAFETY: a registered device.
+                if !unsafe { device_runs_product(l, dev_of(output_dev), gtype(ty), n_in, n_out) } =>
             {
                 output_on_cpu = Some(format!(
                     "the output matrix ({ty}, {n_out} x {n_in}, {} MiB) stays on the CPU: \
-                     {dev_name} cannot multiply by a tensor that large",
-                    bytes.len() >> 20
+                     {} cannot multiply by a tensor that large",
+                    bytes.len() >> 20,
+                    name_of(output_dev)
                 ));
                 None
             }
             o => o,
         };
 
-        // Memory check before any allocation: what the layers need against what the
-        // device has free, naming how many layers would fit.
+        // Memory check before any allocation: what each device's layers need against what
+        // it has free, naming how many layers would fit.
         let k_dim = cfg.n_head_kv * cfg.head_dim_k;
         let v_dim = cfg.n_head_kv * cfg.head_dim_v;
         let kv_per_layer = n_slots * (k_dim + v_dim) * 2;
@@ -240,53 +343,114 @@ impl DeviceLayers {
         let out_bytes = output
             .as_ref()
             .map_or(0, |(n, w)| n.len() * 4 + weight_bytes(w));
-        let need: usize = layer_bytes.iter().sum::<usize>() + out_bytes;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: out-pointers point at locals.
-        unsafe { l.ggml_backend_dev_memory(dev, &mut free, &mut total) };
-        if let Some(limit) = spec_mem_limit {
-            free = free.min(limit);
-        }
         // Keep room for the compute buffer (activations of one call).
         let reserve = 64 << 20;
-        if need + reserve > free {
-            let mut fit = 0;
-            let mut used = reserve;
-            for b in layer_bytes.iter().rev() {
-                if used + b > free {
-                    break;
+        for i in 0..used.len() {
+            let mine: Vec<usize> = (0..layers.len()).filter(|&j| layer_at[j] == i).collect();
+            let has_out = output.is_some() && output_dev == i;
+            let need: usize = mine.iter().map(|&j| layer_bytes[j]).sum::<usize>()
+                + if has_out { out_bytes } else { 0 };
+            let free = mem_of(dev_of(i));
+            if need + reserve > free {
+                let mut fit = 0;
+                let mut used_b = reserve;
+                for &j in mine.iter().rev() {
+                    if used_b + layer_bytes[j] > free {
+                        break;
+                    }
+                    used_b += layer_bytes[j];
+                    fit += 1;
                 }
-                used += b;
-                fit += 1;
+                return Err(if used.len() == 1 {
+                    OffloadError::OutOfMemory {
+                        device: name_of(i),
+                        need_mib: (need + reserve) >> 20,
+                        free_mib: free >> 20,
+                        layers: layers.len(),
+                        output: has_out,
+                        fit,
+                    }
+                } else {
+                    OffloadError::ShareTooLarge {
+                        device: name_of(i),
+                        need_mib: (need + reserve) >> 20,
+                        free_mib: free >> 20,
+                        layers: mine.len(),
+                        output: has_out,
+                        fit,
+                    }
+                });
             }
-            return Err(OffloadError::OutOfMemory {
-                device: dev_name,
-                need_mib: (need + reserve) >> 20,
-                free_mib: free >> 20,
-                layers: layers.len(),
-                output: output.is_some(),
-                fit,
+        }
+
+        let mut devs: Vec<Dev> = Vec::with_capacity(used.len());
+        for i in 0..used.len() {
+            let dev = dev_of(i);
+            let name = name_of(i);
+            // SAFETY: NULL params are accepted by every backend's init.
+            let backend = unsafe { l.ggml_backend_dev_init(dev, std::ptr::null()) };
+            if backend.is_null() {
+                // SAFETY: the earlier devices' handles are live and unused.
+                unsafe { free_devs(l, &mut devs) };
+                return Err(OffloadError::Backend(format!(
+                    "{name}: backend init failed"
+                )));
+            }
+            set_threads(l, dev, backend, threads);
+            let n_mine = layer_at.iter().filter(|&&at| at == i).count();
+            let start = layer_at
+                .iter()
+                .position(|&at| at == i)
+                .unwrap_or(layers.len());
+            let ctxs = new_ctx(l, n_mine * 32 + 4).and_then(|w| match new_ctx(l, n_mine * 2 + 2) {
+                Ok(kv) => Ok((w, kv)),
+                Err(e) => {
+                    // SAFETY: w is a live context with no tensors allocated.
+                    unsafe { l.ggml_free(w) };
+                    Err(e)
+                }
+            });
+            let (w_ctx, kv_ctx) = match ctxs {
+                Ok(c) => c,
+                Err(e) => {
+                    // SAFETY: the handles are live and unused.
+                    unsafe {
+                        l.ggml_backend_free(backend);
+                        free_devs(l, &mut devs);
+                    }
+                    return Err(e);
+                }
+            };
+            devs.push(Dev {
+                dev,
+                backend,
+                name,
+                w_ctx,
+                w_buf: null_mut(),
+                kv_ctx,
+                kv_buf: null_mut(),
+                weight_bytes: 0,
+                kv_bytes: 0,
+                layers: first_layer + start..first_layer + start + n_mine,
+                output: output.is_some() && output_dev == i,
             });
         }
-
-        // SAFETY: NULL params are accepted by every backend's init.
-        let backend = unsafe { l.ggml_backend_dev_init(dev, std::ptr::null()) };
-        if backend.is_null() {
-            return Err(OffloadError::Backend(format!(
-                "{dev_name}: backend init failed"
-            )));
-        }
-        set_threads(l, dev, backend, threads);
-
-        let n_tensors = layers.len() * 32 + 4;
-        let w_ctx = new_ctx(l, n_tensors)?;
-        let kv_ctx = new_ctx(l, layers.len() * 2 + 2)?;
-        let host_ctx = new_ctx(l, layers.len() * 4 + 1)?;
+        let host_ctx = match new_ctx(l, layers.len() * 4 + 1) {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: the handles are live and unused.
+                unsafe { free_devs(l, &mut devs) };
+                return Err(e);
+            }
+        };
         let uploads: std::cell::RefCell<Vec<(*mut ggml_tensor, *const u8, usize)>> =
             Default::default();
-        // Whether the layer being mapped keeps its expert stacks in host memory.
+        // Whether the layer being mapped keeps its expert stacks in host memory, and the
+        // context of the device it goes to.
         let experts_to_host = std::cell::Cell::new(false);
+        let w_ctx_now = std::cell::Cell::new(devs[0].w_ctx);
         let new_w = |w: &Weight<'_>| -> *mut ggml_tensor {
+            let w_ctx = w_ctx_now.get();
             // SAFETY: w_ctx and host_ctx are live no-alloc contexts sized for these tensors.
             unsafe {
                 match w {
@@ -331,6 +495,8 @@ impl DeviceLayers {
         };
         let mut lw = Vec::with_capacity(layers.len());
         for (j, (w, ls)) in layers.iter().zip(layer_specs).enumerate() {
+            let d = &devs[layer_at[j]];
+            w_ctx_now.set(d.w_ctx);
             experts_to_host.set(on_host(j));
             let dw = w
                 .map::<_, _, std::convert::Infallible>(&mut |m| Ok(new_w(m)), &mut |v| {
@@ -344,17 +510,17 @@ impl DeviceLayers {
                 .as_ref()
                 .and_then(|r| r.freq_factors.as_deref())
                 .map(|f| new_w(&Weight::Vec(f)));
-            // SAFETY: kv_ctx is a live no-alloc context.
+            // SAFETY: the device's kv_ctx is a live no-alloc context.
             let (k_cache, v_cache) = unsafe {
                 (
                     l.ggml_new_tensor_2d(
-                        kv_ctx,
+                        d.kv_ctx,
                         sys::ggml_type_GGML_TYPE_F16,
                         k_dim as i64,
                         n_slots as i64,
                     ),
                     l.ggml_new_tensor_2d(
-                        kv_ctx,
+                        d.kv_ctx,
                         sys::ggml_type_GGML_TYPE_F16,
                         v_dim as i64,
                         n_slots as i64,
@@ -369,17 +535,27 @@ impl DeviceLayers {
                 freq_factors,
             });
         }
+        w_ctx_now.set(devs[output_dev].w_ctx);
         let out = output.as_ref().map(|(norm, w)| {
             let n = new_w(&Weight::Vec(norm));
             (n, new_w(w))
         });
 
-        // SAFETY: contexts hold only tensor metadata; the backend allocates their data.
-        let w_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(w_ctx, backend) };
-        let kv_buf = unsafe { l.ggml_backend_alloc_ctx_tensors(kv_ctx, backend) };
+        // SAFETY: contexts hold only tensor metadata; each backend allocates its data.
+        let mut allocated = true;
+        for d in &mut devs {
+            unsafe {
+                d.w_buf = l.ggml_backend_alloc_ctx_tensors(d.w_ctx, d.backend);
+                d.kv_buf = l.ggml_backend_alloc_ctx_tensors(d.kv_ctx, d.backend);
+            }
+            // A device holding only the output layer has no KV cache (no tensors, no
+            // buffer).
+            let kv_needed = !d.layers.is_empty();
+            allocated &= !d.w_buf.is_null() && (!d.kv_buf.is_null() || !kv_needed);
+        }
         let n_host = (0..layers.len()).filter(|&j| on_host(j)).count();
-        let host = match (n_host, w_buf.is_null() || kv_buf.is_null()) {
-            (0, _) | (_, true) => {
+        let host = match (n_host, allocated) {
+            (0, _) | (_, false) => {
                 // SAFETY: host_ctx holds no allocated tensor data.
                 unsafe { l.ggml_free(host_ctx) };
                 Ok(None)
@@ -397,24 +573,15 @@ impl DeviceLayers {
             }),
         };
         let host = match host {
-            Ok(h) if !w_buf.is_null() && !kv_buf.is_null() => h,
+            Ok(h) if allocated => h,
             r => {
-                unsafe {
-                    if !w_buf.is_null() {
-                        l.ggml_backend_buffer_free(w_buf);
-                    }
-                    if !kv_buf.is_null() {
-                        l.ggml_backend_buffer_free(kv_buf);
-                    }
-                    l.ggml_free(w_ctx);
-                    l.ggml_free(kv_ctx);
-                    l.ggml_backend_free(backend);
-                }
+                // SAFETY: the handles are live and unused.
+                unsafe { free_devs(l, &mut devs) };
                 r?;
                 return Err(OffloadError::OutOfMemory {
-                    device: dev_name,
-                    need_mib: need >> 20,
-                    free_mib: free >> 20,
+                    device: names.join(","),
+                    need_mib: layer_bytes.iter().sum::<usize>() >> 20,
+                    free_mib: candidates.iter().map(|&d| mem_of(d)).sum::<usize>() >> 20,
                     layers: layers.len(),
                     output: out.is_some(),
                     fit: 0,
@@ -429,25 +596,51 @@ impl DeviceLayers {
             unsafe { l.ggml_backend_tensor_set(t, p.cast::<c_void>(), 0, n) };
             progress(i + 1, total_uploads);
         }
-        // SAFETY: kv_buf is live.
-        unsafe { l.ggml_backend_buffer_clear(kv_buf, 0) };
-        let weight_bytes = unsafe { l.ggml_backend_buffer_get_size(w_buf) };
-        let kv_bytes = unsafe { l.ggml_backend_buffer_get_size(kv_buf) };
-        let alloc = match &host {
+        for d in &mut devs {
+            // SAFETY: the buffers are live.
+            unsafe {
+                if !d.kv_buf.is_null() {
+                    l.ggml_backend_buffer_clear(d.kv_buf, 0);
+                    d.kv_bytes = l.ggml_backend_buffer_get_size(d.kv_buf);
+                }
+                d.weight_bytes = l.ggml_backend_buffer_get_size(d.w_buf);
+            }
+        }
+        // ggml's scheduler, where the graph spans backends, needs a CPU backend last: the
+        // host experts' one, else one of its own.
+        let mut sched_cpu = None;
+        if host.is_none() && devs.len() > 1 {
+            // SAFETY: an empty no-alloc context is freed at once; the backend is owned here.
+            match unsafe { cpu_backend(l, threads) } {
+                Some(b) => sched_cpu = Some(b),
+                None => {
+                    unsafe { free_devs(l, &mut devs) };
+                    return Err(OffloadError::Backend(
+                        "several offload devices need ggml's CPU backend for the scheduler, \
+                         and it is not loaded"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        let alloc = match host.as_ref().map(|h| h.backend).or(sched_cpu) {
             // SAFETY: the backend is live; its default buffer type outlives the allocator.
             None => Alloc::Device(unsafe {
-                l.ggml_gallocr_new(l.ggml_backend_get_default_buffer_type(backend))
+                l.ggml_gallocr_new(l.ggml_backend_get_default_buffer_type(devs[0].backend))
             }),
-            // The device first, the CPU last (the scheduler's order of preference), and
-            // llama.cpp's default of letting the device take an op on host weights for
-            // large batches (copying the weights up for it) where it says it is worth it.
-            // SAFETY: both backends are live and outlive the scheduler.
-            Some(h) => Alloc::Sched(unsafe {
-                let mut backends = [backend, h.backend];
+            // The devices first, in order, the CPU last (the scheduler's order of
+            // preference), and llama.cpp's default of letting a device take an op on host
+            // weights for large batches (copying the weights up for it) where it says it
+            // is worth it.
+            // SAFETY: the backends are live and outlive the scheduler.
+            Some(cpu) => Alloc::Sched(unsafe {
+                let mut backends: Vec<sys::ggml_backend_t> =
+                    devs.iter().map(|d| d.backend).collect();
+                backends.push(cpu);
                 l.ggml_backend_sched_new(
                     backends.as_mut_ptr(),
                     null_mut(),
-                    2,
+                    backends.len() as i32,
                     GRAPH_SIZE,
                     false,
                     true,
@@ -457,25 +650,27 @@ impl DeviceLayers {
         let meta_size = unsafe {
             l.ggml_tensor_overhead() * GRAPH_SIZE + l.ggml_graph_overhead_custom(GRAPH_SIZE, false)
         };
+        let device = devs
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         Ok(DeviceLayers {
             g,
-            dev,
+            weight_bytes: devs.iter().map(|d| d.weight_bytes).sum(),
+            kv_bytes: devs.iter().map(|d| d.kv_bytes).sum(),
+            devs,
             output_on_cpu,
-            backend,
-            device: dev_name,
+            device,
             first_layer,
             layers: lw,
             output: out,
+            output_dev,
             cfg: cfg.clone(),
             n_slots,
             flash_attn,
-            w_ctx,
-            w_buf,
             host,
-            kv_ctx,
-            kv_buf,
-            weight_bytes,
-            kv_bytes,
+            sched_cpu,
             state: Mutex::new(State {
                 alloc,
                 meta: vec![0u8; meta_size],
@@ -488,7 +683,6 @@ impl DeviceLayers {
             }),
         })
     }
-
     /// Number of offloaded layers.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
@@ -529,7 +723,17 @@ impl DeviceLayers {
         &self.device
     }
 
-    /// Device memory in use: weights, KV cache, the largest compute buffer so far.
+    /// Each device's name, its layers (global indices) and whether it holds the output
+    /// layer, in device order.
+    pub fn split(&self) -> Vec<(String, std::ops::Range<usize>, bool)> {
+        self.devs
+            .iter()
+            .map(|d| (d.name.clone(), d.layers.clone(), d.output))
+            .collect()
+    }
+
+    /// Device memory in use (all devices together): weights, KV cache, the largest
+    /// compute buffer so far.
     pub fn memory(&self) -> super::DeviceMemory {
         super::DeviceMemory {
             weights: self.weight_bytes,
@@ -540,8 +744,30 @@ impl DeviceLayers {
 
     /// One line for logs: where, how many layers, memory.
     pub fn summary(&self) -> String {
+        let split = if self.devs.len() > 1 {
+            let parts: Vec<String> = self
+                .devs
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}: {}{} ({} MiB)",
+                        d.name,
+                        match d.layers.len() {
+                            0 => "no layers".to_string(),
+                            1 => format!("layer {}", d.layers.start),
+                            _ => format!("layers {}..{}", d.layers.start, d.layers.end),
+                        },
+                        if d.output { " + output" } else { "" },
+                        (d.weight_bytes + d.kv_bytes) >> 20
+                    )
+                })
+                .collect();
+            format!("; split {}", parts.join(", "))
+        } else {
+            String::new()
+        };
         format!(
-            "{} layers{} on {} ({}): weights {} MiB, KV cache {} MiB ({} slots)",
+            "{} layers{} on {} ({}): weights {} MiB, KV cache {} MiB ({} slots){split}",
             self.layers.len(),
             if self.output.is_some() {
                 " + output"
@@ -570,7 +796,7 @@ impl DeviceLayers {
             } else {
                 "; attention as two products"
             }
-            + if self.backend_name().starts_with("CUDA") {
+            + if self.backend_name().contains("CUDA") {
                 if super::cuda_graphs_policy(true) {
                     "; CUDA graphs on"
                 } else {
@@ -581,9 +807,15 @@ impl DeviceLayers {
             }
     }
 
+    /// The backends' names, comma-separated.
     fn backend_name(&self) -> String {
-        // SAFETY: the backend is live; its name is owned by ggml.
-        unsafe { cstr(self.g.raw().ggml_backend_name(self.backend)) }
+        let names: Vec<String> = self
+            .devs
+            .iter()
+            // SAFETY: the backend is live; its name is owned by ggml.
+            .map(|d| unsafe { cstr(self.g.raw().ggml_backend_name(d.backend)) })
+            .collect();
+        names.join(",")
     }
 
     /// Runs the offloaded layers for one batch and writes, for `b.out_rows`, either the
@@ -682,7 +914,10 @@ impl DeviceLayers {
                     ),
                     Alloc::Sched(s) => (
                         l.ggml_backend_sched_alloc_graph(s, gr.gf),
-                        l.ggml_backend_sched_get_buffer_size(s, self.backend),
+                        self.devs
+                            .iter()
+                            .map(|d| l.ggml_backend_sched_get_buffer_size(s, d.backend))
+                            .sum(),
                     ),
                 };
                 if !ok {
@@ -714,7 +949,7 @@ impl DeviceLayers {
             set(l, gr.rows, rows.as_ptr(), n_out);
             let gf = gr.gf;
             let status = match st.alloc {
-                Alloc::Device(_) => l.ggml_backend_graph_compute(self.backend, gf),
+                Alloc::Device(_) => l.ggml_backend_graph_compute(self.devs[0].backend, gf),
                 Alloc::Sched(s) => l.ggml_backend_sched_graph_compute(s, gf),
             };
             if status != sys::ggml_status_GGML_STATUS_SUCCESS {
@@ -794,8 +1029,8 @@ impl DeviceLayers {
             l.ggml_build_forward_expand(gf, t);
         }
         // A node the device cannot run would be computed anyway by a direct graph compute,
-        // into garbage (ggml's scheduler moves it to the CPU, but only `--n-cpu-moe` runs
-        // one): refuse the graph with the node named instead.
+        // into garbage (ggml's scheduler moves it to the CPU, but only `--n-cpu-moe` and a
+        // split over several devices run one): refuse the graph with the node named instead.
         let n_check = if scheduled {
             0
         } else {
@@ -803,7 +1038,7 @@ impl DeviceLayers {
         };
         for i in 0..n_check {
             let node = l.ggml_graph_node(gf, i);
-            if !l.ggml_backend_dev_supports_op(self.dev, node) {
+            if !l.ggml_backend_dev_supports_op(self.devs[0].dev, node) {
                 let t = &*node;
                 let msg = format!(
                     "{}: the device cannot run {} on {} ({}x{}x{}x{}, {} bytes) for a batch of \
@@ -870,7 +1105,8 @@ impl DeviceLayers {
         };
         let mut n = n_out;
         let mut first = piece(0, n);
-        while n > 1 && !l.ggml_backend_dev_supports_op(self.dev, first) {
+        let dev = self.devs[self.output_dev].dev;
+        while n > 1 && !l.ggml_backend_dev_supports_op(dev, first) {
             n = n.div_ceil(2);
             first = piece(0, n);
         }
@@ -1173,11 +1409,10 @@ impl Drop for DeviceLayers {
                 l.ggml_free(h.ctx);
                 l.ggml_backend_free(h.backend);
             }
-            l.ggml_backend_buffer_free(self.w_buf);
-            l.ggml_backend_buffer_free(self.kv_buf);
-            l.ggml_free(self.w_ctx);
-            l.ggml_free(self.kv_ctx);
-            l.ggml_backend_free(self.backend);
+            free_devs(l, &mut self.devs);
+            if let Some(b) = self.sched_cpu.take() {
+                l.ggml_backend_free(b);
+            }
         }
     }
 }
@@ -1319,70 +1554,121 @@ fn layer_weight_bytes(w: &LayerW<Weight<'_>, &[f32]>) -> usize {
     n.get()
 }
 
-/// Registers `--rpc` servers' devices with ggml; returns the first one's name (where
-/// the layers go when no `--device` names another). The layers go to one device: several
-/// servers would need the layers split across devices (`--tensor-split`), which this
-/// runtime does not do yet, so they are refused rather than left idle.
-fn add_rpc_servers(g: &Ggml, o: &super::OffloadSpec) -> Result<Option<String>, OffloadError> {
-    let mut first = None;
-    let mut n_devices = 0;
+/// Registers `--rpc` servers' devices with ggml; returns their names, in the order of
+/// the servers.
+fn add_rpc_servers(g: &Ggml, o: &super::OffloadSpec) -> Result<Vec<String>, OffloadError> {
+    let mut names = Vec::new();
     for ep in &o.rpc {
         let devices = g
             .add_rpc_server(ep, o.rpc_allow_public)
             .map_err(OffloadError::NoDevice)?;
-        n_devices += devices.len();
-        if first.is_none() {
-            first = devices.first().map(|d| d.name.clone());
-        }
+        names.extend(devices.into_iter().map(|d| d.name));
     }
-    if n_devices > 1 {
-        return Err(OffloadError::NoDevice(format!(
-            "--rpc {}: {n_devices} remote devices, but offloaded layers go to one device here \
-             (splitting them across devices, --tensor-split, is not implemented): give one \
-             server with one device",
-            o.rpc.join(",")
-        )));
-    }
-    Ok(first)
+    Ok(names)
 }
 
-/// The device to use: by ggml name (`CPU` is ggml's CPU backend, the stand-in device of
-/// the tests), else the first GPU, integrated GPU or accelerator.
-fn pick_device(g: &Ggml, name: Option<&str>) -> Result<sys::ggml_backend_dev_t, OffloadError> {
+/// The devices the layers go to, in order: those named (`--device A,B`; `CPU` is ggml's
+/// CPU backend, the stand-in device of the tests, and only alone), else llama.cpp's
+/// default: the RPC servers' devices first (fewer activations cross the network), then
+/// every GPU, else every integrated GPU, else the first accelerator.
+fn pick_devices(
+    g: &Ggml,
+    named: &[String],
+    rpc: &[String],
+) -> Result<Vec<sys::ggml_backend_dev_t>, OffloadError> {
     let l = g.raw();
     // SAFETY: registry queries on a loaded ggml.
-    unsafe {
-        let n = l.ggml_backend_dev_count();
-        let mut names = Vec::new();
-        for i in 0..n {
-            let dev = l.ggml_backend_dev_get(i);
-            let dn = cstr(l.ggml_backend_dev_name(dev));
-            let ty = l.ggml_backend_dev_type(dev);
-            match name {
-                Some(want) if dn.eq_ignore_ascii_case(want) => return Ok(dev),
-                None if ty != sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU => {
-                    return Ok(dev)
-                }
-                _ => {}
+    let all: Vec<(sys::ggml_backend_dev_t, String, sys::ggml_backend_dev_type)> = unsafe {
+        (0..l.ggml_backend_dev_count())
+            .map(|i| {
+                let dev = l.ggml_backend_dev_get(i);
+                (
+                    dev,
+                    cstr(l.ggml_backend_dev_name(dev)),
+                    l.ggml_backend_dev_type(dev),
+                )
+            })
+            .collect()
+    };
+    let is_cpu = |t: sys::ggml_backend_dev_type| {
+        t == sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU
+    };
+    if !named.is_empty() {
+        let mut out = Vec::new();
+        for want in named {
+            let Some((dev, name, ty)) = all.iter().find(|(_, n, _)| n.eq_ignore_ascii_case(want))
+            else {
+                let names: Vec<&str> = all.iter().map(|(_, n, _)| n.as_str()).collect();
+                return Err(OffloadError::NoDevice(format!(
+                    "no ggml device named {want:?} (found: {})",
+                    if names.is_empty() {
+                        "none".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                )));
+            };
+            if out.contains(dev) {
+                return Err(OffloadError::NoDevice(format!(
+                    "--device names {name} twice"
+                )));
             }
-            names.push(dn);
+            if is_cpu(*ty) && named.len() > 1 {
+                return Err(OffloadError::NoDevice(format!(
+                    "--device {}: {name} (ggml's CPU backend) is an offload device only on its \
+                     own; the layers split over several devices run beside it",
+                    named.join(",")
+                )));
+            }
+            out.push(*dev);
         }
-        Err(match name {
-            Some(want) => OffloadError::NoDevice(format!(
-                "no ggml device named {want:?} (found: {})",
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            )),
-            None => OffloadError::NoDevice(
-                "no GPU device found (`rllama devices` says why; --device CPU runs the \
-                 offload path on ggml's CPU backend)"
-                    .into(),
-            ),
-        })
+        return Ok(out);
     }
+    let of = |want: sys::ggml_backend_dev_type| -> Vec<sys::ggml_backend_dev_t> {
+        all.iter()
+            .filter(|(_, n, t)| *t == want && !rpc.contains(n))
+            .map(|(d, _, _)| *d)
+            .collect()
+    };
+    let mut out: Vec<sys::ggml_backend_dev_t> = rpc
+        .iter()
+        .filter_map(|r| all.iter().find(|(_, n, _)| n == r).map(|(d, _, _)| *d))
+        .collect();
+    let gpus = of(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_GPU);
+    let igpus = of(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_IGPU);
+    let accel = of(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_ACCEL);
+    if !gpus.is_empty() {
+        out.extend(gpus);
+    } else if !igpus.is_empty() {
+        out.extend(igpus);
+    } else if out.is_empty() {
+        out.extend(accel.into_iter().take(1));
+    }
+    if out.is_empty() {
+        return Err(OffloadError::NoDevice(
+            "no GPU device found (`rllama devices` says why; --device CPU runs the \
+             offload path on ggml's CPU backend)"
+                .into(),
+        ));
+    }
+    Ok(out)
+}
+
+/// A backend of ggml's CPU device running `threads` threads, if the CPU backend is loaded.
+///
+/// # Safety
+/// ggml is loaded; the caller frees the backend.
+unsafe fn cpu_backend(l: &GgmlLib, threads: usize) -> Option<sys::ggml_backend_t> {
+    let cpu = l.ggml_backend_dev_by_type(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU);
+    if cpu.is_null() {
+        return None;
+    }
+    let backend = l.ggml_backend_dev_init(cpu, std::ptr::null());
+    if backend.is_null() {
+        return None;
+    }
+    set_threads(l, cpu, backend, threads);
+    Some(backend)
 }
 
 /// Allocates `ctx`'s tensors (the experts `--n-cpu-moe` keeps on the CPU) in host memory
@@ -1392,19 +1678,12 @@ unsafe fn host_experts(
     ctx: *mut ggml_context,
     threads: usize,
 ) -> Result<(sys::ggml_backend_buffer_t, sys::ggml_backend_t), OffloadError> {
-    let cpu = l.ggml_backend_dev_by_type(sys::ggml_backend_dev_type_GGML_BACKEND_DEVICE_TYPE_CPU);
-    let backend = if cpu.is_null() {
-        null_mut()
-    } else {
-        l.ggml_backend_dev_init(cpu, std::ptr::null())
-    };
-    if backend.is_null() {
+    let Some(backend) = cpu_backend(l, threads) else {
         l.ggml_free(ctx);
         return Err(OffloadError::Backend(
             "--n-cpu-moe keeps experts on the CPU, but ggml's CPU backend is not loaded".into(),
         ));
-    }
-    set_threads(l, cpu, backend, threads);
+    };
     let buf = l.ggml_backend_alloc_ctx_tensors(ctx, backend);
     if buf.is_null() {
         l.ggml_backend_free(backend);

@@ -18,13 +18,19 @@ pub use graph::DeviceLayers;
 #[cfg(ggml)]
 pub(crate) use graph::Weight;
 
-/// Which layers go to a device: llama.cpp's `-ngl` (the last N layers; more than the
-/// model has also moves the output layer) and `--device` (a ggml device name; default the
-/// first GPU).
+/// Which layers go to which devices: llama.cpp's `-ngl` (the last N layers; more than the
+/// model has also moves the output layer), `--device` (ggml device names, comma-separated;
+/// default every GPU, after the `--rpc` servers' devices) and `--tensor-split` (each
+/// device's share of those layers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OffloadSpec {
     pub n_gpu_layers: usize,
-    pub device: Option<String>,
+    /// The devices named with `--device`, in order (empty: the default devices).
+    pub devices: Vec<String>,
+    /// Each device's share of the offloaded layers (`--tensor-split 3,1`, llama.cpp's
+    /// flag and meaning: proportions in device order, missing ones 0); empty or all zero:
+    /// in proportion to each device's free memory, as llama.cpp splits by default.
+    pub tensor_split: TensorSplit,
     /// Keep the experts of the first N layers on the CPU (llama.cpp's `--n-cpu-moe`).
     pub n_cpu_moe: usize,
     /// Caps the free memory the device reports (`RLLAMA_OFFLOAD_MEM_LIMIT`): how the
@@ -34,7 +40,7 @@ pub struct OffloadSpec {
     /// a lost device does to its callers.
     pub fail_at: Option<usize>,
     /// ggml RPC servers (`--rpc HOST:PORT,...`, llama.cpp's flag) whose devices join the
-    /// local ones; without `--device`, the layers go to the first of them.
+    /// local ones; without `--device` they come first among the default devices.
     pub rpc: Vec<String>,
     /// Connect to RPC servers at public addresses too (`--rpc-allow-public`; the protocol
     /// has no authentication).
@@ -42,12 +48,19 @@ pub struct OffloadSpec {
 }
 
 impl OffloadSpec {
-    /// `n_gpu_layers` layers on `device`, the test knobs from the environment.
+    /// `n_gpu_layers` layers on `device` (a ggml device name, or several separated by
+    /// commas; `None`: the default devices), the test knobs from the environment.
     pub fn new(n_gpu_layers: usize, device: Option<String>) -> OffloadSpec {
         let env = crate::options::Env::get();
         OffloadSpec {
             n_gpu_layers,
-            device,
+            devices: device
+                .iter()
+                .flat_map(|d| d.split(','))
+                .map(|d| d.trim().to_string())
+                .filter(|d| !d.is_empty())
+                .collect(),
+            tensor_split: TensorSplit::default(),
             n_cpu_moe: 0,
             mem_limit: env.offload_mem_limit.as_deref().and_then(parse_bytes),
             fail_at: env.offload_fail_at.as_deref().and_then(|v| v.parse().ok()),
@@ -55,6 +68,86 @@ impl OffloadSpec {
             rpc_allow_public: false,
         }
     }
+
+    /// The devices asked for, as a message names them.
+    pub fn devices_named(&self) -> String {
+        if self.devices.is_empty() {
+            "the default devices".into()
+        } else {
+            self.devices.join(",")
+        }
+    }
+}
+
+/// `--tensor-split`: each device's share of the offloaded layers, in device order.
+#[derive(Clone, Debug, Default)]
+pub struct TensorSplit(pub Vec<f32>);
+
+impl PartialEq for TensorSplit {
+    fn eq(&self, other: &TensorSplit) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+impl Eq for TensorSplit {}
+
+impl TensorSplit {
+    /// Whether the split says nothing (empty or all zero): split by free memory.
+    pub fn is_default(&self) -> bool {
+        self.0.iter().all(|&v| v == 0.0)
+    }
+}
+
+impl std::str::FromStr for TensorSplit {
+    type Err = String;
+
+    /// `3,1` or `0.75/0.25` (llama.cpp takes either separator): non-negative numbers.
+    fn from_str(s: &str) -> Result<TensorSplit, String> {
+        let parts: Result<Vec<f32>, String> = s
+            .split([',', '/'])
+            .map(|p| {
+                let v: f32 = p
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("--tensor-split {s:?}: {p:?} is not a number"))?;
+                if !v.is_finite() || v < 0.0 {
+                    return Err(format!(
+                        "--tensor-split {s:?}: shares are non-negative numbers, not {p:?}"
+                    ));
+                }
+                Ok(v)
+            })
+            .collect();
+        Ok(TensorSplit(parts?))
+    }
+}
+
+/// Which of `n_devices` devices each of `n_units` consecutive offloaded units (the layers,
+/// then the output layer when it goes too) runs on, as llama.cpp assigns layers: the
+/// shares (`weights`, one per device) summed into split points in [0, 1], and unit `j`
+/// on the first device whose split point is above `j / n_units`.
+pub fn assign_units(weights: &[f64], n_units: usize) -> Vec<usize> {
+    let n = weights.len();
+    let sum: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    let splits: Vec<f64> = weights
+        .iter()
+        .map(|w| {
+            acc += w;
+            acc / sum
+        })
+        .collect();
+    (0..n_units)
+        .map(|j| {
+            let x = j as f64 / n_units as f64;
+            splits.iter().position(|&s| s > x).unwrap_or(n - 1)
+        })
+        .collect()
 }
 
 impl Default for OffloadSpec {
@@ -82,6 +175,20 @@ pub enum OffloadError {
         free_mib: usize,
         layers: usize,
         /// The output layer was asked for too.
+        output: bool,
+        fit: usize,
+    },
+    #[error(
+        "{device}: not enough device memory for its share of the split: {layers} layers{} \
+         need {need_mib} MiB with room for the compute buffer, {free_mib} MiB free; {fit} \
+         would fit (--tensor-split moves layers between the devices)",
+        if *output { " and the output layer" } else { "" }
+    )]
+    ShareTooLarge {
+        device: String,
+        need_mib: usize,
+        free_mib: usize,
+        layers: usize,
         output: bool,
         fit: usize,
     },
@@ -533,6 +640,41 @@ fn gib(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn units_split_as_llama_cpp_assigns_layers() {
+        // Equal shares: the first device takes units 0..=15 of 31 (j / 31 < 0.5).
+        let a = assign_units(&[1.0, 1.0], 31);
+        assert_eq!(a.iter().filter(|&&d| d == 0).count(), 16);
+        assert!(a.windows(2).all(|w| w[0] <= w[1]), "consecutive runs");
+        // 1:3 over 31 units: j / 31 < 0.25 for j <= 7.
+        let a = assign_units(&[1.0, 3.0], 31);
+        assert_eq!(a.iter().filter(|&&d| d == 0).count(), 8);
+        // A zero share gets nothing; one device gets everything.
+        assert!(assign_units(&[0.0, 2.0, 0.0], 10).iter().all(|&d| d == 1));
+        assert_eq!(assign_units(&[5.0], 4), vec![0; 4]);
+        // Three ways, 2:1:1 of 8: 4, 2, 2.
+        assert_eq!(
+            assign_units(&[2.0, 1.0, 1.0], 8),
+            vec![0, 0, 0, 0, 1, 1, 2, 2]
+        );
+    }
+
+    #[test]
+    fn tensor_split_reads_llama_cpp_spellings() {
+        let t: TensorSplit = "3,1".parse().unwrap();
+        assert_eq!(t, TensorSplit(vec![3.0, 1.0]));
+        let t: TensorSplit = "0.75/0.25".parse().unwrap();
+        assert_eq!(t, TensorSplit(vec![0.75, 0.25]));
+        assert!("0,0".parse::<TensorSplit>().unwrap().is_default());
+        for bad in ["1,-1", "a,1", "1,,2", "inf"] {
+            assert!(bad.parse::<TensorSplit>().is_err(), "{bad}");
+        }
+        let s = OffloadSpec::new(99, Some("RPC0, RPC1".into()));
+        assert_eq!(s.devices, ["RPC0", "RPC1"]);
+        assert_eq!(s.devices_named(), "RPC0,RPC1");
+        assert!(OffloadSpec::new(99, None).devices.is_empty());
+    }
 
     fn entry(backend: &str, error: Option<&str>, kinds: &[&str]) -> BackendEntry {
         BackendEntry {
